@@ -1,0 +1,46 @@
+"""spec + nodes -> plan. Pure: no I/O, the same inputs always give the same plan."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+from jupyter_dist.errors import SpecError
+from jupyter_dist.nodes import Node
+from jupyter_dist.plan import dask, mpi, pytorch, tensorflow
+from jupyter_dist.plan.context import PlanContext, PortRequest
+from jupyter_dist.plan.model import LaunchPlan, PlannedFile, ProcessPlan
+from jupyter_dist.spec import JobSpec
+
+__all__ = ["LaunchPlan", "PlannedFile", "PortRequest", "ProcessPlan", "plan", "port_requests"]
+
+_PLANNERS = {"pytorch": pytorch, "tensorflow": tensorflow, "mpi": mpi, "dask": dask}
+
+
+def port_requests(spec: JobSpec, nodes: list[Node]) -> list[PortRequest]:
+    """The ports a job needs found free before it is planned (none when all are fixed)."""
+    return _PLANNERS[spec.job_type].port_requests(spec.distribution, len(nodes))
+
+
+def plan(spec: JobSpec, nodes: list[Node], job_id: str, ports: Mapping[str, int]) -> LaunchPlan:
+    """Every process of the job: node, argv, env, cwd, role and ranks."""
+    if len(nodes) != spec.instance_count:
+        raise SpecError(
+            f"resources.instance_count is {spec.instance_count} but {len(nodes)} node(s) were given"
+        )
+    missing = [r.key for r in port_requests(spec, nodes) if r.key not in ports]
+    if missing:
+        raise ValueError(f"ports not chosen for: {', '.join(missing)}")
+    ctx = PlanContext(spec=spec, nodes=list(nodes), job_id=job_id, ports=ports)
+    built = _PLANNERS[spec.job_type].build(ctx, spec.distribution)
+    processes, files = built if isinstance(built, tuple) else (built, [])
+    master_port = processes[0].env.get("MASTER_PORT")
+    return LaunchPlan(
+        job_id=job_id,
+        job_type=spec.job_type,
+        nodes=[{"name": n.name, "host": n.host, "transport": n.transport} for n in nodes],
+        master_addr=ctx.master_addr,
+        master_port=int(master_port) if master_port else None,
+        world_size=processes[0].world_size,
+        processes=processes,
+        files=files,
+    )

@@ -1,0 +1,66 @@
+"""What every job type's planner shares: the nodes, the ports, the base environment."""
+
+from __future__ import annotations
+
+import posixpath
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+from jupyter_dist.nodes import Node
+from jupyter_dist.spec import JobSpec
+
+SHELL = "/bin/sh"
+
+
+@dataclass(frozen=True)
+class PortRequest:
+    """A port the job needs on one node; the runner finds a free one before planning."""
+
+    key: str
+    node_rank: int
+
+
+@dataclass(frozen=True)
+class PlanContext:
+    spec: JobSpec
+    nodes: list[Node]
+    job_id: str
+    ports: Mapping[str, int]
+
+    @property
+    def num_nodes(self) -> int:
+        return len(self.nodes)
+
+    @property
+    def master_addr(self) -> str:
+        return self.nodes[0].host
+
+    @property
+    def command(self) -> str | None:
+        return self.spec.resolved_command()
+
+    def port(self, key: str, fixed: int | None = None) -> int:
+        return fixed if fixed is not None else self.ports[key]
+
+    def job_dir(self, node: Node) -> str:
+        """The job's scratch folder on a node (generated files, launcher logs)."""
+        return posixpath.join(node.workdir, self.job_id)
+
+    def cwd(self, node: Node) -> str:
+        code = self.spec.code_dir()
+        if code is not None:
+            return str(code) if node.is_local else posixpath.join(self.job_dir(node), "code")
+        return node.cwd or self.job_dir(node)
+
+    def base_env(self, node_rank: int) -> dict[str, str]:
+        """What every process gets, before its type-specific variables."""
+        return {
+            "DISTRUN_JOB_ID": self.job_id,
+            "DISTRUN_NODE_RANK": str(node_rank),
+            "DISTRUN_NUM_NODES": str(self.num_nodes),
+            "PYTHONUNBUFFERED": "1",
+            **self.spec.environment_variables,
+        }
+
+    def shell(self, command: str) -> list[str]:
+        return [SHELL, "-c", command]

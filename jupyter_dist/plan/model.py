@@ -1,0 +1,95 @@
+"""What a plan is: every process of a job, where it runs, with what argv and environment."""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+# How a process's output lines map to ranks: `plain` lines belong to the process itself;
+# `torchrun` lines carry "[default<local rank>]:", `mpi` lines "[<job>,<rank>]<stdout>:".
+OUTPUT_TAGS = ("plain", "torchrun", "mpi")
+
+
+@dataclass(frozen=True)
+class ProcessPlan:
+    """One process to start on one node."""
+
+    name: str  # unique in the job, used for its logs: "rank-3", "worker-1", "torchrun-0"
+    label: str  # shown as the line prefix: "rank 3", "worker 1", "node 0"
+    role: (
+        str  # rank, torchrun, chief, worker, ps, evaluator, mpirun, scheduler, dask-worker, client
+    )
+    node: str
+    node_rank: int
+    host: str
+    argv: list[str]
+    env: dict[str, str]
+    cwd: str
+    world_size: int
+    rank: int | None = None
+    local_rank: int | None = None
+    ranks: tuple[int, ...] = ()  # ranks whose output comes through this process
+    output: str = "plain"
+    service: bool = False  # runs until the job's other processes finish (Dask scheduler, workers)
+    tf_config: dict[str, Any] | None = None
+
+    def to_dict(self) -> dict[str, Any]:
+        data = asdict(self)
+        data["ranks"] = list(self.ranks)
+        return data
+
+
+@dataclass(frozen=True)
+class PlannedFile:
+    """A file the runner writes on a node before starting processes (an MPI hostfile)."""
+
+    node_rank: int
+    path: str
+    content: str
+
+
+@dataclass(frozen=True)
+class LaunchPlan:
+    job_id: str
+    job_type: str
+    nodes: list[dict[str, Any]]  # name, host, transport per node rank
+    master_addr: str
+    master_port: int | None
+    world_size: int
+    processes: list[ProcessPlan]
+    files: list[PlannedFile] = field(default_factory=list)
+
+    def process(self, name: str) -> ProcessPlan:
+        for proc in self.processes:
+            if proc.name == name:
+                return proc
+        raise KeyError(name)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "job_id": self.job_id,
+            "job_type": self.job_type,
+            "nodes": self.nodes,
+            "master_addr": self.master_addr,
+            "master_port": self.master_port,
+            "world_size": self.world_size,
+            "processes": [p.to_dict() for p in self.processes],
+            "files": [asdict(f) for f in self.files],
+        }
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> LaunchPlan:
+        procs = [
+            ProcessPlan(**{**p, "ranks": tuple(p.get("ranks", ()))}) for p in data["processes"]
+        ]
+        files = [PlannedFile(**f) for f in data.get("files", [])]
+        return cls(
+            job_id=data["job_id"],
+            job_type=data["job_type"],
+            nodes=data["nodes"],
+            master_addr=data["master_addr"],
+            master_port=data["master_port"],
+            world_size=data["world_size"],
+            processes=procs,
+            files=files,
+        )

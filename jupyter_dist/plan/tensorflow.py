@@ -1,0 +1,88 @@
+"""TensorFlow: one process per task, placed round-robin over nodes, each with TF_CONFIG."""
+
+from __future__ import annotations
+
+import json
+from collections import Counter
+from dataclasses import dataclass
+
+from jupyter_dist.plan.context import PlanContext, PortRequest
+from jupyter_dist.plan.model import ProcessPlan
+from jupyter_dist.spec import TensorFlowDistribution
+
+
+@dataclass(frozen=True)
+class Task:
+    type: str  # chief, worker, ps, evaluator
+    index: int
+    node_rank: int
+    slot: int  # how many tasks were placed on this node before this one
+
+    @property
+    def key(self) -> str:
+        return f"tf-{self.type}-{self.index}"
+
+
+def tasks(dist: TensorFlowDistribution, num_nodes: int) -> list[Task]:
+    """chief?, workers, ps, evaluator?, in that order, round-robin over the nodes."""
+    workers = dist.worker_count if dist.worker_count is not None else num_nodes
+    kinds = (
+        [("chief", i) for i in range(dist.chief_count)]
+        + [("worker", i) for i in range(workers)]
+        + [("ps", i) for i in range(dist.parameter_server_count)]
+        + [("evaluator", i) for i in range(dist.evaluator_count)]
+    )
+    placed: Counter[int] = Counter()
+    out = []
+    for k, (kind, index) in enumerate(kinds):
+        node_rank = k % num_nodes
+        out.append(Task(kind, index, node_rank, placed[node_rank]))
+        placed[node_rank] += 1
+    return out
+
+
+def port_requests(dist: TensorFlowDistribution, num_nodes: int) -> list[PortRequest]:
+    if dist.base_port is not None:
+        return []
+    return [PortRequest(t.key, t.node_rank) for t in tasks(dist, num_nodes)]
+
+
+def _port(ctx: PlanContext, dist: TensorFlowDistribution, task: Task) -> int:
+    return dist.base_port + task.slot if dist.base_port is not None else ctx.ports[task.key]
+
+
+def build(ctx: PlanContext, dist: TensorFlowDistribution) -> list[ProcessPlan]:
+    all_tasks = tasks(dist, ctx.num_nodes)
+    address = {t: f"{ctx.nodes[t.node_rank].host}:{_port(ctx, dist, t)}" for t in all_tasks}
+    cluster: dict[str, list[str]] = {}
+    for t in all_tasks:
+        if t.type != "evaluator":
+            cluster.setdefault(t.type, []).append(address[t])
+    world = sum(len(v) for v in cluster.values())
+    procs = []
+    for t in all_tasks:
+        node = ctx.nodes[t.node_rank]
+        # An evaluator is not part of the training cluster: it sees only itself.
+        task_cluster = {"evaluator": [address[t]]} if t.type == "evaluator" else cluster
+        tf_config = {
+            "cluster": task_cluster,
+            "task": {"type": t.type, "index": t.index},
+            "environment": "cloud",
+        }
+        label = t.type if t.type in ("chief", "evaluator") else f"{t.type} {t.index}"
+        procs.append(
+            ProcessPlan(
+                name=f"{t.type}-{t.index}",
+                label=label,
+                role=t.type,
+                node=node.name,
+                node_rank=t.node_rank,
+                host=node.host,
+                argv=ctx.shell(ctx.command),
+                env={**ctx.base_env(t.node_rank), "TF_CONFIG": json.dumps(tf_config)},
+                cwd=ctx.cwd(node),
+                world_size=world,
+                tf_config=tf_config,
+            )
+        )
+    return procs

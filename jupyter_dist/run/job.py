@@ -1,0 +1,360 @@
+"""A running job: start all-or-nothing, stream output to the store and listeners, fail fast,
+cancel, time out, and leave nothing running."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import threading
+import time
+from collections import deque
+from typing import Protocol
+
+from jupyter_dist.errors import DistrunError
+from jupyter_dist.nodes import Node
+from jupyter_dist.plan.model import LaunchPlan, ProcessPlan
+from jupyter_dist.run.attribute import attributor, failed_rank
+from jupyter_dist.run.events import (
+    FINAL_STATES,
+    JobListener,
+    JobResult,
+    OutputLine,
+    ProcessState,
+    RootCause,
+    describe_exit,
+)
+from jupyter_dist.store import JobRecord, timestamp
+
+TAIL_LINES = 40  # stderr lines kept per log key for the root-cause report
+_MAX_LINE = 1 << 20  # a "line" longer than this is cut into pieces
+
+
+class ProcessHandle(Protocol):
+    def chunks(self, stream: str): ...
+    def wait(self) -> int: ...
+    def terminate(self) -> None: ...
+    def kill(self) -> None: ...
+
+
+class Transport(Protocol):
+    name: str
+
+    def prepare(self, plan: LaunchPlan, nodes: list[Node]) -> None: ...
+    def start(self, proc: ProcessPlan, node: Node) -> ProcessHandle: ...
+    def sweep(self, job_id: str) -> list[int]: ...
+
+
+class Job:
+    """One launched plan. Create it, `start()` it, then `wait()` or `cancel()`."""
+
+    def __init__(
+        self,
+        plan: LaunchPlan,
+        nodes: list[Node],
+        transport: Transport,
+        record: JobRecord,
+        name: str = "",
+        timeout: float | None = None,
+        grace_period: float = 5.0,
+    ):
+        self.plan = plan
+        self.job_id = plan.job_id
+        self.name = name or plan.job_type
+        self.record = record
+        self.timeout = timeout
+        self.grace_period = grace_period
+        self._nodes = {n.name: n for n in nodes}
+        self._transport = transport
+        self._listeners: list[JobListener] = []
+        self._emit_lock = threading.Lock()
+        self._state_lock = threading.RLock()
+        self._handles: dict[str, ProcessHandle] = {}
+        self._readers: dict[str, list[threading.Thread]] = {}
+        self._tails: dict[str, deque[str]] = {}
+        self._launcher_stderr: dict[str, deque[str]] = {}
+        self.processes = {
+            p.name: ProcessState(
+                name=p.name, label=p.label, node=p.node, host=p.host, role=p.role, rank=p.rank
+            )
+            for p in plan.processes
+        }
+        self.state = "pending"
+        self.created = time.time()
+        self.started: float | None = None
+        self.ended: float | None = None
+        self._root_cause: RootCause | None = None
+        self._message: str | None = None
+        self._stopping = False
+        self._done = threading.Event()
+        self._result: JobResult | None = None
+        self._write_status()
+
+    # -- public API ----------------------------------------------------------------------
+
+    def add_listener(self, listener: JobListener) -> None:
+        with self._emit_lock:
+            self._listeners.append(listener)
+
+    def start(self) -> Job:
+        """Start every process, or none: a failure to start stops what had started."""
+        with self._state_lock:
+            if self.state != "pending":
+                raise DistrunError(f"job {self.job_id} was already started")
+            self.state = "running"
+            self.started = time.time()
+        try:
+            self._transport.prepare(self.plan, list(self._nodes.values()))
+            for proc in self.plan.processes:
+                handle = self._transport.start(proc, self._nodes[proc.node])
+                self._attach(proc, handle)
+        except BaseException as exc:
+            self._message = f"could not start: {exc}"
+            self._stop_all("failed")
+            self._finish_when_all_gone()
+            raise
+        self._write_status()
+        if self.timeout:
+            timer = threading.Timer(self.timeout, self._on_timeout)
+            timer.daemon = True
+            timer.start()
+        return self
+
+    def wait(self, timeout: float | None = None) -> JobResult | None:
+        """The result once every process is gone; None if `timeout` passes first."""
+        if not self._done.wait(timeout):
+            return None
+        return self._result
+
+    def cancel(self, reason: str = "cancelled by the user") -> None:
+        """Stop every process (SIGTERM, then SIGKILL after the grace period)."""
+        with self._state_lock:
+            if self.state in FINAL_STATES or self._stopping:
+                return
+            self._message = reason
+        self._stop_all("cancelled")
+
+    @property
+    def done(self) -> bool:
+        return self._done.is_set()
+
+    # -- processes -----------------------------------------------------------------------
+
+    def _attach(self, proc: ProcessPlan, handle: ProcessHandle) -> None:
+        self._handles[proc.name] = handle
+        state = self.processes[proc.name]
+        state.state, state.started = "running", time.time()
+        self._emit_process(state)
+        readers = [
+            threading.Thread(
+                target=self._read,
+                args=(proc, handle, stream),
+                daemon=True,
+                name=f"distrun-{proc.name}-{stream}",
+            )
+            for stream in ("stdout", "stderr")
+        ]
+        self._readers[proc.name] = readers
+        for thread in readers:
+            thread.start()
+        threading.Thread(
+            target=self._watch, args=(proc, handle), daemon=True, name=f"distrun-{proc.name}"
+        ).start()
+
+    def _read(self, proc: ProcessPlan, handle: ProcessHandle, stream: str) -> None:
+        """Split a stream into lines; store each batch on disk, then tell the listeners."""
+        attribute = attributor(proc)
+        files: dict[str, object] = {}
+        partial = b""
+        try:
+            for chunk in handle.chunks(stream):
+                data = partial + chunk
+                pieces = data.split(b"\n")
+                partial = pieces.pop()
+                if len(partial) > _MAX_LINE:
+                    pieces.append(partial)
+                    partial = b""
+                if pieces:
+                    self._deliver(proc, stream, pieces, attribute, files)
+            if partial:
+                self._deliver(proc, stream, [partial], attribute, files)
+        except OSError:
+            pass  # the stream broke (a dropped connection); the process watcher reports it
+        finally:
+            for handle_file in files.values():
+                with contextlib.suppress(OSError):
+                    handle_file.close()
+
+    def _deliver(self, proc, stream, pieces, attribute, files) -> None:
+        now = time.time()
+        stamp = timestamp(now)
+        batch: list[OutputLine] = []
+        by_key: dict[str, list[str]] = {}
+        for raw in pieces:
+            text = raw.decode("utf-8", errors="replace").rstrip("\r")
+            key, label, text = attribute(text)
+            batch.append(OutputLine(key, label, stream, text, now))
+            by_key.setdefault(key, []).append(f"{stamp} {text}\n")
+            if stream == "stderr":
+                self._tails.setdefault(key, deque(maxlen=TAIL_LINES)).append(text)
+                if key == proc.name and proc.output != "plain":
+                    self._launcher_stderr.setdefault(key, deque(maxlen=400)).append(text)
+        for key, lines in by_key.items():
+            out = files.get(key)
+            if out is None:
+                out = files[key] = self.record.open_log(key, stream)
+            out.writelines(lines)
+            out.flush()  # on disk before anyone is shown it
+        with self._emit_lock:
+            for listener in self._listeners:
+                listener.on_lines(batch)
+
+    def _watch(self, proc: ProcessPlan, handle: ProcessHandle) -> None:
+        code = handle.wait()
+        for thread in self._readers.get(proc.name, []):
+            thread.join()  # the whole stderr is read before the exit is judged
+        exit_code, sig = describe_exit(code)
+        with self._state_lock:
+            state = self.processes[proc.name]
+            state.exit_code, state.signal, state.ended = exit_code, sig, time.time()
+            failed = code != 0
+            if self._stopping:
+                state.stopped_by_us = failed
+                state.state = "stopped" if failed else "succeeded"
+            elif failed or proc.service:
+                # A service (Dask scheduler or worker) ending on its own is a failure too.
+                state.state = "failed"
+                self._root_cause = self._root_cause_for(proc, state)
+                self._stop_all("failed")  # under the lock: a second failure is not the cause
+            else:
+                state.state = "succeeded"
+                if self._only_services_left():
+                    self._stop_all("succeeded")  # the Dask client finished: stop the cluster
+        self._emit_process(state)
+        self._write_status()
+        self._finish_when_all_gone()
+
+    def _only_services_left(self) -> bool:
+        running = [
+            p for p in self.plan.processes if self.processes[p.name].state in ("pending", "running")
+        ]
+        ran_something = any(not p.service for p in self.plan.processes)
+        return ran_something and bool(running) and all(p.service for p in running)
+
+    def _root_cause_for(self, proc: ProcessPlan, state: ProcessState) -> RootCause:
+        rank = failed_rank(proc, list(self._launcher_stderr.get(proc.name, ())))
+        key, label = (
+            (f"rank-{rank}", f"rank {rank}") if rank is not None else (proc.name, proc.label)
+        )
+        tail = list(self._tails.get(key) or self._tails.get(proc.name) or ())
+        start = max((i for i, line in enumerate(tail) if line.startswith("Traceback")), default=0)
+        return RootCause(
+            process=proc.name,
+            label=label,
+            role=proc.role,
+            node=proc.node,
+            host=proc.host,
+            rank=rank,
+            exit_code=state.exit_code,
+            signal=state.signal,
+            stderr_tail=tail[start:],
+            log_path=str(self.record.log_path(key, "stderr")),
+        )
+
+    # -- stopping ------------------------------------------------------------------------
+
+    def _on_timeout(self) -> None:
+        with self._state_lock:
+            if self.state in FINAL_STATES or self._stopping:
+                return
+            self._message = f"timed out after {self.timeout:g} s"
+        self._stop_all("timed_out")
+
+    def _stop_all(self, final_state: str) -> None:
+        """Move to `final_state`, then stop what still runs: SIGTERM, grace, SIGKILL."""
+        with self._state_lock:
+            if self._stopping:
+                return
+            self._stopping = True
+            self._final_state = final_state
+            running = [
+                (name, h)
+                for name, h in self._handles.items()
+                if self.processes[name].state == "running"
+            ]
+        if running:
+            threading.Thread(target=self._escalate, args=(running,), daemon=True).start()
+
+    def _escalate(self, running) -> None:
+        for _, handle in running:
+            with contextlib.suppress(Exception):
+                handle.terminate()
+        deadline = time.monotonic() + self.grace_period
+        while time.monotonic() < deadline:
+            if all(self.processes[name].state != "running" for name, _ in running):
+                return
+            time.sleep(0.05)
+        for _, handle in running:
+            with contextlib.suppress(Exception):
+                handle.kill()
+
+    def _finish_when_all_gone(self) -> None:
+        with self._state_lock:
+            if self._done.is_set():
+                return
+            if any(p.state in ("running",) for p in self.processes.values()):
+                return
+            final = self._final_state if self._stopping else "succeeded"
+            for state in self.processes.values():
+                if state.state == "pending":
+                    state.state = "stopped"  # never started: a start elsewhere failed
+            if self._root_cause:
+                final = "failed"
+                self._root_cause.stopped = [
+                    p.label for p in self.processes.values() if p.stopped_by_us
+                ]
+            self.state = final
+            self.ended = time.time()
+        self._transport.sweep(self.job_id)  # nothing of this job survives it
+        self._result = JobResult(
+            job_id=self.job_id,
+            state=self.state,
+            processes=list(self.processes.values()),
+            root_cause=self._root_cause,
+            store_path=str(self.record.path),
+            message=self._message,
+        )
+        self._write_status()
+        with self._emit_lock:
+            for listener in self._listeners:
+                with contextlib.suppress(Exception):
+                    listener.on_finish(self._result)
+        self._done.set()
+
+    # -- reporting -----------------------------------------------------------------------
+
+    def _emit_process(self, state: ProcessState) -> None:
+        with self._emit_lock:
+            for listener in self._listeners:
+                listener.on_process(state)
+
+    def status(self) -> dict:
+        with self._state_lock:
+            return {
+                "job_id": self.job_id,
+                "name": self.name,
+                "type": self.plan.job_type,
+                "state": self.state,
+                "created": self.created,
+                "started": self.started,
+                "ended": self.ended,
+                "nodes": [n["name"] for n in self.plan.nodes],
+                "world_size": self.plan.world_size,
+                "owner_pid": os.getpid(),
+                "processes": {n: s.to_dict() for n, s in self.processes.items()},
+                "root_cause": self._root_cause.to_dict() if self._root_cause else None,
+                "message": self._message,
+            }
+
+    def _write_status(self) -> None:
+        with contextlib.suppress(OSError):
+            self.record.write_status(self.status())

@@ -1,0 +1,89 @@
+"""The one path from a spec to a running job, used by every view (CLI, magics, form, server)."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterable
+from pathlib import Path
+
+from jupyter_dist.errors import DistrunError
+from jupyter_dist.nodes import Inventory, Node
+from jupyter_dist.plan import LaunchPlan, plan, port_requests
+from jupyter_dist.run.events import JobListener, JobResult
+from jupyter_dist.run.job import Job, Transport
+from jupyter_dist.run.local import LocalTransport
+from jupyter_dist.spec import JobSpec
+from jupyter_dist.store import JobStore
+
+
+def transport_for(nodes: list[Node]) -> Transport:
+    kinds = {n.transport for n in nodes}
+    if kinds == {"local"}:
+        return LocalTransport()
+    raise DistrunError(f"no transport for nodes of kind {', '.join(sorted(kinds))}")
+
+
+def _select(spec: JobSpec, inventory: Inventory | None, store: JobStore, cwd) -> list[Node]:
+    inventory = inventory or Inventory()
+    return inventory.select(spec.instance_count, spec.nodes, workdir=store.root, cwd=cwd)
+
+
+def make_plan(
+    spec: JobSpec,
+    *,
+    inventory: Inventory | None = None,
+    store: JobStore | None = None,
+    job_id: str | None = None,
+    cwd: Path | str | None = None,
+) -> tuple[LaunchPlan, list[Node], Transport]:
+    """Pick the nodes, find free ports on them, and plan the job."""
+    store = store or JobStore()
+    nodes = _select(spec, inventory, store, cwd or os.getcwd())
+    transport = transport_for(nodes)
+    ports = transport.choose_ports(port_requests(spec, nodes), nodes)
+    return plan(spec, nodes, job_id or store.new_job_id(), ports), nodes, transport
+
+
+def launch(
+    spec: JobSpec,
+    *,
+    listeners: Iterable[JobListener] = (),
+    inventory: Inventory | None = None,
+    store: JobStore | None = None,
+    cwd: Path | str | None = None,
+    grace_period: float = 5.0,
+) -> Job:
+    """Plan the job, record it in the store, and start every process."""
+    store = store or JobStore()
+    launch_plan, nodes, transport = make_plan(spec, inventory=inventory, store=store, cwd=cwd)
+    record = store.create(launch_plan.job_id, spec.to_yaml(), launch_plan.to_dict())
+    job = Job(
+        launch_plan,
+        nodes,
+        transport,
+        record,
+        name=spec.display_name_or_default(),
+        timeout=spec.timeout,
+        grace_period=grace_period,
+    )
+    for listener in listeners:
+        job.add_listener(listener)
+    return job.start()
+
+
+def run(spec: JobSpec, **kwargs) -> JobResult:
+    """Launch and wait; Ctrl-C (KeyboardInterrupt) cancels every process, then re-raises."""
+    job = launch(spec, **kwargs)
+    return wait_or_cancel(job)
+
+
+def wait_or_cancel(job: Job) -> JobResult:
+    try:
+        while True:
+            result = job.wait(0.2)  # short waits keep KeyboardInterrupt deliverable
+            if result is not None:
+                return result
+    except KeyboardInterrupt:
+        job.cancel("interrupted")
+        job.wait()
+        raise

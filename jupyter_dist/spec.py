@@ -1,0 +1,488 @@
+"""The job spec: a superset of Azure ML's command job, loaded from YAML, validated, dumped.
+
+Every invalid spec becomes a `SpecError` whose message is one line naming the key, the value
+and what would be valid. Azure-only keys are accepted and kept, never acted on.
+"""
+
+from __future__ import annotations
+
+import difflib
+import re
+import shlex
+from pathlib import Path
+from typing import Annotated, Any, Literal
+
+import yaml
+from pydantic import (
+    BaseModel,
+    BeforeValidator,
+    ConfigDict,
+    Field,
+    PrivateAttr,
+    ValidationError,
+    field_validator,
+    model_validator,
+)
+from pydantic_core import PydanticCustomError
+
+from jupyter_dist.errors import SpecError
+
+JOB_TYPES = ("pytorch", "tensorflow", "mpi", "dask")
+
+# Names jupyter-dist sets for every process; a spec may not set them itself.
+RESERVED_ENV: dict[str, str] = {
+    name: "set by jupyter-dist for every rank"
+    for name in (
+        "RANK",
+        "LOCAL_RANK",
+        "WORLD_SIZE",
+        "NODE_RANK",
+        "GROUP_RANK",
+        "LOCAL_WORLD_SIZE",
+        "MASTER_ADDR",
+        "TF_CONFIG",
+        "AZ_BATCH_MASTER_NODE",
+        "AZUREML_MPI_HOSTFILE",
+        "DASK_SCHEDULER_ADDRESS",
+        "PYTHONUNBUFFERED",
+    )
+}
+RESERVED_ENV["MASTER_PORT"] = "use distribution.master_port to choose it"
+RESERVED_ENV_PREFIXES = ("DISTRUN_", "OMPI_COMM_WORLD_")
+
+_ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*\Z")
+_EXPRESSION = re.compile(r"\$\{\{\s*(.*?)\s*\}\}")
+_INPUT_REF = re.compile(r"inputs\.([A-Za-z_][A-Za-z0-9_\-]*)\Z")
+
+
+def _fail(error_type: str, template: str, **values: Any) -> PydanticCustomError:
+    """A validation error whose message is formatted here (pydantic would not apply `!r`)."""
+    return PydanticCustomError(error_type, template.format(**values))
+
+
+def _count(minimum: int, maximum: int | None = None):
+    """A whole number in a range; YAML `true` and `2.5` are refused, not coerced."""
+    valid = f"{minimum} or {maximum}" if maximum == minimum + 1 else f"a whole number >= {minimum}"
+    if maximum is not None and maximum > minimum + 1:
+        valid = f"a whole number from {minimum} to {maximum}"
+
+    def check(value: Any) -> int:
+        if isinstance(value, bool) or not isinstance(value, int):
+            raise _fail("count", "expected " + valid)
+        if value < minimum or (maximum is not None and value > maximum):
+            raise _fail("count", "expected " + valid)
+        return value
+
+    return Annotated[int, BeforeValidator(check)]
+
+
+Port = _count(1, 65535)
+Count = _count(1)
+
+
+class _Section(BaseModel):
+    """A mapping whose unknown keys are errors that list the valid ones."""
+
+    model_config = ConfigDict(extra="forbid", populate_by_name=True)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _known_keys_only(cls, data: Any) -> Any:
+        if not isinstance(data, dict):
+            raise _fail("mapping", "expected a mapping of keys to values")
+        if cls.model_config.get("extra") != "forbid":
+            return data
+        valid = [f.alias or name for name, f in cls.model_fields.items()]
+        for key in data:
+            if key not in valid:
+                close = difflib.get_close_matches(str(key), valid, n=1)
+                hint = f" (did you mean {close[0]!r}?)" if close else ""
+                raise _fail(
+                    "unknown_key",
+                    "unknown key {key!r}{hint}; valid keys: {valid}",
+                    key=key,
+                    hint=hint,
+                    valid=", ".join(valid),
+                )
+        return data
+
+
+class PyTorchDistribution(_Section):
+    type: Literal["pytorch"]
+    process_count_per_instance: Count = 1
+    launcher: Literal["per_process", "torchrun"] = "per_process"
+    master_port: Port | None = None
+
+
+class TensorFlowDistribution(_Section):
+    type: Literal["tensorflow"]
+    worker_count: Count | None = None
+    parameter_server_count: _count(0) = 0
+    chief_count: _count(0, 1) = 0
+    evaluator_count: _count(0, 1) = 0
+    base_port: Port | None = None
+
+
+class MpiDistribution(_Section):
+    type: Literal["mpi"]
+    process_count_per_instance: Count = 1
+    launcher: Literal["mpirun", "horovodrun"] = "mpirun"
+    mpi_args: list[str] = Field(default_factory=list)
+
+    @field_validator("mpi_args", mode="before")
+    @classmethod
+    def _split_args(cls, value: Any) -> Any:
+        if isinstance(value, str):
+            try:
+                return shlex.split(value)
+            except ValueError as exc:
+                raise _fail("mpi_args", "not valid shell words ({err})", err=str(exc)) from None
+        if isinstance(value, list) and all(isinstance(v, str | int | float) for v in value):
+            return [str(v) for v in value]
+        raise _fail("mpi_args", "expected a string or a list of strings")
+
+
+class DaskDistribution(_Section):
+    type: Literal["dask"]
+    process_count_per_instance: Count = 1
+    threads_per_process: Count | None = None
+    scheduler_port: Port | None = None
+    dashboard_port: Port | None = None
+
+
+Distribution = Annotated[
+    PyTorchDistribution | TensorFlowDistribution | MpiDistribution | DaskDistribution,
+    Field(discriminator="type"),
+]
+
+
+class Resources(_Section):
+    model_config = ConfigDict(extra="allow")  # Azure's instance_type, shm_size, ... kept
+
+    instance_count: Count = 1
+
+
+class Limits(_Section):
+    model_config = ConfigDict(extra="allow")
+
+    timeout: _count(1) | None = None
+
+
+InputValue = str | int | float | bool | dict
+
+
+class JobSpec(_Section):
+    """A validated job. Build it with `load_spec`, `parse_spec` or `spec_from_dict`."""
+
+    schema_: Any = Field(default=None, alias="$schema")  # Azure's; first, as Azure writes it
+    # Ours and Azure's, acted on.
+    command: str | None = None
+    code: str | dict | None = None
+    inputs: dict[str, InputValue] = Field(default_factory=dict)
+    environment_variables: dict[str, Any] = Field(default_factory=dict)
+    resources: Resources = Field(default_factory=Resources)
+    distribution: Distribution = Field(default_factory=lambda: PyTorchDistribution(type="pytorch"))
+    limits: Limits | None = None
+    nodes: list[str] | None = None
+    name: str | None = None
+    # Azure-only: accepted and kept, never acted on.
+    type: Any = None
+    display_name: Any = None
+    experiment_name: Any = None
+    description: Any = None
+    tags: Any = None
+    properties: Any = None
+    environment: Any = None
+    compute: Any = None
+    outputs: Any = None
+    identity: Any = None
+    services: Any = None
+    queue_settings: Any = None
+    is_deterministic: Any = None
+
+    _base_dir: Path = PrivateAttr(default_factory=Path.cwd)
+
+    @field_validator("distribution", mode="before")
+    @classmethod
+    def _known_type(cls, value: Any) -> Any:
+        if not isinstance(value, dict):
+            raise _fail("mapping", "expected a mapping with a 'type' key")
+        kind = value.get("type")
+        if kind is None:
+            raise _fail("type", "missing 'type'; valid types: " + ", ".join(JOB_TYPES))
+        if not isinstance(kind, str) or kind.lower() not in JOB_TYPES:
+            raise _fail(
+                "type",
+                "unknown type {given!r}; valid types: {valid}",
+                given=kind,
+                valid=", ".join(JOB_TYPES),
+            )
+        return {**value, "type": kind.lower()}
+
+    @field_validator("code", mode="before")
+    @classmethod
+    def _local_code(cls, value: Any) -> Any:
+        path = value.get("path") if isinstance(value, dict) else value
+        if value is None:
+            return None
+        if not isinstance(path, str) or not path:
+            raise _fail("code", "expected a folder path (a string, or a mapping with 'path')")
+        if path.startswith("azureml:"):
+            raise _fail("code", "an Azure ML asset cannot be shipped; give a local folder")
+        return value
+
+    @field_validator("inputs", mode="before")
+    @classmethod
+    def _input_mapping(cls, value: Any) -> Any:
+        if value is None:
+            return {}
+        if not isinstance(value, dict):
+            raise _fail("mapping", "expected a mapping of input names to values")
+        for key, item in value.items():
+            if item is None or isinstance(item, list):
+                raise _fail(
+                    "input",
+                    "input {key!r} has no usable value; give a literal or {{path: ...}}",
+                    key=key,
+                )
+            if isinstance(item, dict) and not any(k in item for k in ("path", "value", "default")):
+                raise _fail(
+                    "input",
+                    "input {key!r} needs a 'path', 'value' or 'default'",
+                    key=key,
+                )
+        return value
+
+    @field_validator("environment_variables", mode="before")
+    @classmethod
+    def _env_names(cls, value: Any) -> Any:
+        if value is None:
+            return {}
+        if not isinstance(value, dict):
+            raise _fail("mapping", "expected a mapping of variable names to strings")
+        clean: dict[str, str] = {}
+        for name, item in value.items():
+            if not isinstance(name, str) or not _ENV_NAME.match(name):
+                raise _fail(
+                    "env_name",
+                    "{name!r} is not a valid variable name (letters, digits, _; not first a digit)",
+                    name=name,
+                )
+            reason = RESERVED_ENV.get(name) or (
+                "set by jupyter-dist" if name.startswith(RESERVED_ENV_PREFIXES) else None
+            )
+            if reason:
+                raise _fail(
+                    "env_reserved", "{name} cannot be set here: {why}", name=name, why=reason
+                )
+            if isinstance(item, bool) or not isinstance(item, str | int | float):
+                raise _fail(
+                    "env_value",
+                    "{name}={item!r}: expected a string value",
+                    name=name,
+                    item=item,
+                )
+            clean[name] = str(item)
+        return clean
+
+    @field_validator("nodes", mode="before")
+    @classmethod
+    def _node_names(cls, value: Any) -> Any:
+        if value is None:
+            return None
+        if isinstance(value, str):
+            value = [v.strip() for v in value.split(",") if v.strip()]
+        if not isinstance(value, list) or not value or not all(isinstance(v, str) for v in value):
+            raise _fail("nodes", "expected a non-empty list of node names")
+        if len(set(value)) != len(value):
+            raise _fail("nodes", "a node is listed twice")
+        return value
+
+    @model_validator(mode="after")
+    def _consistent(self) -> JobSpec:
+        if self.command is None and self.distribution.type != "dask":
+            raise _fail("missing", "command: missing; every job of this type needs a command")
+        if self.command is not None and not self.command.strip():
+            raise _fail("missing", "command: empty; give what each process runs")
+        if self.command:
+            _substitute(self.command, self.inputs)  # unknown ${{inputs.x}} fail at load
+        count_set = "instance_count" in self.resources.model_fields_set
+        if self.nodes is not None:
+            if count_set and self.resources.instance_count != len(self.nodes):
+                raise _fail(
+                    "nodes",
+                    "nodes: lists {n} node(s) but resources.instance_count is {c}; make them agree",
+                    n=len(self.nodes),
+                    c=self.resources.instance_count,
+                )
+            if not count_set:
+                self.resources = Resources(instance_count=len(self.nodes))
+        dist = self.distribution
+        if isinstance(dist, TensorFlowDistribution):
+            workers = dist.worker_count or self.resources.instance_count
+            if dist.chief_count == 0 and workers == 0:
+                raise _fail("tf", "distribution: a TensorFlow job needs a chief or a worker")
+        return self
+
+    # -- derived values ------------------------------------------------------------------
+
+    @property
+    def job_type(self) -> str:
+        return self.distribution.type
+
+    @property
+    def instance_count(self) -> int:
+        return self.resources.instance_count
+
+    @property
+    def timeout(self) -> int | None:
+        return self.limits.timeout if self.limits else None
+
+    def resolved_command(self) -> str | None:
+        """The command with every `${{inputs.NAME}}` replaced by its value."""
+        return _substitute(self.command, self.inputs) if self.command else None
+
+    def code_dir(self) -> Path | None:
+        """The `code` folder as an absolute path (relative to the YAML file's folder)."""
+        if self.code is None:
+            return None
+        raw = self.code["path"] if isinstance(self.code, dict) else self.code
+        return (self._base_dir / Path(raw).expanduser()).resolve()
+
+    def display_name_or_default(self) -> str:
+        return str(self.name or self.display_name or self.job_type)
+
+    def to_dict(self) -> dict[str, Any]:
+        return self.model_dump(mode="json", by_alias=True, exclude_unset=True)
+
+    def to_yaml(self) -> str:
+        return yaml.safe_dump(self.to_dict(), sort_keys=False, default_flow_style=False)
+
+    def with_overrides(self, **changes: Any) -> JobSpec:
+        """A copy with some keys changed, validated again (the same errors as the YAML).
+
+        Keys: `instance_count`, `nodes`, and any key of the distribution section.
+        """
+        data = self.to_dict()
+        dist = dict(data.get("distribution") or {"type": self.job_type})
+        for key, value in changes.items():
+            if value is None:
+                continue
+            if key == "instance_count":
+                data["resources"] = {**data.get("resources", {}), "instance_count": value}
+            elif key == "nodes":
+                data["nodes"] = value
+            elif key == "timeout":
+                data["limits"] = {**data.get("limits", {}), "timeout": value}
+            else:
+                dist[key] = value
+        data["distribution"] = dist
+        return spec_from_dict(data, base_dir=self._base_dir)
+
+
+def _input_text(value: InputValue) -> str:
+    if isinstance(value, dict):
+        value = next(value[k] for k in ("path", "value", "default") if k in value)
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    return str(value)
+
+
+def _substitute(command: str, inputs: dict[str, InputValue]) -> str:
+    def replace(match: re.Match[str]) -> str:
+        ref = _INPUT_REF.match(match.group(1))
+        if not ref:
+            raise _fail(
+                "expression",
+                "command: {expr} is not supported; only ${{{{inputs.NAME}}}} is",
+                expr=match.group(0),
+            )
+        name = ref.group(1)
+        if name not in inputs:
+            known = ", ".join(sorted(inputs)) or "none defined"
+            raise _fail(
+                "input",
+                "command: ${{{{inputs.{name}}}}} is not defined in inputs (defined: {known})",
+                name=name,
+                known=known,
+            )
+        return _input_text(inputs[name])
+
+    return _EXPRESSION.sub(replace, command)
+
+
+# -- loading -------------------------------------------------------------------------------
+
+
+def _location(loc: tuple[Any, ...], dist_type: str | None) -> str:
+    parts = [str(p) for p in loc if not (p in JOB_TYPES and dist_type)]
+    # Pydantic names the function of a BeforeValidator in some locations; drop those.
+    parts = [p for p in parts if not p.startswith("function-")]
+    return ".".join(parts)
+
+
+def _one_line(exc: ValidationError, data: dict[str, Any]) -> str:
+    err = exc.errors(include_url=False)[0]
+    dist = data.get("distribution")
+    dist_type = dist.get("type") if isinstance(dist, dict) else None
+    where = _location(err["loc"], dist_type)
+    kind, message, value = err["type"], err["msg"], err.get("input")
+    if kind in ("missing",) and message.startswith(("command:",)):
+        return message
+    if message.startswith(("command:", "nodes:", "distribution:")):
+        return message
+    if kind == "unknown_key" or kind == "env_reserved" or kind == "env_name":
+        return f"{where}: {message}" if where else message
+    if kind == "literal_error":
+        expected = message.removeprefix("Input should be ").replace("'", "")
+        return f"{where}: {value!r} is not valid; expected {expected}"
+    if kind in ("string_type", "list_type", "dict_type"):
+        what = {"string_type": "a string", "list_type": "a list", "dict_type": "a mapping"}[kind]
+        return f"{where}: {value!r} is not valid; expected {what}"
+    if kind == "missing":
+        return f"{where}: missing"
+    if value is not None and not isinstance(value, dict):
+        return f"{where}: {value!r} is not valid; {message}"
+    return f"{where}: {message}" if where else message
+
+
+def spec_from_dict(data: Any, base_dir: Path | str | None = None, source: str = "") -> JobSpec:
+    """Validate a mapping into a `JobSpec`; `base_dir` anchors a relative `code` folder."""
+    prefix = f"{source}: " if source else ""
+    if not isinstance(data, dict):
+        kind = type(data).__name__ if data is not None else "nothing"
+        raise SpecError(f"{prefix}a job spec must be a mapping of keys (found {kind})")
+    try:
+        spec = JobSpec.model_validate(data)
+    except ValidationError as exc:
+        raise SpecError(prefix + _one_line(exc, data)) from None
+    spec._base_dir = Path(base_dir or Path.cwd()).resolve()
+    code = spec.code_dir()
+    if code is not None and not code.is_dir():
+        raise SpecError(f"{prefix}code: {code} is not a folder; give the folder to ship and run in")
+    return spec
+
+
+def parse_spec(text: str, base_dir: Path | str | None = None, source: str = "") -> JobSpec:
+    """Parse YAML text into a `JobSpec`."""
+    prefix = f"{source}: " if source else ""
+    try:
+        data = yaml.safe_load(text)
+    except yaml.YAMLError as exc:
+        mark = getattr(exc, "problem_mark", None)
+        where = f"line {mark.line + 1}, column {mark.column + 1}: " if mark else ""
+        problem = getattr(exc, "problem", None) or str(exc).splitlines()[0]
+        raise SpecError(f"{prefix}not valid YAML: {where}{problem}") from None
+    return spec_from_dict(data, base_dir=base_dir, source=source)
+
+
+def load_spec(path: Path | str) -> JobSpec:
+    """Load a job spec YAML file; a relative `code` is resolved from the file's folder."""
+    path = Path(path)
+    try:
+        text = path.read_text()
+    except FileNotFoundError:
+        raise SpecError(f"{path}: no such file") from None
+    except (IsADirectoryError, PermissionError, UnicodeDecodeError) as exc:
+        raise SpecError(f"{path}: cannot read it ({exc.__class__.__name__})") from None
+    return parse_spec(text, base_dir=path.resolve().parent, source=str(path))

@@ -1,0 +1,159 @@
+"""The job store on disk: the truth every view reads (widget, CLI, lab sidebar).
+
+One folder per job under the store root::
+
+    <root>/<job id>/spec.yml      the job spec as run
+    <root>/<job id>/plan.json     every process: node, argv, env, ranks
+    <root>/<job id>/status.json   job and per-process state, root cause, times
+    <root>/<job id>/logs/<key>.stdout.log, <key>.stderr.log
+                                  one line per printed line: "<UTC timestamp> <text>"
+
+A log key is a rank ("rank-3") where the line is known to come from one, else the process
+name ("worker-1", "torchrun-0", "mpirun").
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import secrets
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from jupyter_dist.errors import DistrunError
+
+STREAMS = ("stdout", "stderr")
+
+
+def default_root() -> Path:
+    """`$DISTRUN_HOME/jobs`, else `<jupyter data dir>/distrun/jobs`."""
+    home = os.environ.get("DISTRUN_HOME")
+    if home:
+        return Path(home).expanduser() / "jobs"
+    from jupyter_core.paths import jupyter_data_dir
+
+    return Path(jupyter_data_dir()) / "distrun" / "jobs"
+
+
+def timestamp(seconds: float) -> str:
+    """UTC, to the microsecond: what prefixes every stored log line."""
+    whole = int(seconds)
+    return (
+        time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(whole))
+        + f".{int((seconds - whole) * 1e6):06d}Z"
+    )
+
+
+def _write_atomic(path: Path, text: str) -> None:
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    tmp.write_text(text)
+    os.replace(tmp, path)
+
+
+@dataclass(frozen=True)
+class LogLine:
+    ts: str
+    text: str
+
+
+class JobRecord:
+    """One job's folder."""
+
+    def __init__(self, path: Path):
+        self.path = path
+        self.job_id = path.name
+
+    @property
+    def logs_dir(self) -> Path:
+        return self.path / "logs"
+
+    def log_path(self, key: str, stream: str) -> Path:
+        return self.logs_dir / f"{key}.{stream}.log"
+
+    def open_log(self, key: str, stream: str):
+        """An append-mode text file for one key and stream (the runner's writer)."""
+        return open(self.log_path(key, stream), "a", encoding="utf-8", newline="\n")
+
+    def write_status(self, status: dict[str, Any]) -> None:
+        _write_atomic(self.path / "status.json", json.dumps(status, indent=1))
+
+    def status(self) -> dict[str, Any]:
+        try:
+            return json.loads((self.path / "status.json").read_text())
+        except (FileNotFoundError, json.JSONDecodeError):
+            return {"job_id": self.job_id, "state": "unknown"}
+
+    def spec_yaml(self) -> str:
+        return (self.path / "spec.yml").read_text()
+
+    def plan(self) -> dict[str, Any]:
+        return json.loads((self.path / "plan.json").read_text())
+
+    def log_keys(self) -> list[str]:
+        keys = {p.name.rsplit(".", 2)[0] for p in self.logs_dir.glob("*.log")}
+        return sorted(keys, key=_natural)
+
+    def read_log(self, key: str, streams: tuple[str, ...] = STREAMS) -> list[tuple[str, LogLine]]:
+        """Every stored line of `key`, stdout and stderr merged by timestamp."""
+        lines: list[tuple[str, LogLine]] = []
+        for stream in streams:
+            for line in self.iter_log(key, stream):
+                lines.append((stream, line))
+        lines.sort(key=lambda item: item[1].ts)  # stable: order within a stream is kept
+        return lines
+
+    def iter_log(self, key: str, stream: str) -> Iterator[LogLine]:
+        try:
+            handle = open(self.log_path(key, stream), encoding="utf-8", errors="replace")  # noqa: SIM115
+        except FileNotFoundError:
+            return
+        with handle:
+            for raw in handle:
+                ts, _, text = raw.rstrip("\n").partition(" ")
+                yield LogLine(ts, text)
+
+
+def _natural(key: str) -> tuple:
+    head, _, tail = key.rpartition("-")
+    return (head, int(tail)) if tail.isdigit() else (key, -1)
+
+
+class JobStore:
+    """All jobs under one root folder."""
+
+    def __init__(self, root: Path | str | None = None):
+        self.root = Path(root) if root else default_root()
+
+    @staticmethod
+    def new_job_id() -> str:
+        return time.strftime("%Y%m%d-%H%M%S") + "-" + secrets.token_hex(3)
+
+    def create(self, job_id: str, spec_yaml: str, plan: dict[str, Any]) -> JobRecord:
+        path = self.root / job_id
+        (path / "logs").mkdir(parents=True, exist_ok=False)
+        (path / "spec.yml").write_text(spec_yaml)
+        _write_atomic(path / "plan.json", json.dumps(plan, indent=1))
+        return JobRecord(path)
+
+    def jobs(self) -> list[JobRecord]:
+        """Every job, newest first."""
+        if not self.root.is_dir():
+            return []
+        found = [p for p in self.root.iterdir() if (p / "plan.json").is_file()]
+        return [JobRecord(p) for p in sorted(found, key=lambda p: p.name, reverse=True)]
+
+    def get(self, job_id: str) -> JobRecord:
+        """A job by id, or by a unique prefix of one."""
+        exact = self.root / job_id
+        if job_id and (exact / "plan.json").is_file():
+            return JobRecord(exact)
+        matches = [r for r in self.jobs() if r.job_id.startswith(job_id)] if job_id else []
+        if len(matches) == 1:
+            return matches[0]
+        if not matches:
+            raise DistrunError(f"no job {job_id!r} in {self.root} (see: jupyter distrun jobs)")
+        names = ", ".join(r.job_id for r in matches[:5])
+        raise DistrunError(f"job id {job_id!r} is ambiguous: it starts {names}")
