@@ -275,7 +275,15 @@ class JobSpec(_Section):
                 raise _fail(
                     "env_reserved", "{name} cannot be set here: {why}", name=name, why=reason
                 )
-            if isinstance(item, bool) or not isinstance(item, str | int | float):
+            if isinstance(item, bool):
+                raise _fail(
+                    "env_value",
+                    "{name}={item!r}: expected a string value (YAML reads unquoted "
+                    "true/yes/on as a boolean: quote it)",
+                    name=name,
+                    item=item,
+                )
+            if not isinstance(item, str | int | float):
                 raise _fail(
                     "env_value",
                     "{name}={item!r}: expected a string value",
@@ -399,10 +407,11 @@ def _substitute(command: str, inputs: dict[str, InputValue]) -> str:
             )
         name = ref.group(1)
         if name not in inputs:
-            known = ", ".join(sorted(inputs)) or "none defined"
+            known = ", ".join(sorted(inputs)) or "none"
             raise _fail(
                 "input",
-                "command: ${{{{inputs.{name}}}}} is not defined in inputs (defined: {known})",
+                "command: ${{{{inputs.{name}}}}} is not defined in inputs "
+                "(inputs defined: {known})",
                 name=name,
                 known=known,
             )

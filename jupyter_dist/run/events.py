@@ -40,13 +40,20 @@ class ProcessState:
         return asdict(self)
 
 
+def _signal_name(number: int) -> str:
+    try:
+        return signal.Signals(number).name
+    except ValueError:
+        return f"signal {number}"
+
+
 def describe_exit(code: int) -> tuple[int | None, str | None]:
-    """(exit code, signal name): a negative return code from wait() is a signal."""
+    """(exit code, signal name). A negative code from wait() is a signal; so, in practice,
+    is 128+N from the shell every rank runs under."""
     if code < 0:
-        try:
-            return None, signal.Signals(-code).name
-        except ValueError:
-            return None, f"signal {-code}"
+        return None, _signal_name(-code)
+    if 128 < code < 128 + 65:
+        return code, _signal_name(code - 128)
     return code, None
 
 

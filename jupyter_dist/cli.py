@@ -1,0 +1,261 @@
+"""`jupyter distrun ...`: plan, run, and read jobs from a terminal.
+
+Exit codes: 0 the job succeeded, 1 it failed or timed out, 2 bad input, 130 interrupted.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import threading
+import time
+from collections.abc import Sequence
+from typing import TextIO
+
+from jupyter_dist.describe import PLAN_COLUMNS, duration, plan_rows
+from jupyter_dist.errors import DistrunError
+from jupyter_dist.run.events import JobListener, JobResult, OutputLine, ProcessState
+from jupyter_dist.spec import JobSpec, load_spec
+from jupyter_dist.store import JobStore
+
+EXIT_OK, EXIT_FAILED, EXIT_USAGE, EXIT_INTERRUPTED = 0, 1, 2, 130
+_COLOURS = ("36", "33", "35", "32", "34", "31", "96", "93", "95", "92", "94", "91")
+
+
+class TerminalPrinter(JobListener):
+    """Prints every line with its rank or role as prefix; colours on a terminal."""
+
+    def __init__(self, out: TextIO = sys.stdout, err: TextIO = sys.stderr, colour: bool = False):
+        self.out, self.err, self.colour = out, err, colour
+        self._colour_of: dict[str, str] = {}
+        self._lock = threading.Lock()
+
+    def _prefix(self, key: str, label: str) -> str:
+        if not self.colour:
+            return f"[{label}] "
+        code = self._colour_of.setdefault(key, _COLOURS[len(self._colour_of) % len(_COLOURS)])
+        return f"\x1b[{code}m[{label}]\x1b[0m "
+
+    def on_lines(self, lines: list[OutputLine]) -> None:
+        with self._lock:
+            for stream in ("stdout", "stderr"):
+                text = "".join(
+                    f"{self._prefix(line.key, line.label)}{line.text}\n"
+                    for line in lines
+                    if line.stream == stream
+                )
+                if text:
+                    target = self.out if stream == "stdout" else self.err
+                    target.write(text)
+                    target.flush()
+
+    def on_process(self, state: ProcessState) -> None:
+        if state.state == "failed":
+            how = f"signal {state.signal}" if state.signal else f"exit code {state.exit_code}"
+            with self._lock:
+                self.err.write(f"[{state.label}] failed ({how})\n")
+                self.err.flush()
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="jupyter distrun",
+        description="Run distributed jobs (PyTorch, TensorFlow, MPI, Dask) across nodes.",
+    )
+    common = argparse.ArgumentParser(add_help=False)
+    common.add_argument(
+        "--store", metavar="DIR", help="job store folder (default: $DISTRUN_HOME/jobs)"
+    )
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+    sub.required = True
+
+    def spec_options(p: argparse.ArgumentParser) -> None:
+        p.add_argument("spec", metavar="SPEC.yml", help="job spec (an Azure ML command job works)")
+        p.add_argument("--nodes", type=int, metavar="N", help="number of nodes (instance_count)")
+        p.add_argument(
+            "--procs-per-node",
+            type=int,
+            metavar="P",
+            help="processes per node (pytorch, mpi, dask)",
+        )
+
+    plan = sub.add_parser(
+        "plan", parents=[common], help="show every process the job would start; runs nothing"
+    )
+    spec_options(plan)
+    plan.add_argument("--json", action="store_true", help="a JSON list of processes")
+
+    run = sub.add_parser(
+        "run", parents=[common], help="run a job with live output, prefixed by rank"
+    )
+    spec_options(run)
+    run.add_argument("--timeout", type=int, metavar="SECONDS", help="stop the job after this")
+    run.add_argument(
+        "--color", choices=("auto", "always", "never"), default="auto", help="colour prefixes"
+    )
+
+    jobs = sub.add_parser("jobs", parents=[common], help="list jobs in the store, newest first")
+    jobs.add_argument("--json", action="store_true")
+
+    logs = sub.add_parser("logs", parents=[common], help="print a job's stored output")
+    logs.add_argument("job", help="job id (or a unique prefix)")
+    logs.add_argument("--rank", type=int, help="only this rank")
+    logs.add_argument("--process", help="only this process or log key (worker-1, mpirun)")
+    logs.add_argument("--stream", choices=("stdout", "stderr", "both"), default="both")
+    logs.add_argument("--timestamps", action="store_true", help="show each line's time")
+    return parser
+
+
+def _load(args: argparse.Namespace) -> JobSpec:
+    spec = load_spec(args.spec)
+    overrides: dict[str, object] = {
+        "instance_count": args.nodes,
+        "timeout": getattr(args, "timeout", None),
+    }
+    if args.procs_per_node is not None:
+        if spec.job_type == "tensorflow":
+            raise DistrunError(
+                "--procs-per-node does not apply to tensorflow jobs; set "
+                "distribution.worker_count (and parameter_server_count) instead"
+            )
+        overrides["process_count_per_instance"] = args.procs_per_node
+    return spec.with_overrides(**overrides)
+
+
+def cmd_plan(args: argparse.Namespace, store: JobStore) -> int:
+    from jupyter_dist.run.launch import make_plan
+
+    spec = _load(args)
+    launch_plan, _, _ = make_plan(spec, store=store, job_id="dry-run")
+    if args.json:
+        keys = ("name", "node", "host", "argv", "env", "role", "rank", "local_rank", "cwd")
+        procs = [{k: getattr(p, k) for k in keys} for p in launch_plan.processes]
+        print(json.dumps(procs, indent=1))
+        return EXIT_OK
+    _print_table(plan_rows(launch_plan), PLAN_COLUMNS, title=f"{spec.job_type} job plan")
+    return EXIT_OK
+
+
+def _print_table(rows: list[dict], columns: Sequence[str], title: str = "") -> None:
+    from rich.console import Console
+    from rich.table import Table
+
+    table = Table(title=title or None)
+    shown = [c for c in columns if any(str(r.get(c, "")) for r in rows)]
+    for column in shown:
+        table.add_column(column.replace("_", " "), overflow="fold")
+    for row in rows:
+        table.add_row(*(str(row.get(c, "")) for c in shown))
+    Console().print(table)
+
+
+def cmd_run(args: argparse.Namespace, store: JobStore) -> int:
+    from jupyter_dist.run.launch import launch, wait_or_cancel
+
+    spec = _load(args)
+    colour = args.color == "always" or (args.color == "auto" and sys.stdout.isatty())
+    if os.environ.get("NO_COLOR") and args.color == "auto":
+        colour = False
+    printer = TerminalPrinter(colour=colour)
+    job = launch(spec, listeners=[printer], store=store)
+    print(
+        f"job {job.job_id}: {len(job.plan.processes)} process(es) on "
+        f"{len(job.plan.nodes)} node(s); logs in {job.record.path}",
+        file=sys.stderr,
+    )
+    try:
+        result = wait_or_cancel(job)
+    except KeyboardInterrupt:
+        print(f"job {job.job_id} cancelled: every process was stopped", file=sys.stderr)
+        return EXIT_INTERRUPTED
+    return _report(result)
+
+
+def _report(result: JobResult) -> int:
+    print(result.describe(), file=sys.stderr)
+    return EXIT_OK if result.ok else EXIT_FAILED
+
+
+def cmd_jobs(args: argparse.Namespace, store: JobStore) -> int:
+    statuses = [record.status() for record in store.jobs()]
+    if args.json:
+        print(json.dumps(statuses, indent=1))
+        return EXIT_OK
+    now = time.time()
+    rows = []
+    for st in statuses:
+        cause = (st.get("root_cause") or {}) if st.get("state") == "failed" else {}
+        rows.append(
+            {
+                "job": st.get("job_id"),
+                "name": st.get("name", ""),
+                "type": st.get("type", ""),
+                "state": st.get("state", ""),
+                "processes": len(st.get("processes", {})),
+                "nodes": ",".join(st.get("nodes", [])),
+                "started": time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(st["started"]))
+                if st.get("started")
+                else "",
+                "took": duration(st.get("started"), st.get("ended"), now),
+                "root cause": f"{cause.get('label')} ({cause.get('host')})" if cause else "",
+            }
+        )
+    if not rows:
+        print(f"no jobs in {store.root}", file=sys.stderr)
+        return EXIT_OK
+    _print_table(rows, list(rows[0]))
+    return EXIT_OK
+
+
+def cmd_logs(args: argparse.Namespace, store: JobStore) -> int:
+    record = store.get(args.job)
+    keys = record.log_keys()
+    if args.rank is not None:
+        wanted = [f"rank-{args.rank}"]
+    elif args.process:
+        wanted = [args.process]
+    else:
+        wanted = keys
+    unknown = [k for k in wanted if k not in keys]
+    if unknown:
+        raise DistrunError(
+            f"job {record.job_id} has no log for {unknown[0]!r} (logs: {', '.join(keys) or 'none'})"
+        )
+    streams = ("stdout", "stderr") if args.stream == "both" else (args.stream,)
+    merged = []
+    for key in wanted:
+        merged += [
+            (line.ts, key, stream, line.text) for stream, line in record.read_log(key, streams)
+        ]
+    merged.sort(key=lambda item: item[0])
+    prefix_each = len(wanted) > 1
+    out = []
+    for ts, key, _stream, text in merged:
+        stamp = f"{ts} " if args.timestamps else ""
+        label = f"[{key}] " if prefix_each else ""
+        out.append(f"{stamp}{label}{text}\n")
+    sys.stdout.write("".join(out))
+    return EXIT_OK
+
+
+COMMANDS = {"plan": cmd_plan, "run": cmd_run, "jobs": cmd_jobs, "logs": cmd_logs}
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = _parser().parse_args(argv)
+    store = JobStore(args.store) if args.store else JobStore()
+    try:
+        return COMMANDS[args.command](args, store)
+    except DistrunError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return EXIT_USAGE
+    except KeyboardInterrupt:
+        return EXIT_INTERRUPTED
+    except BrokenPipeError:
+        return EXIT_OK
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,48 @@
+"""Plans and jobs as rows of plain values: what every view (CLI, magic, inspector) shows."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from jupyter_dist.plan.model import LaunchPlan
+
+PLAN_COLUMNS = (
+    "process", "role", "node", "host", "node_rank", "local_rank", "rank", "world_size",
+    "master", "tf_config",
+)  # fmt: skip
+
+
+def plan_rows(plan: LaunchPlan) -> list[dict[str, Any]]:
+    """One row per process: who is who in the job."""
+    master = f"{plan.master_addr}:{plan.master_port}" if plan.master_port else ""
+    rows = []
+    for proc in plan.processes:
+        if proc.rank is not None:
+            rank = str(proc.rank)
+        elif len(proc.ranks) > 1:
+            rank = f"{proc.ranks[0]}-{proc.ranks[-1]}"
+        else:
+            rank = ""
+        rows.append(
+            {
+                "process": proc.name,
+                "role": proc.role,
+                "node": proc.node,
+                "host": proc.host,
+                "node_rank": proc.node_rank,
+                "local_rank": "" if proc.local_rank is None else proc.local_rank,
+                "rank": rank,
+                "world_size": proc.world_size,
+                "master": master,
+                "tf_config": json.dumps(proc.tf_config) if proc.tf_config else "",
+            }
+        )
+    return rows
+
+
+def duration(started: float | None, ended: float | None, now: float) -> str:
+    if not started:
+        return ""
+    seconds = (ended or now) - started
+    return f"{seconds:.1f}s" if seconds < 90 else f"{seconds / 60:.1f}m"

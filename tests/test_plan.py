@@ -1,0 +1,318 @@
+"""The planner, table by table (DESIGN.md's environment contract), without starting anything."""
+
+from __future__ import annotations
+
+import json
+import time
+
+import pytest
+
+from jupyter_dist.errors import NodeError, SpecError
+from jupyter_dist.nodes import Inventory, Node
+from jupyter_dist.plan import plan, port_requests
+from jupyter_dist.run.launch import make_plan
+from jupyter_dist.spec import parse_spec
+
+NODES = [
+    Node(
+        name=f"gpu{i}",
+        host=f"10.0.0.{i + 5}",
+        transport="ssh",
+        python="/opt/venv/bin/python",
+        workdir="/scratch/distrun",
+    )
+    for i in range(3)
+]
+
+
+def _plan(text: str, nodes=NODES, ports=None):
+    spec = parse_spec(text)
+    nodes = nodes[: spec.instance_count]
+    wanted = {r.key: 40000 + i for i, r in enumerate(port_requests(spec, nodes))}
+    return plan(spec, nodes, "job1", ports if ports is not None else wanted)
+
+
+COMMON = {"DISTRUN_JOB_ID", "DISTRUN_NODE_RANK", "DISTRUN_NUM_NODES", "PYTHONUNBUFFERED"}
+
+
+def test_pytorch_per_process_table():
+    p = _plan(
+        "command: python train.py\nresources: {instance_count: 2}\n"
+        'environment_variables: {MY_FLAG: "on"}\n'
+        "distribution: {type: pytorch, process_count_per_instance: 3}"
+    )
+    assert len(p.processes) == 6
+    for proc in p.processes:
+        n, local = proc.node_rank, proc.local_rank
+        env = proc.env
+        assert set(env) >= COMMON
+        assert env["MASTER_ADDR"] == "10.0.0.5"  # node 0's address
+        assert env["MASTER_PORT"] == "40000"
+        assert env["WORLD_SIZE"] == "6"
+        assert env["NODE_RANK"] == env["GROUP_RANK"] == env["DISTRUN_NODE_RANK"] == str(n)
+        assert env["RANK"] == str(n * 3 + local) == str(proc.rank)
+        assert env["LOCAL_RANK"] == str(local)
+        assert env["LOCAL_WORLD_SIZE"] == "3"
+        assert env["DISTRUN_NUM_NODES"] == "2"
+        assert env["PYTHONUNBUFFERED"] == "1"
+        assert env["MY_FLAG"] == "on"
+        assert env["OMP_NUM_THREADS"] == "1"
+        assert proc.argv == ["/bin/sh", "-c", "python train.py"]
+        assert proc.host == NODES[n].host
+        assert proc.cwd == "/scratch/distrun/job1"  # no code: the job's folder on the node
+    assert [p.rank for p in p.processes] == list(range(6))
+    assert [p.node for p in p.processes] == ["gpu0"] * 3 + ["gpu1"] * 3
+
+
+def test_pytorch_fixed_master_port_needs_no_free_port():
+    spec = parse_spec("command: x\ndistribution: {type: pytorch, master_port: 6105}")
+    assert port_requests(spec, NODES[:1]) == []
+    p = plan(spec, NODES[:1], "job1", {})
+    assert p.processes[0].env["MASTER_PORT"] == "6105"
+    # One process per node: no OMP_NUM_THREADS imposed.
+    assert "OMP_NUM_THREADS" not in p.processes[0].env
+
+
+def test_user_can_override_omp_threads():
+    p = _plan(
+        "command: x\nenvironment_variables: {OMP_NUM_THREADS: 4}\n"
+        "distribution: {type: pytorch, process_count_per_instance: 2}"
+    )
+    assert {proc.env["OMP_NUM_THREADS"] for proc in p.processes} == {"4"}
+
+
+def test_pytorch_torchrun_table():
+    p = _plan(
+        "command: python train.py --lr 0.1\nresources: {instance_count: 3}\n"
+        "distribution: {type: pytorch, process_count_per_instance: 4, launcher: torchrun}"
+    )
+    assert [proc.name for proc in p.processes] == ["torchrun-0", "torchrun-1", "torchrun-2"]
+    for n, proc in enumerate(p.processes):
+        argv = proc.argv
+        assert argv[:3] == ["/opt/venv/bin/python", "-m", "torch.distributed.run"]
+
+        def flag(name, argv=argv):
+            return argv[argv.index(name) + 1]
+
+        assert flag("--nnodes") == "3"
+        assert flag("--nproc-per-node") == "4"
+        assert flag("--node-rank") == str(n)
+        assert flag("--master-addr") == "10.0.0.5"
+        assert flag("--master-port") == "40000"
+        assert argv[-4:] == ["--no-python", "/bin/sh", "-c", "python train.py --lr 0.1"]
+        # torchrun sets the rank variables; the node-level ones are still set on it.
+        assert proc.env["NODE_RANK"] == str(n)
+        assert proc.env["MASTER_ADDR"] == "10.0.0.5"
+        assert proc.env["MASTER_PORT"] == "40000"
+        assert "RANK" not in proc.env and "WORLD_SIZE" not in proc.env
+        assert proc.ranks == tuple(range(n * 4, n * 4 + 4))
+        assert proc.output == "torchrun"
+    assert p.world_size == 12
+
+
+def test_tensorflow_table_with_every_role():
+    p = _plan(
+        "command: python tf.py\nresources: {instance_count: 2}\n"
+        "distribution: {type: tensorflow, worker_count: 2, parameter_server_count: 1,"
+        " chief_count: 1, evaluator_count: 1}"
+    )
+    names = [proc.name for proc in p.processes]
+    assert names == ["chief-0", "worker-0", "worker-1", "ps-0", "evaluator-0"]
+    # Round-robin over the two nodes, in that order.
+    assert [proc.node_rank for proc in p.processes] == [0, 1, 0, 1, 0]
+    configs = {proc.name: json.loads(proc.env["TF_CONFIG"]) for proc in p.processes}
+    cluster = configs["chief-0"]["cluster"]
+    assert set(cluster) == {"chief", "worker", "ps"}
+    assert len(cluster["chief"]) == 1 and len(cluster["worker"]) == 2 and len(cluster["ps"]) == 1
+    addresses = cluster["chief"] + cluster["worker"] + cluster["ps"]
+    assert len(set(addresses)) == 4  # every task on its own address
+    assert cluster["chief"][0].startswith("10.0.0.5:") and cluster["worker"][0].startswith(
+        "10.0.0.6:"
+    )
+    for proc in p.processes:
+        cfg = configs[proc.name]
+        kind, index = proc.name.rsplit("-", 1)
+        assert cfg["task"] == {"type": kind, "index": int(index)}
+        assert cfg["environment"] == "cloud"
+        assert proc.tf_config == cfg
+        if kind != "evaluator":
+            assert cfg["cluster"] == cluster  # everyone in training sees the same cluster
+    evaluator = configs["evaluator-0"]
+    assert list(evaluator["cluster"]) == ["evaluator"]  # it sees only itself
+    assert evaluator["cluster"]["evaluator"][0] not in addresses
+
+
+def test_tensorflow_defaults_to_one_worker_per_node_and_base_port():
+    p = _plan(
+        "command: x\nresources: {instance_count: 3}\n"
+        "distribution: {type: tensorflow, base_port: 2222}"
+    )
+    cfg = json.loads(p.processes[0].env["TF_CONFIG"])
+    assert cfg["cluster"] == {"worker": ["10.0.0.5:2222", "10.0.0.6:2222", "10.0.0.7:2222"]}
+    # Two tasks on one node get consecutive ports.
+    p = _plan(
+        "command: x\nresources: {instance_count: 1}\n"
+        "distribution: {type: tensorflow, worker_count: 2, base_port: 2222}"
+    )
+    cfg = json.loads(p.processes[0].env["TF_CONFIG"])
+    assert cfg["cluster"]["worker"] == ["10.0.0.5:2222", "10.0.0.5:2223"]
+
+
+def test_mpi_table():
+    p = _plan(
+        "command: python hvd.py\nresources: {instance_count: 2}\n"
+        "distribution: {type: mpi, process_count_per_instance: 4, mpi_args: '--bind-to none'}"
+    )
+    (proc,) = p.processes
+    assert proc.node == "gpu0" and proc.role == "mpirun"
+    argv = proc.argv
+    assert argv[:5] == ["mpirun", "-np", "8", "--hostfile", "/scratch/distrun/job1/hostfile"]
+    assert "--tag-output" in argv
+    assert argv[-5:] == ["--bind-to", "none", "/bin/sh", "-c", "python hvd.py"]
+    forwarded = {argv[i + 1] for i, a in enumerate(argv) if a == "-x"}
+    assert {
+        "MASTER_ADDR",
+        "MASTER_PORT",
+        "AZ_BATCH_MASTER_NODE",
+        "DISTRUN_MPI_HOSTFILE",
+        "AZUREML_MPI_HOSTFILE",
+        "DISTRUN_JOB_ID",
+        "PYTHONUNBUFFERED",
+    } <= forwarded
+    env = proc.env
+    assert env["MASTER_ADDR"] == "10.0.0.5"
+    assert env["AZ_BATCH_MASTER_NODE"] == f"10.0.0.5:{env['MASTER_PORT']}"
+    assert env["DISTRUN_MPI_HOSTFILE"] == env["AZUREML_MPI_HOSTFILE"]
+    (hostfile,) = p.files
+    assert hostfile.node_rank == 0 and hostfile.path == env["DISTRUN_MPI_HOSTFILE"]
+    assert hostfile.content == "10.0.0.5 slots=4\n10.0.0.6 slots=4\n"
+    assert proc.ranks == tuple(range(8))
+
+
+def test_mpi_local_nodes_share_one_host_line(tmp_path):
+    spec = parse_spec(
+        "command: x\nresources: {instance_count: 2}\n"
+        "distribution: {type: mpi, process_count_per_instance: 2}"
+    )
+    nodes = Inventory().select(2, None, workdir=tmp_path)
+    p = plan(spec, nodes, "job1", {"master": 1234})
+    assert p.files[0].content == "127.0.0.1 slots=4\n"
+
+
+def test_horovodrun_launcher():
+    p = _plan(
+        "command: python hvd.py\nresources: {instance_count: 2}\n"
+        "distribution: {type: mpi, process_count_per_instance: 2, launcher: horovodrun}"
+    )
+    assert p.processes[0].argv[:5] == [
+        "horovodrun",
+        "-np",
+        "4",
+        "--hostfile",
+        "/scratch/distrun/job1/hostfile",
+    ]
+
+
+def test_dask_table():
+    p = _plan(
+        "command: python analyse.py\nresources: {instance_count: 2}\n"
+        "distribution: {type: dask, process_count_per_instance: 2, threads_per_process: 3}"
+    )
+    names = [proc.name for proc in p.processes]
+    assert names == [
+        "scheduler",
+        "dask-worker-0",
+        "dask-worker-1",
+        "dask-worker-2",
+        "dask-worker-3",
+        "client",
+    ]
+    sched, *workers, client = p.processes
+    port = sched.argv[sched.argv.index("--port") + 1]
+    address = f"tcp://10.0.0.5:{port}"
+    assert sched.node == "gpu0" and sched.service
+    assert [w.node for w in workers] == ["gpu0", "gpu0", "gpu1", "gpu1"]
+    for w in workers:
+        assert w.service and address in w.argv
+        assert w.argv[w.argv.index("--nthreads") + 1] == "3"
+    assert client.node == "gpu0" and not client.service
+    assert client.env["DASK_SCHEDULER_ADDRESS"] == address
+    assert client.argv == ["/bin/sh", "-c", "python analyse.py"]
+
+
+def test_dask_without_command_is_an_interactive_cluster():
+    p = _plan("distribution: {type: dask}")
+    assert [proc.name for proc in p.processes] == ["scheduler", "dask-worker-0"]
+    assert all(proc.service for proc in p.processes)
+
+
+def test_planning_is_pure_and_deterministic():
+    text = (
+        "command: x\nresources: {instance_count: 2}\n"
+        "distribution: {type: tensorflow, worker_count: 3, parameter_server_count: 1}"
+    )
+    assert _plan(text).to_dict() == _plan(text).to_dict()
+
+
+def test_plan_serialises_and_loads_back():
+    from jupyter_dist.plan import LaunchPlan
+
+    p = _plan("command: x\nresources: {instance_count: 2}\ndistribution: {type: mpi}")
+    assert LaunchPlan.from_dict(json.loads(json.dumps(p.to_dict()))) == p
+
+
+def test_code_folder_is_the_working_directory(tmp_path):
+    (tmp_path / "src").mkdir()
+    spec = parse_spec("command: x\ncode: src\nresources: {instance_count: 2}", base_dir=tmp_path)
+    local = Inventory().select(2, None, workdir=tmp_path / "w", cwd=tmp_path)
+    p = plan(spec, local, "job1", {"master": 1})
+    assert {proc.cwd for proc in p.processes} == {str(tmp_path / "src")}
+    remote = plan(spec, NODES[:2], "job1", {"master": 1})  # shipped into the job's folder
+    assert {proc.cwd for proc in remote.processes} == {"/scratch/distrun/job1/code"}
+
+
+def test_missing_ports_and_node_count_mismatch_are_errors():
+    spec = parse_spec("command: x\nresources: {instance_count: 2}")
+    with pytest.raises(ValueError, match="ports not chosen for: master"):
+        plan(spec, NODES[:2], "job1", {})
+    with pytest.raises(SpecError, match="instance_count is 2 but 3 node"):
+        plan(spec, NODES, "job1", {"master": 1})
+
+
+def test_node_selection(tmp_path):
+    inventory = Inventory(nodes=tuple(NODES), source="nodes.yml")
+    assert [n.name for n in inventory.select(2, None, tmp_path)] == ["gpu0", "gpu1"]
+    assert [n.name for n in inventory.select(2, ["gpu2", "gpu0"], tmp_path)] == ["gpu2", "gpu0"]
+    with pytest.raises(NodeError, match=r"node 'gpu9' is not in nodes.yml \(nodes: gpu0, gpu1"):
+        inventory.select(1, ["gpu9"], tmp_path)
+    with pytest.raises(NodeError, match=r"asks for 4 nodes but nodes\.yml has 3"):
+        inventory.select(4, None, tmp_path)
+    local = Inventory().select(3, None, tmp_path)
+    assert [(n.name, n.host) for n in local] == [(f"local{i}", "127.0.0.1") for i in range(3)]
+
+
+def test_free_ports_differ_between_jobs(store):
+    """Two jobs planned at once on local nodes never share a port."""
+    spec = parse_spec(
+        "command: x\nresources: {instance_count: 2}\n"
+        "distribution: {type: tensorflow, worker_count: 3, parameter_server_count: 2}"
+    )
+    seen = []
+    for _ in range(5):
+        p, _, _ = make_plan(spec, store=store)
+        for proc in p.processes:
+            seen.append(proc.tf_config["cluster"][proc.role][proc.tf_config["task"]["index"]])
+    assert len(seen) == 25 and len(set(seen)) == 25
+
+
+def test_planning_128_nodes_is_fast():
+    """Not a timing assertion (see bench/launch.py); it must just work at that size."""
+    nodes = [Node(name=f"n{i}", host=f"10.1.{i // 250}.{i % 250}") for i in range(128)]
+    spec = parse_spec(
+        "command: x\nresources: {instance_count: 128}\n"
+        "distribution: {type: pytorch, process_count_per_instance: 8}"
+    )
+    start = time.perf_counter()
+    p = plan(spec, nodes, "big", {"master": 29500})
+    assert len(p.processes) == 1024 and p.processes[-1].env["RANK"] == "1023"
+    assert time.perf_counter() - start < 30  # only a hang guard

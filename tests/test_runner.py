@@ -1,0 +1,193 @@
+"""The local runner with real processes: logs on disk, fail-fast, cancel, timeouts, and a
+process table with nothing of the job left behind."""
+
+from __future__ import annotations
+
+import json
+import re
+import shlex
+import sys
+import threading
+import time
+
+import pytest
+from helpers import job_processes
+
+from jupyter_dist.errors import DistrunError
+from jupyter_dist.run.events import JobListener
+from jupyter_dist.run.launch import launch, run
+from jupyter_dist.spec import parse_spec
+
+PY = sys.executable
+
+
+def _spec(command: str, nodes: int = 2, per_node: int = 2, extra: str = ""):
+    return parse_spec(
+        f"command: {json.dumps(command)}\nresources: {{instance_count: {nodes}}}\n"
+        f"distribution: {{type: pytorch, process_count_per_instance: {per_node}}}\n{extra}"
+    )
+
+
+class Collector(JobListener):
+    """Records lines, and checks each was on disk before it was announced."""
+
+    def __init__(self, record_of=None):
+        self.lines = []
+        self.not_on_disk = []
+        self.record_of = record_of
+        self.finished = threading.Event()
+
+    def on_lines(self, lines):
+        for line in lines:
+            if self.record_of is not None:
+                path = self.record_of().log_path(line.key, line.stream)
+                if line.text not in path.read_text():
+                    self.not_on_disk.append(line)
+        self.lines += lines
+
+    def on_finish(self, result):
+        self.finished.set()
+
+    def wait_for(self, pattern: str, count: int, timeout: float = 30):
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if sum(1 for line in self.lines if re.search(pattern, line.text)) >= count:
+                return
+            time.sleep(0.05)
+        raise AssertionError(f"never saw {count} lines matching {pattern!r}: {self.lines[-5:]}")
+
+
+def test_every_line_is_stored_per_rank_and_stream(store):
+    script = (
+        "import os, sys; r = os.environ['RANK']\n"
+        "for i in range(50): print(f'out {r} {i}')\n"
+        "print(f'err {r}', file=sys.stderr)\n"
+        "sys.stdout.write('no newline at the end')"
+    )
+    collector = Collector(record_of=lambda: store.jobs()[0])
+    job = launch(_spec(f"{PY} -c {shlex.quote(script)}"), store=store, listeners=[collector])
+    result = job.wait(60)
+    assert result is not None and result.state == "succeeded", result.describe()
+    record = store.get(job.job_id)
+    assert record.log_keys() == ["rank-0", "rank-1", "rank-2", "rank-3"]
+    for rank in range(4):
+        out = [line.text for line in record.iter_log(f"rank-{rank}", "stdout")]
+        err = [line.text for line in record.iter_log(f"rank-{rank}", "stderr")]
+        assert out == [f"out {rank} {i}" for i in range(50)] + ["no newline at the end"]
+        assert err == [f"err {rank}"]
+        stamp = next(record.iter_log(f"rank-{rank}", "stdout")).ts
+        assert re.fullmatch(r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d{6}Z", stamp)
+    status = record.status()
+    assert status["state"] == "succeeded"
+    assert {p["exit_code"] for p in status["processes"].values()} == {0}
+    assert (record.path / "spec.yml").is_file() and record.plan()["job_id"] == job.job_id
+    assert collector.not_on_disk == []
+    assert job_processes(job.job_id) == []
+
+
+def test_fail_fast_names_the_root_cause(store):
+    script = (
+        "import os, time\n"
+        "if os.environ['RANK'] == '2':\n"
+        "    time.sleep(0.5)\n"
+        "    raise ValueError('rank two is broken')\n"
+        "print('waiting', flush=True)\n"
+        "time.sleep(120)\n"
+    )
+    started = time.monotonic()
+    result = run(_spec(f"{PY} -c {shlex.quote(script)}"), store=store, grace_period=3)
+    assert time.monotonic() - started < 30
+    assert result.state == "failed"
+    cause = result.root_cause
+    assert (cause.label, cause.rank, cause.node, cause.host) == ("rank 2", 2, "local1", "127.0.0.1")
+    assert cause.exit_code == 1 and cause.signal is None
+    assert cause.stderr_tail[0].startswith("Traceback (most recent call last):")
+    assert cause.stderr_tail[-1] == "ValueError: rank two is broken"
+    assert sorted(cause.stopped) == ["rank 0", "rank 1", "rank 3"]
+    assert "rank 2 on local1 (127.0.0.1) exited with code 1: ValueError: rank two is broken" in (
+        result.describe()
+    )
+    states = {p.name: p for p in result.processes}
+    assert states["rank-2"].state == "failed"
+    assert all(states[f"rank-{r}"].stopped_by_us for r in (0, 1, 3))
+    status = store.get(result.job_id).status()
+    assert status["state"] == "failed" and status["root_cause"]["rank"] == 2
+    assert job_processes(result.job_id) == []
+
+
+def test_a_rank_killed_by_a_signal_is_reported_by_name(store):
+    script = (
+        "import os, time\nif os.environ['RANK'] == '1': os.kill(os.getpid(), 9)\ntime.sleep(60)"
+    )
+    result = run(_spec(f"{PY} -c {shlex.quote(script)}", nodes=1), store=store, grace_period=2)
+    assert result.state == "failed"
+    assert result.root_cause.rank == 1
+    assert result.root_cause.signal == "SIGKILL"
+    assert "killed by SIGKILL" in result.root_cause.summary()
+
+
+def test_cancel_stops_every_process_and_its_children(store):
+    # Each rank starts a child in its own session (as torchrun does) and a plain child.
+    command = "setsid sleep 300 & sleep 300 & echo started; wait"
+    collector = Collector()
+    job = launch(_spec(command), store=store, listeners=[collector], grace_period=3)
+    collector.wait_for("started", 4)
+    assert len(job_processes(job.job_id)) >= 12  # 4 shells, 8 sleeps
+    job.cancel()
+    result = job.wait(30)
+    assert result is not None and result.state == "cancelled"
+    assert all(p.state in ("stopped", "succeeded") for p in result.processes)
+    assert job_processes(job.job_id) == []
+    assert store.get(job.job_id).status()["state"] == "cancelled"
+
+
+def test_a_process_ignoring_sigterm_is_killed_after_the_grace_period(store):
+    command = "trap '' TERM; echo ready; while true; do sleep 0.1; done"
+    collector = Collector()
+    job = launch(
+        _spec(command, nodes=1, per_node=1), store=store, listeners=[collector], grace_period=1
+    )
+    collector.wait_for("ready", 1)
+    started = time.monotonic()
+    job.cancel()
+    result = job.wait(30)
+    assert result is not None and time.monotonic() - started < 15
+    (proc,) = result.processes
+    assert proc.signal == "SIGKILL" and proc.stopped_by_us
+    assert job_processes(job.job_id) == []
+
+
+def test_timeout_stops_the_job(store):
+    spec = _spec("sleep 60", nodes=1, per_node=2, extra="limits: {timeout: 1}")
+    result = run(spec, store=store, grace_period=2)
+    assert result.state == "timed_out"
+    assert "timed out after 1 s" in result.describe()
+    assert job_processes(result.job_id) == []
+
+
+def test_a_failed_start_stops_what_started(store):
+    spec = parse_spec(
+        "command: x\nresources: {instance_count: 2}\n"
+        "distribution: {type: mpi, launcher: horovodrun}"
+    )
+    with pytest.raises(DistrunError, match="'horovodrun' not found on PATH"):
+        launch(spec, store=store)
+    (record,) = store.jobs()
+    assert record.status()["state"] == "failed"
+    assert job_processes(record.job_id) == []
+
+
+def test_ranks_run_in_the_code_folder_with_the_notebook_python(store, tmp_path):
+    code = tmp_path / "src"
+    code.mkdir()
+    (code / "where.py").write_text(
+        "import os, sys; print(os.getcwd(), sys.executable, os.environ['DISTRUN_NODE_RANK'])"
+    )
+    spec = parse_spec(
+        "command: python where.py\ncode: src\nresources: {instance_count: 2}", base_dir=tmp_path
+    )
+    collector = Collector()
+    result = run(spec, store=store, listeners=[collector])
+    assert result.ok, result.describe()
+    seen = sorted(line.text for line in collector.lines)
+    assert seen == [f"{code} {sys.executable} 0", f"{code} {sys.executable} 1"]
