@@ -54,6 +54,20 @@ def main() -> None:
         "host": socket.gethostname(),
         "allreduce": value.item(),
         "weights": weights,
+        "env": {
+            name: os.environ.get(name)
+            for name in (
+                "RANK",
+                "WORLD_SIZE",
+                "LOCAL_RANK",
+                "LOCAL_WORLD_SIZE",
+                "NODE_RANK",
+                "GROUP_RANK",
+                "MASTER_ADDR",
+                "MASTER_PORT",
+                "DISTRUN_JOB_ID",
+            )
+        },
     }
     print("RESULT " + json.dumps(report))
     dist.destroy_process_group()

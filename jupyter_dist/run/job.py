@@ -13,7 +13,7 @@ from typing import Protocol
 from jupyter_dist.errors import DistrunError
 from jupyter_dist.nodes import Node
 from jupyter_dist.plan.model import LaunchPlan, ProcessPlan
-from jupyter_dist.run.attribute import attributor, failed_rank
+from jupyter_dist.run.attribute import attributor, failed_rank, starts_traceback
 from jupyter_dist.run.events import (
     FINAL_STATES,
     JobListener,
@@ -72,6 +72,7 @@ class Job:
         self._readers: dict[str, list[threading.Thread]] = {}
         self._tails: dict[str, deque[str]] = {}
         self._launcher_stderr: dict[str, deque[str]] = {}
+        self._first_stderr: dict[str, tuple[float, bool]] = {}  # key -> (when, traceback?)
         self.processes = {
             p.name: ProcessState(
                 name=p.name, label=p.label, node=p.node, host=p.host, role=p.role, rank=p.rank
@@ -196,6 +197,8 @@ class Job:
             by_key.setdefault(key, []).append(f"{stamp} {text}\n")
             if stream == "stderr":
                 self._tails.setdefault(key, deque(maxlen=TAIL_LINES)).append(text)
+                when, traceback = self._first_stderr.get(key, (now, False))
+                self._first_stderr[key] = (when, traceback or starts_traceback(text))
                 if key == proc.name and proc.output != "plain":
                     self._launcher_stderr.setdefault(key, deque(maxlen=400)).append(text)
         for key, lines in by_key.items():
@@ -241,12 +244,13 @@ class Job:
         return ran_something and bool(running) and all(p.service for p in running)
 
     def _root_cause_for(self, proc: ProcessPlan, state: ProcessState) -> RootCause:
-        rank = failed_rank(proc, list(self._launcher_stderr.get(proc.name, ())))
+        launcher_lines = list(self._launcher_stderr.get(proc.name, ()))
+        rank = failed_rank(proc, launcher_lines, self._first_stderr)
         key, label = (
             (f"rank-{rank}", f"rank {rank}") if rank is not None else (proc.name, proc.label)
         )
         tail = list(self._tails.get(key) or self._tails.get(proc.name) or ())
-        start = max((i for i, line in enumerate(tail) if line.startswith("Traceback")), default=0)
+        start = max((i for i, line in enumerate(tail) if starts_traceback(line)), default=0)
         return RootCause(
             process=proc.name,
             label=label,

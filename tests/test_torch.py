@@ -1,0 +1,96 @@
+"""Real torch.distributed (gloo on CPU): 2 local nodes x 2 ranks, per_process and torchrun."""
+
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+
+import pytest
+from helpers import EXAMPLES, job_processes, run_cli
+
+from jupyter_dist.run.launch import launch, run
+from jupyter_dist.spec import parse_spec
+
+pytestmark = pytest.mark.torch
+SCRIPTS = Path(__file__).parent / "scripts"
+
+
+def _results(store, job_id: str) -> dict[int, dict]:
+    """Each rank's RESULT line, read back through `jupyter distrun logs --rank R`."""
+    results = {}
+    for rank in range(4):
+        logs = run_cli("logs", job_id, "--rank", str(rank), "--stream", "stdout", store=store)
+        assert logs.returncode == 0, logs.stderr
+        (line,) = [x for x in logs.stdout.splitlines() if x.startswith("RESULT ")]
+        results[rank] = json.loads(line.removeprefix("RESULT "))
+    return results
+
+
+@pytest.mark.parametrize("example", ["pytorch_ddp.yml", "pytorch_ddp_torchrun.yml"])
+def test_ddp_on_two_local_nodes(example: str, store):
+    done = run_cli("run", str(EXAMPLES / example), store=store, timeout=240)
+    assert done.returncode == 0, done.stdout + done.stderr
+    for rank in range(4):  # live output, prefixed by the rank that printed it
+        assert f"[rank {rank}] RESULT " in done.stdout
+    job_id = store.jobs()[0].job_id
+    results = _results(store, job_id)
+    master = {(r["env"]["MASTER_ADDR"], r["env"]["MASTER_PORT"]) for r in results.values()}
+    assert len(master) == 1 and next(iter(master))[0] == "127.0.0.1"
+    for rank, report in results.items():
+        env = report["env"]
+        assert report["rank"] == rank and report["world_size"] == 4
+        assert report["local_rank"] == rank % 2 and report["node_rank"] == rank // 2
+        assert env["RANK"] == str(rank) and env["WORLD_SIZE"] == "4"
+        assert env["LOCAL_RANK"] == str(rank % 2) and env["LOCAL_WORLD_SIZE"] == "2"
+        assert env["NODE_RANK"] == env["GROUP_RANK"] == str(rank // 2)
+        assert env["DISTRUN_JOB_ID"] == job_id
+        assert report["allreduce"] == 1 + 2 + 3 + 4
+    weights = {json.dumps(r["weights"]) for r in results.values()}
+    assert len(weights) == 1  # DDP kept every replica identical
+    assert job_processes(job_id) == []
+
+
+@pytest.mark.parametrize("launcher", ["per_process", "torchrun"])
+def test_a_failing_rank_stops_the_job(launcher: str, store):
+    spec = parse_spec(
+        f"command: python {SCRIPTS / 'ddp_fail.py'}\nresources: {{instance_count: 2}}\n"
+        "environment_variables: {OMP_NUM_THREADS: 1}\n"
+        f"distribution: {{type: pytorch, process_count_per_instance: 2, launcher: {launcher}}}"
+    )
+    started = time.monotonic()
+    result = run(spec, store=store, grace_period=3)
+    assert time.monotonic() - started < 90
+    assert result.state == "failed"
+    cause = result.root_cause
+    assert cause.rank == 2 and cause.node == "local1", cause.format()
+    assert cause.stderr_tail[-1].endswith("RuntimeError: rank 2 lost its data shard")
+    assert "Traceback (most recent call last):" in cause.stderr_tail[0]
+    if launcher == "per_process":
+        assert sorted(cause.stopped) == ["rank 0", "rank 1", "rank 3"]
+    else:
+        assert cause.stopped == ["node 0"]  # torchrun on node 0, stopped with its ranks
+    assert job_processes(result.job_id) == []
+
+
+def test_cancel_a_torchrun_job_leaves_nothing(store):
+    spec = parse_spec(
+        f"command: python {SCRIPTS / 'ddp_forever.py'}\nresources: {{instance_count: 2}}\n"
+        "environment_variables: {OMP_NUM_THREADS: 1}\n"
+        "distribution: {type: pytorch, process_count_per_instance: 2, launcher: torchrun}"
+    )
+    job = launch(spec, store=store, grace_period=5)
+    deadline = time.monotonic() + 90
+    record = job.record
+    while time.monotonic() < deadline:
+        seen = [k for k in record.log_keys() if any(record.iter_log(k, "stdout"))]
+        if len(seen) == 4:
+            break
+        time.sleep(0.2)
+    else:
+        pytest.fail(f"ranks never started: {record.log_keys()}")
+    assert len(job_processes(job.job_id)) >= 6  # 2 torchrun agents, 4 workers
+    job.cancel()
+    result = job.wait(60)
+    assert result is not None and result.state == "cancelled"
+    assert job_processes(job.job_id) == []
