@@ -1,0 +1,99 @@
+"""Launch overhead: `jupyter distrun run` vs torchrun by hand, and planning time.
+
+    .venv/bin/python bench/launch.py [--runs 5]
+
+1. A trivial 4-rank gloo job (bench/trivial_gloo.py) started by `jupyter distrun run`
+   (1 local node x 4 processes, per_process) and by `torchrun --standalone --nproc-per-node 4`
+   on the same script, alternating, wall time from command start to exit. Prints the
+   median ratio ours / torchrun. Goal: <= 1.0.
+2. Planning a 128-node x 8-rank pytorch job (pure, no I/O): median of many runs.
+   Goal: < 50 ms.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+SCRIPT = HERE / "trivial_gloo.py"
+BIN = Path(sys.executable).parent
+
+
+def timed(argv: list[str], env: dict[str, str]) -> float:
+    start = time.perf_counter()
+    done = subprocess.run(argv, env=env, capture_output=True, text=True)
+    took = time.perf_counter() - start
+    if done.returncode != 0:
+        raise SystemExit(f"{argv[0]} failed ({done.returncode}):\n{done.stdout}{done.stderr}")
+    return took
+
+
+def bench_launch(runs: int) -> None:
+    with tempfile.TemporaryDirectory() as tmp:
+        spec = Path(tmp) / "trivial.yml"
+        spec.write_text(
+            f"command: python {SCRIPT}\n"
+            "environment_variables: {OMP_NUM_THREADS: '1'}\n"
+            "distribution: {type: pytorch, process_count_per_instance: 4}\n"
+        )
+        env = {**os.environ, "DISTRUN_HOME": tmp, "OMP_NUM_THREADS": "1"}
+        ours_argv = [str(BIN / "jupyter"), "distrun", "run", str(spec), "--color", "never"]
+        torchrun_argv = [
+            sys.executable,
+            "-m",
+            "torch.distributed.run",
+            "--standalone",
+            "--nproc-per-node",
+            "4",
+            str(SCRIPT),
+        ]
+        timed(ours_argv, env)  # warm the page cache for both before measuring
+        timed(torchrun_argv, env)
+        ours, theirs = [], []
+        for _ in range(runs):
+            ours.append(timed(ours_argv, env))
+            theirs.append(timed(torchrun_argv, env))
+    ratio = statistics.median(o / t for o, t in zip(ours, theirs, strict=True))
+    print(
+        f"launch, 4 ranks gloo: jupyter distrun median {statistics.median(ours):.2f} s, "
+        f"torchrun median {statistics.median(theirs):.2f} s over {runs} alternating runs"
+    )
+    print(f"launch ratio (ours / torchrun, median of pairs): {ratio:.2f}  (goal <= 1.0)")
+
+
+def bench_planning(repeats: int = 30) -> None:
+    from jupyter_dist.nodes import Node
+    from jupyter_dist.plan import plan
+    from jupyter_dist.spec import parse_spec
+
+    nodes = [Node(name=f"n{i}", host=f"10.1.{i // 250}.{i % 250}") for i in range(128)]
+    spec = parse_spec(
+        "command: python train.py\nresources: {instance_count: 128}\n"
+        "distribution: {type: pytorch, process_count_per_instance: 8}"
+    )
+    times = []
+    for _ in range(repeats):
+        start = time.perf_counter()
+        plan(spec, nodes, "bench", {"master": 29500})
+        times.append(time.perf_counter() - start)
+    ms = statistics.median(times) * 1000
+    print(f"planning 128 nodes x 8 ranks: median {ms:.1f} ms over {repeats} runs (goal < 50 ms)")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--runs", type=int, default=5)
+    args = parser.parse_args()
+    bench_planning()
+    bench_launch(args.runs)
+
+
+if __name__ == "__main__":
+    main()
