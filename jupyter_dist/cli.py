@@ -152,21 +152,21 @@ def _print_table(rows: list[dict], columns: Sequence[str], title: str = "") -> N
 
 
 def cmd_run(args: argparse.Namespace, store: JobStore) -> int:
-    from jupyter_dist.run.launch import launch, wait_or_cancel
+    from jupyter_dist.run.launch import prepare_job, start_and_wait
 
     spec = _load(args)
     colour = args.color == "always" or (args.color == "auto" and sys.stdout.isatty())
     if os.environ.get("NO_COLOR") and args.color == "auto":
         colour = False
     printer = TerminalPrinter(colour=colour)
-    job = launch(spec, listeners=[printer], store=store)
+    job = prepare_job(spec, listeners=[printer], store=store)
     print(
         f"job {job.job_id}: {len(job.plan.processes)} process(es) on "
         f"{len(job.plan.nodes)} node(s); logs in {job.record.path}",
         file=sys.stderr,
     )
     try:
-        result = wait_or_cancel(job)
+        result = start_and_wait(job)
     except KeyboardInterrupt:
         print(f"job {job.job_id} cancelled: every process was stopped", file=sys.stderr)
         return EXIT_INTERRUPTED

@@ -47,3 +47,24 @@ def test_a_failing_mpi_rank_is_the_root_cause(store):
     assert result.root_cause.rank == 1, result.root_cause.format()
     assert "rank 1 cannot open its shard" in result.root_cause.stderr_tail
     assert job_processes(result.job_id) == []
+
+
+def test_unbuffered_output_of_every_rank_is_reassembled(store, tmp_path):
+    """mpirun tags fragments, not lines; unbuffered Python writes text and newline apart."""
+    (tmp_path / "chatty.py").write_text(
+        "import os\n"
+        "rank = os.environ['OMPI_COMM_WORLD_RANK']\n"
+        "for i in range(300):\n"
+        "    print(f'rank {rank} line {i} ' + 'x' * (i % 50))\n"
+    )
+    spec = parse_spec(
+        f"command: python -u {tmp_path / 'chatty.py'}\nresources: {{instance_count: 2}}\n"
+        "distribution: {type: mpi, process_count_per_instance: 2}"
+    )
+    result = run(spec, store=store)
+    assert result.ok, result.describe()
+    record = store.get(result.job_id)
+    assert record.log_keys() == ["rank-0", "rank-1", "rank-2", "rank-3"]
+    for rank in range(4):
+        lines = [entry.text for entry in record.iter_log(f"rank-{rank}", "stdout")]
+        assert lines == [f"rank {rank} line {i} " + "x" * (i % 50) for i in range(300)]

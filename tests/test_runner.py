@@ -191,3 +191,11 @@ def test_ranks_run_in_the_code_folder_with_the_notebook_python(store, tmp_path):
     assert result.ok, result.describe()
     seen = sorted(line.text for line in collector.lines)
     assert seen == [f"{code} {sys.executable} 0", f"{code} {sys.executable} 1"]
+
+
+def test_a_fast_failure_during_start_up_still_fails_the_job(store):
+    """A rank that fails before the last rank has started must not be lost (regression)."""
+    for _ in range(5):
+        result = run(_spec('[ "$RANK" = 7 ] && exit 3; exit 0', nodes=2, per_node=4), store=store)
+        assert result.state == "failed" and result.root_cause.rank == 7
+        assert result.root_cause.exit_code == 3

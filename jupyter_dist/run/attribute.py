@@ -8,40 +8,65 @@ from collections.abc import Callable
 from jupyter_dist.plan.model import ProcessPlan
 
 _TORCHRUN = re.compile(r"\[default(\d+)\]:(.*)\Z", re.S)
-_MPI = re.compile(r"\[\d+,(\d+)\]<std(?:out|err)>:\s?(.*)\Z", re.S)
+_MPI_TAG = re.compile(r"\[\d+,(\d+)\]<std(?:out|err)>:")
 
 # (log key, label, text) for a line.
 Attribution = tuple[str, str, str]
 
 
-def attributor(proc: ProcessPlan) -> Callable[[str], Attribution]:
-    """A function mapping one line of `proc`'s output to the rank that printed it."""
+def attributor(proc: ProcessPlan) -> Callable[[str], list[Attribution]]:
+    """A function mapping one line of `proc`'s output to the rank lines it completes.
+
+    Make one per output stream: the MPI one keeps state between lines."""
     own = (proc.name, proc.label)
 
     if proc.output == "torchrun":
         first = proc.ranks[0]
 
-        def torchrun_line(text: str) -> Attribution:
+        def torchrun_line(text: str) -> list[Attribution]:
             match = _TORCHRUN.match(text)
             if not match:
-                return (*own, text)
+                return [(*own, text)]
             rank = first + int(match.group(1))
-            return f"rank-{rank}", f"rank {rank}", match.group(2)
+            return [(f"rank-{rank}", f"rank {rank}", match.group(2))]
 
         return torchrun_line
 
     if proc.output == "mpi":
+        return _MpiDemux(own)
 
-        def mpi_line(text: str) -> Attribution:
-            match = _MPI.match(text)
-            if not match:
-                return (*own, text)
-            rank = int(match.group(1))
-            return f"rank-{rank}", f"rank {rank}", match.group(2)
+    return lambda text: [(*own, text)]
 
-        return mpi_line
 
-    return lambda text: (*own, text)
+class _MpiDemux:
+    """Reassembles rank lines from `mpirun --tag-output`.
+
+    mpirun tags every fragment it reads from a rank, not every line: a rank that writes
+    "text" and "\n" separately (unbuffered Python does) comes out as
+    "[1,3]<stdout>:text" then "[1,3]<stdout>:\n", possibly with another rank's fragment
+    between them on the same line. So: split each line at the tags, keep each rank's
+    unfinished text, and complete it when a fragment of that rank ends a line."""
+
+    def __init__(self, own: tuple[str, str]):
+        self.own = own
+        self.pending: dict[int, str] = {}
+
+    def __call__(self, text: str) -> list[Attribution]:
+        tags = list(_MPI_TAG.finditer(text))
+        if not tags:
+            return [(*self.own, text)]
+        out: list[Attribution] = []
+        if tags[0].start() > 0:
+            out.append((*self.own, text[: tags[0].start()]))
+        for i, tag in enumerate(tags):
+            rank = int(tag.group(1))
+            end = tags[i + 1].start() if i + 1 < len(tags) else len(text)
+            fragment = self.pending.pop(rank, "") + text[tag.end() : end]
+            if i + 1 < len(tags):
+                self.pending[rank] = fragment  # cut off by another tag: not a whole line yet
+            else:
+                out.append((f"rank-{rank}", f"rank {rank}", fragment))
+        return out
 
 
 # torch prefixes a rank's uncaught exception with "[rank<N>]: " once its process group is up.

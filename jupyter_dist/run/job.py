@@ -86,6 +86,7 @@ class Job:
         self._root_cause: RootCause | None = None
         self._message: str | None = None
         self._stopping = False
+        self._starting = False
         self._done = threading.Event()
         self._result: JobResult | None = None
         self._write_status()
@@ -103,6 +104,7 @@ class Job:
                 raise DistrunError(f"job {self.job_id} was already started")
             self.state = "running"
             self.started = time.time()
+            self._starting = True  # a process that ends meanwhile must not end the job
         try:
             self._transport.prepare(self.plan, list(self._nodes.values()))
             for proc in self.plan.processes:
@@ -111,8 +113,11 @@ class Job:
         except BaseException as exc:
             self._message = f"could not start: {exc}"
             self._stop_all("failed")
-            self._finish_when_all_gone()
             raise
+        finally:
+            with self._state_lock:
+                self._starting = False
+            self._finish_when_all_gone()
         self._write_status()
         if self.timeout:
             timer = threading.Timer(self.timeout, self._on_timeout)
@@ -191,16 +196,12 @@ class Job:
         batch: list[OutputLine] = []
         by_key: dict[str, list[str]] = {}
         for raw in pieces:
-            text = raw.decode("utf-8", errors="replace").rstrip("\r")
-            key, label, text = attribute(text)
-            batch.append(OutputLine(key, label, stream, text, now))
-            by_key.setdefault(key, []).append(f"{stamp} {text}\n")
-            if stream == "stderr":
-                self._tails.setdefault(key, deque(maxlen=TAIL_LINES)).append(text)
-                when, traceback = self._first_stderr.get(key, (now, False))
-                self._first_stderr[key] = (when, traceback or starts_traceback(text))
-                if key == proc.name and proc.output != "plain":
-                    self._launcher_stderr.setdefault(key, deque(maxlen=400)).append(text)
+            for key, label, text in attribute(raw.decode("utf-8", errors="replace")):
+                text = text.rstrip("\r")
+                batch.append(OutputLine(key, label, stream, text, now))
+                by_key.setdefault(key, []).append(f"{stamp} {text}\n")
+                if stream == "stderr":
+                    self._note_stderr(proc, key, text, now)
         for key, lines in by_key.items():
             out = files.get(key)
             if out is None:
@@ -210,6 +211,14 @@ class Job:
         with self._emit_lock:
             for listener in self._listeners:
                 listener.on_lines(batch)
+
+    def _note_stderr(self, proc: ProcessPlan, key: str, text: str, now: float) -> None:
+        """Keep what the root-cause report needs: tails, first errors, launcher reports."""
+        self._tails.setdefault(key, deque(maxlen=TAIL_LINES)).append(text)
+        when, traceback = self._first_stderr.get(key, (now, False))
+        self._first_stderr[key] = (when, traceback or starts_traceback(text))
+        if key == proc.name and proc.output != "plain":
+            self._launcher_stderr.setdefault(key, deque(maxlen=400)).append(text)
 
     def _watch(self, proc: ProcessPlan, handle: ProcessHandle) -> None:
         code = handle.wait()
@@ -303,9 +312,9 @@ class Job:
 
     def _finish_when_all_gone(self) -> None:
         with self._state_lock:
-            if self._done.is_set():
+            if self._done.is_set() or self._starting:
                 return
-            if any(p.state in ("running",) for p in self.processes.values()):
+            if any(p.state == "running" for p in self.processes.values()):
                 return
             final = self._final_state if self._stopping else "succeeded"
             for state in self.processes.values():

@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
+import signal
+import threading
 from collections.abc import Iterable
 from pathlib import Path
 
@@ -44,7 +47,7 @@ def make_plan(
     return plan(spec, nodes, job_id or store.new_job_id(), ports), nodes, transport
 
 
-def launch(
+def prepare_job(
     spec: JobSpec,
     *,
     listeners: Iterable[JobListener] = (),
@@ -53,32 +56,35 @@ def launch(
     cwd: Path | str | None = None,
     grace_period: float = 5.0,
 ) -> Job:
-    """Plan the job, record it in the store, and start every process."""
+    """Plan the job and record it in the store; nothing is started yet."""
     store = store or JobStore()
     launch_plan, nodes, transport = make_plan(spec, inventory=inventory, store=store, cwd=cwd)
     record = store.create(launch_plan.job_id, spec.to_yaml(), launch_plan.to_dict())
     job = Job(
-        launch_plan,
-        nodes,
-        transport,
-        record,
-        name=spec.display_name_or_default(),
-        timeout=spec.timeout,
-        grace_period=grace_period,
-    )
+        launch_plan, nodes, transport, record,
+        name=spec.display_name_or_default(), timeout=spec.timeout, grace_period=grace_period,
+    )  # fmt: skip
     for listener in listeners:
         job.add_listener(listener)
-    return job.start()
+    return job
+
+
+def launch(spec: JobSpec, **kwargs) -> Job:
+    """Plan, record and start the job; returns at once (see `prepare_job` for arguments)."""
+    return prepare_job(spec, **kwargs).start()
 
 
 def run(spec: JobSpec, **kwargs) -> JobResult:
-    """Launch and wait; Ctrl-C (KeyboardInterrupt) cancels every process, then re-raises."""
-    job = launch(spec, **kwargs)
-    return wait_or_cancel(job)
+    """Start the job and wait; Ctrl-C (KeyboardInterrupt) stops every process, then re-raises."""
+    return start_and_wait(prepare_job(spec, **kwargs))
 
 
-def wait_or_cancel(job: Job) -> JobResult:
+def start_and_wait(job: Job) -> JobResult:
+    """Start and wait for a prepared job. An interrupt at any point, start-up included,
+    cancels every process before it propagates."""
     try:
+        with _interrupts_deferred():
+            job.start()
         while True:
             result = job.wait(0.2)  # short waits keep KeyboardInterrupt deliverable
             if result is not None:
@@ -87,3 +93,24 @@ def wait_or_cancel(job: Job) -> JobResult:
         job.cancel("interrupted")
         job.wait()
         raise
+
+
+@contextlib.contextmanager
+def _interrupts_deferred():
+    """Hold back SIGINT while processes start (a half-started process would have nobody
+    watching it), then raise KeyboardInterrupt if one came meanwhile."""
+    current = signal.getsignal(signal.SIGINT)
+    if threading.current_thread() is not threading.main_thread() or current in (
+        signal.SIG_IGN,
+        None,  # installed outside Python: leave it alone
+    ):
+        yield
+        return
+    received = []
+    signal.signal(signal.SIGINT, lambda *_: received.append(True))
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGINT, current)
+    if received:
+        raise KeyboardInterrupt

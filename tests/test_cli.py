@@ -1,0 +1,147 @@
+"""`jupyter distrun` as a user runs it: a real subprocess, real jobs, real signals."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+
+from helpers import job_processes, run_cli
+
+
+def _write(tmp_path: Path, text: str) -> Path:
+    path = tmp_path / "job.yml"
+    path.write_text(textwrap.dedent(text))
+    return path
+
+
+def test_plan_json_lists_every_process(tmp_path: Path, store):
+    spec = _write(
+        tmp_path,
+        """\
+        command: python train.py
+        resources: {instance_count: 2}
+        distribution: {type: pytorch, process_count_per_instance: 2}
+    """,
+    )
+    done = run_cli("plan", str(spec), "--json", store=store)
+    assert done.returncode == 0, done.stderr
+    procs = json.loads(done.stdout)
+    assert [p["rank"] for p in procs] == [0, 1, 2, 3]
+    assert [p["node"] for p in procs] == ["local0", "local0", "local1", "local1"]
+    assert {p["host"] for p in procs} == {"127.0.0.1"}
+    assert all(p["argv"] == ["/bin/sh", "-c", "python train.py"] for p in procs)
+    assert [p["env"]["RANK"] for p in procs] == ["0", "1", "2", "3"]
+    assert store.jobs() == []  # planning records nothing and runs nothing
+
+
+def test_plan_table_and_overrides(tmp_path: Path, store):
+    spec = _write(
+        tmp_path,
+        """\
+        command: python train.py
+        distribution: {type: pytorch}
+    """,
+    )
+    done = run_cli(
+        "plan", str(spec), "--nodes", "3", "--procs-per-node", "2", "--json", store=store
+    )
+    assert len(json.loads(done.stdout)) == 6
+    table = run_cli("plan", str(spec), store=store, env={**os.environ, "COLUMNS": "200"})
+    assert table.returncode == 0
+    assert "pytorch job plan" in table.stdout and "rank-5" not in table.stdout
+    assert "127.0.0.1" in table.stdout
+
+
+def test_run_a_tensorflow_job_prefixes_lines_by_role(tmp_path: Path, store):
+    (tmp_path / "show.py").write_text(
+        "import json, os; c = json.loads(os.environ['TF_CONFIG']);"
+        " print(c['task']['type'], c['task']['index'], len(c['cluster'].get('worker', [])))"
+    )
+    spec = _write(
+        tmp_path,
+        """\
+        command: python show.py
+        code: .
+        resources: {instance_count: 2}
+        distribution: {type: tensorflow, worker_count: 2, parameter_server_count: 1, chief_count: 1}
+    """,
+    )
+    done = run_cli("run", str(spec), store=store)
+    assert done.returncode == 0, done.stderr
+    lines = sorted(done.stdout.splitlines())
+    assert lines == [
+        "[chief] chief 0 2",
+        "[ps 0] ps 0 2",
+        "[worker 0] worker 0 2",
+        "[worker 1] worker 1 2",
+    ]
+
+
+def test_jobs_and_logs_read_the_store(tmp_path: Path, store):
+    spec = _write(
+        tmp_path,
+        """\
+        command: echo "hello from $RANK"; echo "warning $RANK" >&2; exit $RANK
+        resources: {instance_count: 1}
+        distribution: {type: pytorch, process_count_per_instance: 2}
+    """,
+    )
+    done = run_cli("run", str(spec), store=store)
+    assert done.returncode == 1  # rank 1 exits 1
+    assert "Root cause: rank 1 on local0 (127.0.0.1) exited with code 1" in done.stderr
+    jobs = run_cli("jobs", "--json", store=store)
+    (status,) = json.loads(jobs.stdout)
+    assert status["state"] == "failed" and status["root_cause"]["rank"] == 1
+    job_id = status["job_id"]
+    table = run_cli("jobs", store=store, env={**os.environ, "COLUMNS": "250"})
+    assert job_id in table.stdout and "failed" in table.stdout
+    one = run_cli("logs", job_id[:-2], "--rank", "1", store=store)  # a prefix is enough
+    assert one.stdout.splitlines() == ["hello from 1", "warning 1"]
+    err = run_cli("logs", job_id, "--rank", "0", "--stream", "stderr", store=store)
+    assert err.stdout == "warning 0\n"
+    both = run_cli("logs", job_id, "--timestamps", store=store)
+    assert len(both.stdout.splitlines()) == 4 and "[rank-0] hello from 0" in both.stdout
+    missing = run_cli("logs", job_id, "--rank", "7", store=store)
+    assert missing.returncode == 2
+    assert missing.stderr.strip() == (
+        f"error: job {job_id} has no log for 'rank-7' (logs: rank-0, rank-1)"
+    )
+    unknown = run_cli("logs", "nope", store=store)
+    assert unknown.returncode == 2 and "no job 'nope'" in unknown.stderr
+
+
+def test_ctrl_c_stops_every_rank(tmp_path: Path, store):
+    spec = _write(
+        tmp_path,
+        """\
+        command: echo started; sleep 300
+        resources: {instance_count: 2}
+        distribution: {type: pytorch, process_count_per_instance: 2}
+    """,
+    )
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "jupyter_dist.cli", "run", str(spec), "--store", str(store.root)],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    seen = 0
+    deadline = time.monotonic() + 30
+    while seen < 4 and time.monotonic() < deadline:
+        if "started" in proc.stdout.readline():
+            seen += 1
+    assert seen == 4
+    job_id = store.jobs()[0].job_id
+    assert len(job_processes(job_id)) >= 8
+    proc.send_signal(signal.SIGINT)
+    _out, err = proc.communicate(timeout=30)
+    assert proc.returncode == 130, err
+    assert "cancelled: every process was stopped" in err
+    assert job_processes(job_id) == []
+    assert store.get(job_id).status()["state"] == "cancelled"
