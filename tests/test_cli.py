@@ -145,3 +145,32 @@ def test_ctrl_c_stops_every_rank(tmp_path: Path, store):
     assert "cancelled: every process was stopped" in err
     assert job_processes(job_id) == []
     assert store.get(job_id).status()["state"] == "cancelled"
+
+
+def test_killing_the_launcher_stops_every_rank(tmp_path: Path, store):
+    """SIGKILL gives the launcher no chance to clean up: the node agents must notice."""
+    spec = _write(
+        tmp_path,
+        """\
+        command: echo started; sleep 300
+        resources: {instance_count: 2}
+        distribution: {type: pytorch, process_count_per_instance: 2}
+    """,
+    )
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "jupyter_dist.cli", "run", str(spec), "--store", str(store.root)],
+        stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True,
+    )  # fmt: skip
+    seen = 0
+    deadline = time.monotonic() + 30
+    while seen < 4 and time.monotonic() < deadline:
+        if "started" in proc.stdout.readline():
+            seen += 1
+    job_id = store.jobs()[0].job_id
+    assert len(job_processes(job_id)) >= 8
+    proc.kill()
+    proc.wait()
+    deadline = time.monotonic() + 15
+    while job_processes(job_id) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert job_processes(job_id) == []

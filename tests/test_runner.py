@@ -170,7 +170,7 @@ def test_a_failed_start_stops_what_started(store):
         "command: x\nresources: {instance_count: 2}\n"
         "distribution: {type: mpi, launcher: horovodrun}"
     )
-    with pytest.raises(DistrunError, match="'horovodrun' not found on PATH"):
+    with pytest.raises(DistrunError, match="cannot start mpirun: 'horovodrun' not found"):
         launch(spec, store=store)
     (record,) = store.jobs()
     assert record.status()["state"] == "failed"

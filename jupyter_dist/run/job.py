@@ -30,6 +30,7 @@ _MAX_LINE = 1 << 20  # a "line" longer than this is cut into pieces
 
 
 class ProcessHandle(Protocol):
+    def confirm(self) -> None: ...
     def chunks(self, stream: str): ...
     def wait(self) -> int: ...
     def terminate(self) -> None: ...
@@ -40,7 +41,7 @@ class Transport(Protocol):
     name: str
 
     def prepare(self, plan: LaunchPlan, nodes: list[Node]) -> None: ...
-    def start(self, proc: ProcessPlan, node: Node) -> ProcessHandle: ...
+    def start(self, proc: ProcessPlan, node: Node, grace: float) -> ProcessHandle: ...
     def sweep(self, job_id: str) -> list[int]: ...
 
 
@@ -105,14 +106,19 @@ class Job:
             self.state = "running"
             self.started = time.time()
             self._starting = True  # a process that ends meanwhile must not end the job
+        started: list[tuple[ProcessPlan, ProcessHandle]] = []
         try:
             self._transport.prepare(self.plan, list(self._nodes.values()))
             for proc in self.plan.processes:
-                handle = self._transport.start(proc, self._nodes[proc.node])
+                node = self._nodes[proc.node]
+                started.append((proc, self._transport.start(proc, node, self.grace_period)))
+            for _, handle in started:
+                handle.confirm()  # every process reports it started before any is watched
+            for proc, handle in started:
                 self._attach(proc, handle)
         except BaseException as exc:
             self._message = f"could not start: {exc}"
-            self._stop_all("failed")
+            self._abort_start(started)
             raise
         finally:
             with self._state_lock:
@@ -124,6 +130,17 @@ class Job:
             timer.daemon = True
             timer.start()
         return self
+
+    def _abort_start(self, started: list[tuple[ProcessPlan, ProcessHandle]]) -> None:
+        """Stop whatever started before a start failed elsewhere."""
+        self._stop_all("failed")
+        for proc, handle in started:
+            if proc.name in self._handles:
+                continue  # attached: its watcher sees it end
+            with contextlib.suppress(Exception):
+                handle.kill()
+                handle.wait()
+            self.processes[proc.name].state = "stopped"
 
     def wait(self, timeout: float | None = None) -> JobResult | None:
         """The result once every process is gone; None if `timeout` passes first."""

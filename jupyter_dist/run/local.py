@@ -1,4 +1,4 @@
-"""The local transport: processes on this machine, each in its own process group."""
+"""The local transport: processes on this machine, each under a node agent (agent.py)."""
 
 from __future__ import annotations
 
@@ -7,17 +7,16 @@ import os
 import signal
 import socket
 import subprocess
+import sys
 import threading
 import time
-from collections.abc import Iterator
 from pathlib import Path
-
-import psutil
 
 from jupyter_dist.errors import DistrunError
 from jupyter_dist.nodes import Node
 from jupyter_dist.plan.context import PortRequest
 from jupyter_dist.plan.model import LaunchPlan, ProcessPlan
+from jupyter_dist.run.agent_client import AGENT_SOURCE, AgentProcess, agent_argv
 
 _CHUNK = 65536
 # Ports handed out recently by this process, so two jobs started together never share one.
@@ -43,60 +42,30 @@ def free_port(host: str = "") -> int:
     raise DistrunError("could not find a free TCP port on this machine")
 
 
-def process_environment(node: Node, env: dict[str, str]) -> dict[str, str]:
-    """This machine's environment, the plan's variables, and the node's python first on PATH."""
-    merged = {**os.environ, **env}
-    if os.path.isabs(node.python):
-        merged["PATH"] = os.path.dirname(node.python) + os.pathsep + merged.get("PATH", "")
-    return merged
+class LocalProcess(AgentProcess):
+    """A process on this machine, started through the node agent."""
 
-
-class LocalProcess:
-    """A started process: its output streams, its exit, and stopping its whole tree."""
-
-    def __init__(self, popen: subprocess.Popen):
+    def __init__(self, popen: subprocess.Popen, label: str):
+        super().__init__()
         self.popen = popen
-        self.pid = popen.pid  # also its process-group id (it leads a new session)
-        self._family: dict[int, psutil.Process] = {}
+        self.label = label
 
-    def chunks(self, stream: str) -> Iterator[bytes]:
+    def _read(self, stream: str) -> bytes:
         pipe = self.popen.stdout if stream == "stdout" else self.popen.stderr
-        fd = pipe.fileno()
         try:
-            while True:
-                data = os.read(fd, _CHUNK)
-                if not data:
-                    return
-                yield data
-        finally:
-            pipe.close()
+            return os.read(pipe.fileno(), _CHUNK)
+        except (OSError, ValueError):
+            return b""
 
-    def wait(self) -> int:
+    def _write_stdin(self, data: bytes) -> None:
+        self.popen.stdin.write(data)
+        self.popen.stdin.flush()
+
+    def _close_stdin(self) -> None:
+        self.popen.stdin.close()
+
+    def _wait(self) -> int:
         return self.popen.wait()
-
-    def _remember_family(self) -> None:
-        # torchrun moves each worker into its own session: a signal to our process group
-        # misses them, so remember every descendant while the tree is still connected.
-        with contextlib.suppress(psutil.Error):
-            root = psutil.Process(self.pid)
-            for proc in [root, *root.children(recursive=True)]:
-                self._family.setdefault(proc.pid, proc)
-
-    def terminate(self) -> None:
-        """SIGTERM to the process group and every descendant seen."""
-        self._remember_family()
-        self._signal_all(signal.SIGTERM)
-
-    def kill(self) -> None:
-        self._remember_family()
-        self._signal_all(signal.SIGKILL)
-
-    def _signal_all(self, sig: int) -> None:
-        with contextlib.suppress(ProcessLookupError, PermissionError):
-            os.killpg(self.pid, sig)
-        for proc in self._family.values():
-            with contextlib.suppress(psutil.Error):
-                proc.send_signal(sig)  # psutil checks the pid was not reused
 
 
 class LocalTransport:
@@ -116,27 +85,17 @@ class LocalTransport:
             path.parent.mkdir(parents=True, exist_ok=True)
             path.write_text(planned.content)
 
-    def start(self, proc: ProcessPlan, node: Node) -> LocalProcess:
-        try:
-            popen = subprocess.Popen(
-                proc.argv,
-                cwd=proc.cwd,
-                env=process_environment(node, proc.env),
-                stdin=subprocess.DEVNULL,
-                stdout=subprocess.PIPE,
-                stderr=subprocess.PIPE,
-                start_new_session=True,
-            )
-        except FileNotFoundError as exc:
-            missing = exc.filename or proc.argv[0]
-            if missing == proc.cwd:
-                raise DistrunError(f"cannot start {proc.label}: no folder {proc.cwd}") from None
-            raise DistrunError(
-                f"cannot start {proc.label}: {missing!r} not found on PATH"
-            ) from None
-        except PermissionError as exc:
-            raise DistrunError(f"cannot start {proc.label}: {exc}") from None
-        return LocalProcess(popen)
+    def start(self, proc: ProcessPlan, node: Node, grace: float) -> LocalProcess:
+        argv = agent_argv(sys.executable, str(AGENT_SOURCE), proc.cwd, proc.argv, grace)
+        popen = subprocess.Popen(
+            argv,
+            env={**os.environ, **proc.env},
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            start_new_session=True,  # a Ctrl-C in the terminal reaches us, not the ranks
+        )
+        return LocalProcess(popen, proc.label)
 
     def sweep(self, job_id: str) -> list[int]:
         """Kill any process still carrying this job's id (a rank that daemonized, an orphan)."""

@@ -1,0 +1,224 @@
+"""The node-side agent: runs one process of a job and makes sure it dies with the job.
+
+Standard library only, Python 3.8+: it is copied to SSH nodes as a single file and run with
+the node's Python. Usage::
+
+    python agent.py [--cwd DIR] [--grace SECONDS] -- COMMAND [ARGS...]
+
+It starts COMMAND in a session of its own with this Python's folder first on PATH, inheriting
+stdout and stderr, and writes one handshake line to stderr first (`HANDSHAKE started PID`,
+or `HANDSHAKE failed REASON` and exit 127). Then it reads its stdin:
+
+- `term`: SIGTERM to the process tree, SIGKILL after the grace period;
+- `kill`: SIGKILL to the process tree at once;
+- end of input (the launcher died, the SSH connection dropped): as `term`.
+
+The tree is the child's process group, every descendant seen (torchrun moves its workers to
+sessions of their own), and any process still carrying this agent's token in its environment
+(an orphan that daemonized). Whatever remains of the tree when the child exits is killed too.
+The agent exits with the child's exit code, or 128+N when a signal N ended it.
+
+It is meant to grow into a per-node agent that keeps a warm, pre-imported Python and forks
+ranks from it; the launcher's side of the protocol (handshake, stdin commands) stays the same.
+"""
+
+import contextlib
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import threading
+import time
+
+HANDSHAKE = "\x1edistrun-agent"
+TOKEN_VAR = "DISTRUN_AGENT_TOKEN"
+
+
+def _parent_of(pid):
+    try:
+        with open(f"/proc/{pid}/stat") as handle:
+            return int(handle.read().rsplit(")", 1)[1].split()[1])
+    except (OSError, IndexError, ValueError):
+        return None
+
+
+def _all_pids():
+    try:
+        return [int(name) for name in os.listdir("/proc") if name.isdigit()]
+    except OSError:
+        return []
+
+
+def _carries_token(pid, marker):
+    try:
+        with open(f"/proc/{pid}/environ", "rb") as handle:
+            return marker in handle.read().split(b"\0")
+    except OSError:
+        return False
+
+
+class Tree:
+    """The child and everything it started, remembered while the links still exist."""
+
+    def __init__(self, root, token):
+        self.root = root
+        self.marker = f"{TOKEN_VAR}={token}".encode()
+        self.seen = {root}
+        self.lock = threading.Lock()
+
+    def refresh(self, orphans=False):
+        """Add new descendants; with `orphans`, also processes carrying the token (slower:
+        it reads every environment, so only when stopping)."""
+        me = os.getpid()
+        parents = {pid: _parent_of(pid) for pid in _all_pids() if pid != me}
+        with self.lock:
+            grew = True
+            while grew:
+                grew = False
+                for pid, parent in parents.items():
+                    if parent in self.seen and pid not in self.seen:
+                        self.seen.add(pid)
+                        grew = True
+            if orphans:
+                for pid in parents:
+                    if pid not in self.seen and _carries_token(pid, self.marker):
+                        self.seen.add(pid)
+
+    def signal(self, sig):
+        self.refresh(orphans=True)
+        with contextlib.suppress(OSError):
+            os.killpg(self.root, sig)
+        with self.lock:
+            pids = list(self.seen)
+        for pid in pids:
+            with contextlib.suppress(OSError):
+                os.kill(pid, sig)
+
+    def alive(self):
+        self.refresh()
+        with self.lock:
+            pids = list(self.seen)
+        live = []
+        for pid in pids:
+            try:
+                with open(f"/proc/{pid}/stat") as handle:
+                    if handle.read().rsplit(")", 1)[1].split()[0] != "Z":
+                        live.append(pid)
+            except OSError:
+                pass
+        return live
+
+
+class Agent:
+    def __init__(self, command, cwd, grace):
+        self.command = command
+        self.cwd = cwd
+        self.grace = grace
+        self.child = None
+        self.tree = None
+        self.stopping = threading.Event()
+
+    def start(self):
+        env = dict(os.environ)
+        token = f"{os.getpid()}-{time.time_ns()}"
+        env[TOKEN_VAR] = token
+        python_dir = os.path.dirname(sys.executable)
+        env["PATH"] = python_dir + os.pathsep + env.get("PATH", "/usr/bin:/bin")
+        # Check first, then say "started", then start: once the child runs, its output
+        # shares our stderr, so the handshake line must already be out.
+        if self.cwd and not os.path.isdir(self.cwd):
+            return self._refuse(f"no folder {self.cwd}")
+        if not shutil.which(self.command[0], path=env["PATH"]):
+            return self._refuse(f"{self.command[0]!r} not found")
+        sys.stderr.write(f"{HANDSHAKE} started {os.getpid()}\n")
+        sys.stderr.flush()
+        try:
+            self.child = subprocess.Popen(
+                self.command, cwd=self.cwd, env=env, stdin=subprocess.DEVNULL,
+                start_new_session=True,
+            )  # fmt: skip
+        except OSError as exc:
+            sys.stderr.write(f"distrun agent: cannot start {self.command[0]!r}: {exc}\n")
+            return False
+        self.tree = Tree(self.child.pid, token)
+        return True
+
+    def _refuse(self, reason):
+        sys.stderr.write(f"{HANDSHAKE} failed {reason}\n")
+        sys.stderr.flush()
+        return False
+
+    def listen(self):
+        """Commands on stdin; end of input means the launcher is gone. Reads the raw file
+        descriptor: a buffered reader's lock would hang the interpreter's shutdown."""
+        buffered = b""
+        while True:
+            try:
+                data = os.read(0, 4096)
+            except OSError:
+                data = b""
+            if not data:
+                self.stop(self.grace)
+                return
+            buffered += data
+            while b"\n" in buffered:
+                line, buffered = buffered.split(b"\n", 1)
+                word = line.strip()
+                if word == b"term":
+                    threading.Thread(target=self.stop, args=(self.grace,), daemon=True).start()
+                elif word == b"kill":
+                    self.stop(0)
+
+    def stop(self, grace):
+        self.stopping.set()
+        if grace > 0:
+            self.tree.signal(signal.SIGTERM)
+            deadline = time.monotonic() + grace
+            while time.monotonic() < deadline and self.tree.alive():
+                time.sleep(0.05)
+        self.tree.signal(signal.SIGKILL)
+
+    def run(self):
+        if not self.start():
+            return 127
+        for sig in (signal.SIGTERM, signal.SIGHUP, signal.SIGINT):
+            signal.signal(sig, lambda *_: threading.Thread(
+                target=self.stop, args=(self.grace,), daemon=True).start())  # fmt: skip
+        threading.Thread(target=self.listen, daemon=True).start()
+        # Remember descendants while they are still linked to the child.
+        while self.child.poll() is None:
+            self.tree.refresh()
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                self.child.wait(timeout=0.5)
+        code = self.child.returncode
+        if self.tree.alive():  # leftovers of a finished process are not kept running
+            self.tree.signal(signal.SIGKILL)
+        return 128 - code if code < 0 else code
+
+
+def parse(argv):
+    cwd, grace = None, 5.0
+    args = list(argv)
+    while args and args[0] != "--":
+        flag = args.pop(0)
+        if flag == "--cwd" and args:
+            cwd = args.pop(0)
+        elif flag == "--grace" and args:
+            grace = float(args.pop(0))
+        else:
+            raise SystemExit(f"distrun agent: unknown option {flag!r}")
+    if not args or len(args) < 2:
+        raise SystemExit("distrun agent: usage: agent.py [--cwd DIR] [--grace S] -- COMMAND...")
+    return args[1:], cwd, grace
+
+
+def main():
+    command, cwd, grace = parse(sys.argv[1:])
+    code = Agent(command, cwd, grace).run()
+    sys.stderr.flush()
+    os._exit(code)  # no interpreter shutdown: the stdin thread may still be reading
+
+
+if __name__ == "__main__":
+    main()
