@@ -16,6 +16,7 @@ from typing import TextIO
 
 from jupyter_dist.describe import PLAN_COLUMNS, duration, plan_rows
 from jupyter_dist.errors import DistrunError
+from jupyter_dist.nodes import load_inventory
 from jupyter_dist.run.events import JobListener, JobResult, OutputLine, ProcessState
 from jupyter_dist.spec import JobSpec, load_spec
 from jupyter_dist.store import JobStore
@@ -71,8 +72,16 @@ def _parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     sub.required = True
 
+    def nodes_file(p: argparse.ArgumentParser) -> None:
+        p.add_argument(
+            "--nodes-file", metavar="FILE",
+            help="node inventory (default: $DISTRUN_NODES_FILE, else the Jupyter config dir's "
+            "distrun/nodes.yml; none means local nodes)",
+        )  # fmt: skip
+
     def spec_options(p: argparse.ArgumentParser) -> None:
         p.add_argument("spec", metavar="SPEC.yml", help="job spec (an Azure ML command job works)")
+        nodes_file(p)
         p.add_argument("--nodes", type=int, metavar="N", help="number of nodes (instance_count)")
         p.add_argument(
             "--procs-per-node",
@@ -95,6 +104,10 @@ def _parser() -> argparse.ArgumentParser:
     run.add_argument(
         "--color", choices=("auto", "always", "never"), default="auto", help="colour prefixes"
     )
+
+    nodes = sub.add_parser("nodes", parents=[common], help="attached nodes and their health")
+    nodes_file(nodes)
+    nodes.add_argument("--trust", metavar="NAME", help="record NAME's host key in known_hosts")
 
     jobs = sub.add_parser("jobs", parents=[common], help="list jobs in the store, newest first")
     jobs.add_argument("--json", action="store_true")
@@ -128,7 +141,8 @@ def cmd_plan(args: argparse.Namespace, store: JobStore) -> int:
     from jupyter_dist.run.launch import make_plan
 
     spec = _load(args)
-    launch_plan, _, _ = make_plan(spec, store=store, job_id="dry-run")
+    inventory = load_inventory(args.nodes_file)
+    launch_plan, _, _ = make_plan(spec, inventory=inventory, store=store, job_id="dry-run")
     if args.json:
         keys = ("name", "node", "host", "argv", "env", "role", "rank", "local_rank", "cwd")
         procs = [{k: getattr(p, k) for k in keys} for p in launch_plan.processes]
@@ -159,7 +173,8 @@ def cmd_run(args: argparse.Namespace, store: JobStore) -> int:
     if os.environ.get("NO_COLOR") and args.color == "auto":
         colour = False
     printer = TerminalPrinter(colour=colour)
-    job = prepare_job(spec, listeners=[printer], store=store)
+    inventory = load_inventory(args.nodes_file)
+    job = prepare_job(spec, listeners=[printer], store=store, inventory=inventory)
     print(
         f"job {job.job_id}: {len(job.plan.processes)} process(es) on "
         f"{len(job.plan.nodes)} node(s); logs in {job.record.path}",
@@ -176,6 +191,33 @@ def cmd_run(args: argparse.Namespace, store: JobStore) -> int:
 def _report(result: JobResult) -> int:
     print(result.describe(), file=sys.stderr)
     return EXIT_OK if result.ok else EXIT_FAILED
+
+
+def cmd_nodes(args: argparse.Namespace, store: JobStore) -> int:
+    inventory = load_inventory(args.nodes_file)
+    if inventory.is_local:
+        print("no node inventory: jobs run on local nodes (this machine)", file=sys.stderr)
+        return EXIT_OK
+    from jupyter_dist.run.ssh import check_nodes, trust
+
+    if args.trust:
+        (node,) = inventory.select(1, [args.trust], workdir="")
+        print(f"trusted {node.name} ({node.host}:{node.port}): {trust(node)}")
+        return EXIT_OK
+    rows = []
+    for node, info, error in check_nodes(list(inventory.nodes)):
+        rows.append(
+            {
+                "node": node.name, "host": f"{node.host}:{node.port}",
+                "status": "ok" if info else "unreachable",
+                "latency": f"{info.latency_ms:.0f} ms" if info else "",
+                "python": info.python if info else "", "hostname": info.hostname if info else "",
+                "gpus": "" if not info or info.gpus is None else str(info.gpus),
+                "problem": error or "",
+            }
+        )  # fmt: skip
+    _print_table(rows, list(rows[0]), title=f"nodes in {inventory.source}")
+    return EXIT_OK if all(r["status"] == "ok" for r in rows) else EXIT_FAILED
 
 
 def cmd_jobs(args: argparse.Namespace, store: JobStore) -> int:
@@ -240,7 +282,9 @@ def cmd_logs(args: argparse.Namespace, store: JobStore) -> int:
     return EXIT_OK
 
 
-COMMANDS = {"plan": cmd_plan, "run": cmd_run, "jobs": cmd_jobs, "logs": cmd_logs}
+COMMANDS = {
+    "plan": cmd_plan, "run": cmd_run, "nodes": cmd_nodes, "jobs": cmd_jobs, "logs": cmd_logs,
+}  # fmt: skip
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -6,8 +6,13 @@ import os
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Literal
+
+import yaml
+from pydantic import Field, ValidationError, field_validator
 
 from jupyter_dist.errors import NodeError
+from jupyter_dist.validation import Port, StrictSection, count, one_line
 
 LOCAL_HOST = "127.0.0.1"
 
@@ -20,7 +25,7 @@ class Node:
     host: str
     transport: str = "local"  # "local" or "ssh"
     python: str = "python3"
-    workdir: str = ""  # scratch folder for a job's generated files
+    workdir: str = ""  # scratch folder for job files; "~" is resolved on the node
     cwd: str | None = None  # where processes run when the spec has no `code`
     port: int = 22
     user: str | None = None
@@ -93,3 +98,91 @@ class Inventory:
                 f"has {len(self.nodes)} ({', '.join(by_name)})"
             )
         return list(self.nodes[:count])
+
+
+DEFAULT_WORKDIR = "~/.distrun"
+
+
+class NodeEntry(StrictSection):
+    """One node of the inventory file, as the user writes it."""
+
+    name: str
+    host: str
+    port: Port = 22
+    user: str | None = None
+    key_file: str | None = None
+    known_hosts: str | None = None
+    host_key_policy: Literal["strict", "accept-new"] = "strict"
+    python: str = "python3"
+    workdir: str = DEFAULT_WORKDIR
+    gpus: count(0) | None = None
+
+    @field_validator("name", "host")
+    @classmethod
+    def _not_blank(cls, value: str) -> str:
+        if not value.strip() or any(c.isspace() for c in value):
+            raise ValueError("expected a non-empty word without spaces")
+        return value
+
+    def to_node(self) -> Node:
+        home = os.path.expanduser
+        return Node(
+            name=self.name, host=self.host, transport="ssh", python=self.python,
+            workdir=self.workdir, port=self.port, user=self.user,
+            key_file=home(self.key_file) if self.key_file else None,
+            known_hosts=home(self.known_hosts) if self.known_hosts else None,
+            host_key_policy=self.host_key_policy, gpus=self.gpus,
+        )  # fmt: skip
+
+
+class InventoryFile(StrictSection):
+    nodes: list[NodeEntry] = Field(default_factory=list)
+
+
+def default_inventory_path() -> Path:
+    from jupyter_core.paths import jupyter_config_dir
+
+    return Path(jupyter_config_dir()) / "distrun" / "nodes.yml"
+
+
+def inventory_path(explicit: str | Path | None = None) -> Path | None:
+    """`--nodes-file`, else $DISTRUN_NODES_FILE, else the default file if it exists.
+
+    A file named explicitly (either way) must exist; None means local nodes."""
+    named = explicit or os.environ.get("DISTRUN_NODES_FILE")
+    if named:
+        path = Path(named).expanduser()
+        if not path.is_file():
+            how = "--nodes-file" if explicit else "DISTRUN_NODES_FILE"
+            raise NodeError(f"node inventory {path} (from {how}) does not exist")
+        return path
+    default = default_inventory_path()
+    return default if default.is_file() else None
+
+
+def load_inventory(explicit: str | Path | None = None) -> Inventory:
+    """The node inventory; with no file, local nodes."""
+    path = inventory_path(explicit)
+    if path is None:
+        return Inventory()
+    try:
+        data = yaml.safe_load(path.read_text())
+    except yaml.YAMLError as exc:
+        mark = getattr(exc, "problem_mark", None)
+        where = f" at line {mark.line + 1}" if mark else ""
+        raise NodeError(f"{path}: not valid YAML{where}") from None
+    except OSError as exc:
+        raise NodeError(f"{path}: cannot read it ({exc.strerror})") from None
+    if data is None:
+        data = {}
+    if not isinstance(data, dict):
+        raise NodeError(f"{path}: expected a mapping with a 'nodes:' list")
+    try:
+        parsed = InventoryFile.model_validate(data)
+    except ValidationError as exc:
+        raise NodeError(f"{path}: {one_line(exc)}") from None
+    names = [entry.name for entry in parsed.nodes]
+    twice = sorted({n for n in names if names.count(n) > 1})
+    if twice:
+        raise NodeError(f"{path}: node name {twice[0]!r} is used twice")
+    return Inventory(nodes=tuple(entry.to_node() for entry in parsed.nodes), source=str(path))

@@ -6,7 +6,6 @@ and what would be valid. Azure-only keys are accepted and kept, never acted on.
 
 from __future__ import annotations
 
-import difflib
 import re
 import shlex
 from pathlib import Path
@@ -14,8 +13,6 @@ from typing import Annotated, Any, Literal
 
 import yaml
 from pydantic import (
-    BaseModel,
-    BeforeValidator,
     ConfigDict,
     Field,
     PrivateAttr,
@@ -23,9 +20,9 @@ from pydantic import (
     field_validator,
     model_validator,
 )
-from pydantic_core import PydanticCustomError
 
 from jupyter_dist.errors import SpecError
+from jupyter_dist.validation import Port, StrictSection, count, fail, one_line
 
 JOB_TYPES = ("pytorch", "tensorflow", "mpi", "dask")
 
@@ -55,75 +52,26 @@ _EXPRESSION = re.compile(r"\$\{\{\s*(.*?)\s*\}\}")
 _INPUT_REF = re.compile(r"inputs\.([A-Za-z_][A-Za-z0-9_\-]*)\Z")
 
 
-def _fail(error_type: str, template: str, **values: Any) -> PydanticCustomError:
-    """A validation error whose message is formatted here (pydantic would not apply `!r`)."""
-    return PydanticCustomError(error_type, template.format(**values))
+Count = count(1)
 
 
-def _count(minimum: int, maximum: int | None = None):
-    """A whole number in a range; YAML `true` and `2.5` are refused, not coerced."""
-    valid = f"{minimum} or {maximum}" if maximum == minimum + 1 else f"a whole number >= {minimum}"
-    if maximum is not None and maximum > minimum + 1:
-        valid = f"a whole number from {minimum} to {maximum}"
-
-    def check(value: Any) -> int:
-        if isinstance(value, bool) or not isinstance(value, int):
-            raise _fail("count", "expected " + valid)
-        if value < minimum or (maximum is not None and value > maximum):
-            raise _fail("count", "expected " + valid)
-        return value
-
-    return Annotated[int, BeforeValidator(check)]
-
-
-Port = _count(1, 65535)
-Count = _count(1)
-
-
-class _Section(BaseModel):
-    """A mapping whose unknown keys are errors that list the valid ones."""
-
-    model_config = ConfigDict(extra="forbid", populate_by_name=True)
-
-    @model_validator(mode="before")
-    @classmethod
-    def _known_keys_only(cls, data: Any) -> Any:
-        if not isinstance(data, dict):
-            raise _fail("mapping", "expected a mapping of keys to values")
-        if cls.model_config.get("extra") != "forbid":
-            return data
-        valid = [f.alias or name for name, f in cls.model_fields.items()]
-        for key in data:
-            if key not in valid:
-                close = difflib.get_close_matches(str(key), valid, n=1)
-                hint = f" (did you mean {close[0]!r}?)" if close else ""
-                raise _fail(
-                    "unknown_key",
-                    "unknown key {key!r}{hint}; valid keys: {valid}",
-                    key=key,
-                    hint=hint,
-                    valid=", ".join(valid),
-                )
-        return data
-
-
-class PyTorchDistribution(_Section):
+class PyTorchDistribution(StrictSection):
     type: Literal["pytorch"]
     process_count_per_instance: Count = 1
     launcher: Literal["per_process", "torchrun"] = "per_process"
     master_port: Port | None = None
 
 
-class TensorFlowDistribution(_Section):
+class TensorFlowDistribution(StrictSection):
     type: Literal["tensorflow"]
     worker_count: Count | None = None
-    parameter_server_count: _count(0) = 0
-    chief_count: _count(0, 1) = 0
-    evaluator_count: _count(0, 1) = 0
+    parameter_server_count: count(0) = 0
+    chief_count: count(0, 1) = 0
+    evaluator_count: count(0, 1) = 0
     base_port: Port | None = None
 
 
-class MpiDistribution(_Section):
+class MpiDistribution(StrictSection):
     type: Literal["mpi"]
     process_count_per_instance: Count = 1
     launcher: Literal["mpirun", "horovodrun"] = "mpirun"
@@ -136,13 +84,13 @@ class MpiDistribution(_Section):
             try:
                 return shlex.split(value)
             except ValueError as exc:
-                raise _fail("mpi_args", "not valid shell words ({err})", err=str(exc)) from None
+                raise fail("mpi_args", "not valid shell words ({err})", err=str(exc)) from None
         if isinstance(value, list) and all(isinstance(v, str | int | float) for v in value):
             return [str(v) for v in value]
-        raise _fail("mpi_args", "expected a string or a list of strings")
+        raise fail("mpi_args", "expected a string or a list of strings")
 
 
-class DaskDistribution(_Section):
+class DaskDistribution(StrictSection):
     type: Literal["dask"]
     process_count_per_instance: Count = 1
     threads_per_process: Count | None = None
@@ -156,22 +104,22 @@ Distribution = Annotated[
 ]
 
 
-class Resources(_Section):
+class Resources(StrictSection):
     model_config = ConfigDict(extra="allow")  # Azure's instance_type, shm_size, ... kept
 
     instance_count: Count = 1
 
 
-class Limits(_Section):
+class Limits(StrictSection):
     model_config = ConfigDict(extra="allow")
 
-    timeout: _count(1) | None = None
+    timeout: count(1) | None = None
 
 
 InputValue = str | int | float | bool | dict
 
 
-class JobSpec(_Section):
+class JobSpec(StrictSection):
     """A validated job. Build it with `load_spec`, `parse_spec` or `spec_from_dict`."""
 
     schema_: Any = Field(default=None, alias="$schema")  # Azure's; first, as Azure writes it
@@ -206,12 +154,12 @@ class JobSpec(_Section):
     @classmethod
     def _known_type(cls, value: Any) -> Any:
         if not isinstance(value, dict):
-            raise _fail("mapping", "expected a mapping with a 'type' key")
+            raise fail("mapping", "expected a mapping with a 'type' key")
         kind = value.get("type")
         if kind is None:
-            raise _fail("type", "missing 'type'; valid types: " + ", ".join(JOB_TYPES))
+            raise fail("type", "missing 'type'; valid types: " + ", ".join(JOB_TYPES))
         if not isinstance(kind, str) or kind.lower() not in JOB_TYPES:
-            raise _fail(
+            raise fail(
                 "type",
                 "unknown type {given!r}; valid types: {valid}",
                 given=kind,
@@ -226,9 +174,9 @@ class JobSpec(_Section):
         if value is None:
             return None
         if not isinstance(path, str) or not path:
-            raise _fail("code", "expected a folder path (a string, or a mapping with 'path')")
+            raise fail("code", "expected a folder path (a string, or a mapping with 'path')")
         if path.startswith("azureml:"):
-            raise _fail("code", "an Azure ML asset cannot be shipped; give a local folder")
+            raise fail("code", "an Azure ML asset cannot be shipped; give a local folder")
         return value
 
     @field_validator("inputs", mode="before")
@@ -237,16 +185,16 @@ class JobSpec(_Section):
         if value is None:
             return {}
         if not isinstance(value, dict):
-            raise _fail("mapping", "expected a mapping of input names to values")
+            raise fail("mapping", "expected a mapping of input names to values")
         for key, item in value.items():
             if item is None or isinstance(item, list):
-                raise _fail(
+                raise fail(
                     "input",
                     "input {key!r} has no usable value; give a literal or {{path: ...}}",
                     key=key,
                 )
             if isinstance(item, dict) and not any(k in item for k in ("path", "value", "default")):
-                raise _fail(
+                raise fail(
                     "input",
                     "input {key!r} needs a 'path', 'value' or 'default'",
                     key=key,
@@ -259,11 +207,11 @@ class JobSpec(_Section):
         if value is None:
             return {}
         if not isinstance(value, dict):
-            raise _fail("mapping", "expected a mapping of variable names to strings")
+            raise fail("mapping", "expected a mapping of variable names to strings")
         clean: dict[str, str] = {}
         for name, item in value.items():
             if not isinstance(name, str) or not _ENV_NAME.match(name):
-                raise _fail(
+                raise fail(
                     "env_name",
                     "{name!r} is not a valid variable name (letters, digits, _; not first a digit)",
                     name=name,
@@ -272,11 +220,11 @@ class JobSpec(_Section):
                 "set by jupyter-dist" if name.startswith(RESERVED_ENV_PREFIXES) else None
             )
             if reason:
-                raise _fail(
+                raise fail(
                     "env_reserved", "{name} cannot be set here: {why}", name=name, why=reason
                 )
             if isinstance(item, bool):
-                raise _fail(
+                raise fail(
                     "env_value",
                     "{name}={item!r}: expected a string value (YAML reads unquoted "
                     "true/yes/on as a boolean: quote it)",
@@ -284,7 +232,7 @@ class JobSpec(_Section):
                     item=item,
                 )
             if not isinstance(item, str | int | float):
-                raise _fail(
+                raise fail(
                     "env_value",
                     "{name}={item!r}: expected a string value",
                     name=name,
@@ -301,23 +249,23 @@ class JobSpec(_Section):
         if isinstance(value, str):
             value = [v.strip() for v in value.split(",") if v.strip()]
         if not isinstance(value, list) or not value or not all(isinstance(v, str) for v in value):
-            raise _fail("nodes", "expected a non-empty list of node names")
+            raise fail("nodes", "expected a non-empty list of node names")
         if len(set(value)) != len(value):
-            raise _fail("nodes", "a node is listed twice")
+            raise fail("nodes", "a node is listed twice")
         return value
 
     @model_validator(mode="after")
     def _consistent(self) -> JobSpec:
         if self.command is None and self.distribution.type != "dask":
-            raise _fail("missing", "command: missing; every job of this type needs a command")
+            raise fail("missing", "command: missing; every job of this type needs a command")
         if self.command is not None and not self.command.strip():
-            raise _fail("missing", "command: empty; give what each process runs")
+            raise fail("missing", "command: empty; give what each process runs")
         if self.command:
             _substitute(self.command, self.inputs)  # unknown ${{inputs.x}} fail at load
         count_set = "instance_count" in self.resources.model_fields_set
         if self.nodes is not None:
             if count_set and self.resources.instance_count != len(self.nodes):
-                raise _fail(
+                raise fail(
                     "nodes",
                     "nodes: lists {n} node(s) but resources.instance_count is {c}; make them agree",
                     n=len(self.nodes),
@@ -329,7 +277,7 @@ class JobSpec(_Section):
         if isinstance(dist, TensorFlowDistribution):
             workers = dist.worker_count or self.resources.instance_count
             if dist.chief_count == 0 and workers == 0:
-                raise _fail("tf", "distribution: a TensorFlow job needs a chief or a worker")
+                raise fail("tf", "distribution: a TensorFlow job needs a chief or a worker")
         return self
 
     # -- derived values ------------------------------------------------------------------
@@ -400,7 +348,7 @@ def _substitute(command: str, inputs: dict[str, InputValue]) -> str:
     def replace(match: re.Match[str]) -> str:
         ref = _INPUT_REF.match(match.group(1))
         if not ref:
-            raise _fail(
+            raise fail(
                 "expression",
                 "command: {expr} is not supported; only ${{{{inputs.NAME}}}} is",
                 expr=match.group(0),
@@ -408,7 +356,7 @@ def _substitute(command: str, inputs: dict[str, InputValue]) -> str:
         name = ref.group(1)
         if name not in inputs:
             known = ", ".join(sorted(inputs)) or "none"
-            raise _fail(
+            raise fail(
                 "input",
                 "command: ${{{{inputs.{name}}}}} is not defined in inputs "
                 "(inputs defined: {known})",
@@ -423,36 +371,14 @@ def _substitute(command: str, inputs: dict[str, InputValue]) -> str:
 # -- loading -------------------------------------------------------------------------------
 
 
-def _location(loc: tuple[Any, ...], dist_type: str | None) -> str:
-    parts = [str(p) for p in loc if not (p in JOB_TYPES and dist_type)]
-    # Pydantic names the function of a BeforeValidator in some locations; drop those.
-    parts = [p for p in parts if not p.startswith("function-")]
-    return ".".join(parts)
-
-
 def _one_line(exc: ValidationError, data: dict[str, Any]) -> str:
-    err = exc.errors(include_url=False)[0]
     dist = data.get("distribution")
-    dist_type = dist.get("type") if isinstance(dist, dict) else None
-    where = _location(err["loc"], dist_type)
-    kind, message, value = err["type"], err["msg"], err.get("input")
-    if kind in ("missing",) and message.startswith(("command:",)):
-        return message
-    if message.startswith(("command:", "nodes:", "distribution:")):
-        return message
-    if kind == "unknown_key" or kind == "env_reserved" or kind == "env_name":
-        return f"{where}: {message}" if where else message
-    if kind == "literal_error":
-        expected = message.removeprefix("Input should be ").replace("'", "")
-        return f"{where}: {value!r} is not valid; expected {expected}"
-    if kind in ("string_type", "list_type", "dict_type"):
-        what = {"string_type": "a string", "list_type": "a list", "dict_type": "a mapping"}[kind]
-        return f"{where}: {value!r} is not valid; expected {what}"
-    if kind == "missing":
-        return f"{where}: missing"
-    if value is not None and not isinstance(value, dict):
-        return f"{where}: {value!r} is not valid; {message}"
-    return f"{where}: {message}" if where else message
+    tagged = isinstance(dist, dict) and dist.get("type") is not None
+    return one_line(
+        exc,
+        drop_parts=JOB_TYPES if tagged else (),  # the union's tag in the error location
+        whole_prefixes=("command:", "nodes:", "distribution:"),
+    )
 
 
 def spec_from_dict(data: Any, base_dir: Path | str | None = None, source: str = "") -> JobSpec:

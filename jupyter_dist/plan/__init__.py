@@ -43,4 +43,5 @@ def plan(spec: JobSpec, nodes: list[Node], job_id: str, ports: Mapping[str, int]
         world_size=processes[0].world_size,
         processes=processes,
         files=files,
+        code_dir=str(spec.code_dir()) if spec.code_dir() else None,
     )

@@ -58,6 +58,7 @@ class LaunchPlan:
     world_size: int
     processes: list[ProcessPlan]
     files: list[PlannedFile] = field(default_factory=list)
+    code_dir: str | None = None  # the local folder shipped to every node
 
     def process(self, name: str) -> ProcessPlan:
         for proc in self.processes:
@@ -75,6 +76,7 @@ class LaunchPlan:
             "world_size": self.world_size,
             "processes": [p.to_dict() for p in self.processes],
             "files": [asdict(f) for f in self.files],
+            "code_dir": self.code_dir,
         }
 
     @classmethod
@@ -92,4 +94,5 @@ class LaunchPlan:
             world_size=data["world_size"],
             processes=procs,
             files=files,
+            code_dir=data.get("code_dir"),
         )

@@ -4,6 +4,7 @@ Standard library only, Python 3.8+: it is copied to SSH nodes as a single file a
 the node's Python. Usage::
 
     python agent.py [--cwd DIR] [--grace SECONDS] -- COMMAND [ARGS...]
+    python agent.py --sweep JOB_ID     (kill what is left of a job on this machine)
 
 It starts COMMAND in a session of its own with this Python's folder first on PATH, inheriting
 stdout and stderr, and writes one handshake line to stderr first (`HANDSHAKE started PID`,
@@ -197,6 +198,22 @@ class Agent:
         return 128 - code if code < 0 else code
 
 
+def sweep(job_id):
+    """Kill every process on this machine that carries DISTRUN_JOB_ID=job_id (the last
+    safety net after a job); returns their pids."""
+    marker = f"DISTRUN_JOB_ID={job_id}".encode()
+    me = os.getpid()
+    killed = []
+    for pid in _all_pids():
+        if pid != me and _carries_token(pid, marker):
+            try:
+                os.kill(pid, signal.SIGKILL)
+                killed.append(pid)
+            except OSError:
+                pass
+    return killed
+
+
 def parse(argv):
     cwd, grace = None, 5.0
     args = list(argv)
@@ -214,6 +231,9 @@ def parse(argv):
 
 
 def main():
+    if sys.argv[1:2] == ["--sweep"] and len(sys.argv) == 3:
+        print(" ".join(str(pid) for pid in sweep(sys.argv[2])))
+        sys.exit(0)
     command, cwd, grace = parse(sys.argv[1:])
     code = Agent(command, cwd, grace).run()
     sys.stderr.flush()

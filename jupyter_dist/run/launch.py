@@ -23,7 +23,24 @@ def transport_for(nodes: list[Node]) -> Transport:
     kinds = {n.transport for n in nodes}
     if kinds == {"local"}:
         return LocalTransport()
-    raise DistrunError(f"no transport for nodes of kind {', '.join(sorted(kinds))}")
+    if kinds == {"ssh"}:
+        from jupyter_dist.run.ssh import SshTransport  # paramiko only when nodes need it
+
+        return SshTransport()
+    raise DistrunError(f"a job cannot mix nodes of kinds {', '.join(sorted(kinds))}")
+
+
+def _gpus_as_default(spec: JobSpec, nodes: list[Node]) -> JobSpec:
+    """Nodes that say how many GPUs they have set processes per node, unless the spec does."""
+    dist = spec.distribution
+    gpus = [n.gpus for n in nodes]
+    if (
+        spec.job_type in ("pytorch", "mpi")
+        and "process_count_per_instance" not in dist.model_fields_set
+        and all(g for g in gpus)
+    ):
+        return spec.with_overrides(process_count_per_instance=min(gpus))
+    return spec
 
 
 def _select(spec: JobSpec, inventory: Inventory | None, store: JobStore, cwd) -> list[Node]:
@@ -42,7 +59,9 @@ def make_plan(
     """Pick the nodes, find free ports on them, and plan the job."""
     store = store or JobStore()
     nodes = _select(spec, inventory, store, cwd or os.getcwd())
+    spec = _gpus_as_default(spec, nodes)
     transport = transport_for(nodes)
+    nodes = transport.resolve(nodes)  # preflight: every node reachable, python found
     ports = transport.choose_ports(port_requests(spec, nodes), nodes)
     return plan(spec, nodes, job_id or store.new_job_id(), ports), nodes, transport
 

@@ -2,9 +2,7 @@
 
 from __future__ import annotations
 
-import contextlib
 import os
-import signal
 import socket
 import subprocess
 import sys
@@ -16,6 +14,7 @@ from jupyter_dist.errors import DistrunError
 from jupyter_dist.nodes import Node
 from jupyter_dist.plan.context import PortRequest
 from jupyter_dist.plan.model import LaunchPlan, ProcessPlan
+from jupyter_dist.run import agent
 from jupyter_dist.run.agent_client import AGENT_SOURCE, AgentProcess, agent_argv
 
 _CHUNK = 65536
@@ -97,20 +96,9 @@ class LocalTransport:
         )
         return LocalProcess(popen, proc.label)
 
+    def resolve(self, nodes: list[Node]) -> list[Node]:
+        return nodes  # this machine: nothing to check or resolve
+
     def sweep(self, job_id: str) -> list[int]:
         """Kill any process still carrying this job's id (a rank that daemonized, an orphan)."""
-        marker = f"DISTRUN_JOB_ID={job_id}".encode()
-        killed = []
-        me = os.getpid()
-        for entry in Path("/proc").iterdir():
-            if not entry.name.isdigit() or int(entry.name) == me:
-                continue
-            try:
-                environ = (entry / "environ").read_bytes()
-            except OSError:
-                continue
-            if marker in environ.split(b"\0"):
-                with contextlib.suppress(ProcessLookupError, PermissionError):
-                    os.kill(int(entry.name), signal.SIGKILL)
-                    killed.append(int(entry.name))
-        return killed
+        return agent.sweep(job_id)

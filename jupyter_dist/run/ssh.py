@@ -1,0 +1,487 @@
+"""The SSH transport (paramiko): nodes from the inventory, reached over kept connections.
+
+Every value that reaches a remote shell goes through `shlex.quote`. Host keys are checked
+against known_hosts; an unknown host is refused unless the node says `accept-new`.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import getpass
+import hashlib
+import json
+import os
+import posixpath
+import shlex
+import stat
+import threading
+import time
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, replace
+from pathlib import Path
+
+import paramiko
+
+from jupyter_dist.errors import DistrunError, NodeError
+from jupyter_dist.nodes import Node
+from jupyter_dist.plan.context import PortRequest
+from jupyter_dist.plan.model import LaunchPlan, ProcessPlan
+from jupyter_dist.run.agent_client import AGENT_SOURCE, AgentProcess, agent_argv
+
+CONNECT_TIMEOUT = 10.0
+_CHUNK = 65536
+
+# What a node tells about itself: python version, home, workdir (made), hostname, GPUs.
+_PROBE = r"""
+import json, os, platform, shutil, subprocess, sys
+work = os.path.abspath(os.path.expanduser(sys.argv[1]))
+os.makedirs(work, exist_ok=True)
+gpus = None
+if shutil.which("nvidia-smi"):
+    try:
+        out = subprocess.run(["nvidia-smi", "-L"], capture_output=True, text=True, timeout=10)
+        gpus = sum(1 for line in out.stdout.splitlines() if line.startswith("GPU "))
+    except Exception:
+        pass
+print(json.dumps({"python": platform.python_version(), "workdir": work,
+                  "hostname": platform.node(), "gpus": gpus, "executable": sys.executable}))
+"""
+
+# Free ports on a node: bind them all at once so they differ, then let them go.
+_PORTS = r"""
+import socket, sys
+socks = []
+for _ in range(int(sys.argv[1])):
+    s = socket.socket(); s.bind(("", 0)); socks.append(s)
+print(" ".join(str(s.getsockname()[1]) for s in socks))
+"""
+
+
+@dataclass(frozen=True)
+class NodeInfo:
+    name: str
+    host: str
+    python: str
+    workdir: str
+    hostname: str
+    gpus: int | None
+    latency_ms: float
+
+
+class AcceptNewPolicy(paramiko.MissingHostKeyPolicy):
+    """Like OpenSSH's `StrictHostKeyChecking accept-new`: record an unknown host's key;
+    a changed key is still refused (paramiko raises BadHostKeyException for that)."""
+
+    def __init__(self, known_hosts: str):
+        self.known_hosts = known_hosts
+
+    def missing_host_key(self, client, hostname, key):
+        client.get_host_keys().add(hostname, key.get_name(), key)
+        Path(self.known_hosts).parent.mkdir(parents=True, exist_ok=True)
+        client.save_host_keys(self.known_hosts)
+
+
+def known_hosts_path(node: Node) -> str:
+    return os.path.expanduser(node.known_hosts or "~/.ssh/known_hosts")
+
+
+def _host_key_name(node: Node) -> str:
+    return node.host if node.port == 22 else f"[{node.host}]:{node.port}"
+
+
+def connect(node: Node, policy: str | None = None) -> paramiko.SSHClient:
+    """An authenticated connection, or a NodeError naming the node and the reason."""
+    policy = policy or node.host_key_policy
+    known = known_hosts_path(node)
+    client = paramiko.SSHClient()
+    if os.path.exists(known):
+        client.load_host_keys(known)
+    client.set_missing_host_key_policy(
+        AcceptNewPolicy(known) if policy == "accept-new" else paramiko.RejectPolicy()
+    )
+    where = f"{node.host}:{node.port}"
+    user = node.user or getpass.getuser()
+    try:
+        client.connect(
+            node.host, port=node.port, username=user,
+            key_filename=node.key_file, look_for_keys=node.key_file is None,
+            allow_agent=True, timeout=CONNECT_TIMEOUT, banner_timeout=CONNECT_TIMEOUT,
+            auth_timeout=CONNECT_TIMEOUT,
+        )  # fmt: skip
+    except paramiko.BadHostKeyException:
+        client.close()
+        raise NodeError(
+            f"node {node.name} ({where}): its host key CHANGED since it was recorded in "
+            f"{known}; if the node was reinstalled, remove its line there, else do not connect"
+        ) from None
+    except paramiko.AuthenticationException:
+        client.close()
+        key = f" with key {node.key_file}" if node.key_file else " with the agent/default keys"
+        raise NodeError(
+            f"node {node.name} ({where}): authentication failed for {user}{key}"
+        ) from None
+    except paramiko.SSHException as exc:
+        client.close()
+        if "not found in known_hosts" in str(exc):
+            raise NodeError(
+                f"node {node.name} ({where}): unknown host key (not in {known}); if you trust "
+                f"it, run `jupyter distrun nodes --trust {node.name}` or set "
+                f"host_key_policy: accept-new for it"
+            ) from None
+        raise NodeError(f"node {node.name} ({where}): SSH failed: {exc}") from None
+    except TimeoutError:
+        client.close()
+        raise NodeError(f"node {node.name} ({where}): timed out connecting") from None
+    except paramiko.ssh_exception.NoValidConnectionsError:
+        client.close()
+        raise NodeError(
+            f"node {node.name} ({where}): connection refused (is sshd running?)"
+        ) from None
+    except OSError as exc:
+        client.close()
+        raise NodeError(f"node {node.name} ({where}): {exc.strerror or exc}") from None
+    transport = client.get_transport()
+    transport.set_keepalive(5)  # notice a dead link within seconds
+    return client
+
+
+def trust(node: Node) -> str:
+    """Record a node's host key in its known_hosts (`nodes --trust`); returns the fingerprint."""
+    client = connect(node, policy="accept-new")
+    try:
+        key = client.get_transport().get_remote_server_key()
+        return f"{key.get_name()} SHA256:{key.fingerprint.split(':', 1)[-1]}"
+    finally:
+        client.close()
+
+
+def run_command(
+    client: paramiko.SSHClient, argv: list[str], timeout: float = 60
+) -> tuple[int, str, str]:
+    """Run argv on the node (every word quoted); returns exit code, stdout, stderr."""
+    channel = client.get_transport().open_session(timeout=timeout)
+    channel.settimeout(timeout)
+    channel.exec_command(shlex.join(argv))
+    out, err = bytearray(), bytearray()
+    while True:
+        if channel.recv_ready():
+            out += channel.recv(_CHUNK)
+        elif channel.recv_stderr_ready():
+            err += channel.recv_stderr(_CHUNK)
+        elif (
+            channel.exit_status_ready()
+            and not channel.recv_ready()
+            and not channel.recv_stderr_ready()
+        ):
+            break
+        else:
+            time.sleep(0.005)
+    code = channel.recv_exit_status()
+    channel.close()
+    return code, out.decode(errors="replace"), err.decode(errors="replace")
+
+
+class Connections:
+    """One kept connection per node, opened in parallel, reused across jobs."""
+
+    def __init__(self) -> None:
+        self._clients: dict[tuple, paramiko.SSHClient] = {}
+        self._lock = threading.Lock()
+
+    @staticmethod
+    def _key(node: Node) -> tuple:
+        return (node.host, node.port, node.user, node.key_file)
+
+    def get(self, node: Node) -> paramiko.SSHClient:
+        key = self._key(node)
+        with self._lock:
+            client = self._clients.get(key)
+        if client is not None and client.get_transport() and client.get_transport().is_active():
+            return client
+        client = connect(node)
+        with self._lock:
+            self._clients[key] = client
+        return client
+
+    def open_all(self, nodes: list[Node]) -> dict[str, paramiko.SSHClient]:
+        return dict(zip([n.name for n in nodes], parallel(nodes, self.get), strict=True))
+
+    def drop(self, node: Node) -> None:
+        with self._lock:
+            client = self._clients.pop(self._key(node), None)
+        if client:
+            client.close()
+
+    def close_all(self) -> None:
+        with self._lock:
+            clients, self._clients = list(self._clients.values()), {}
+        for client in clients:
+            client.close()
+
+
+def parallel(nodes: list[Node], work: Callable[[Node], object]) -> list:
+    """`work` on every node at once. The first failure (in node order) is raised as one
+    NodeError line naming its node."""
+    if not nodes:
+        return []
+    with ThreadPoolExecutor(max_workers=min(32, len(nodes))) as pool:
+        futures = [pool.submit(_on_node, work, node) for node in nodes]
+    errors = [f.exception() for f in futures]
+    for error in errors:
+        if error is not None:
+            raise error
+    return [f.result() for f in futures]
+
+
+def _on_node(work: Callable[[Node], object], node: Node) -> object:
+    try:
+        return work(node)
+    except DistrunError:
+        raise
+    except (paramiko.SSHException, OSError, EOFError) as exc:
+        raise NodeError(
+            f"node {node.name} ({node.host}:{node.port}): {exc or type(exc).__name__}"
+        ) from None
+
+
+CONNECTIONS = Connections()
+
+
+def probe(node: Node, client: paramiko.SSHClient | None = None) -> NodeInfo:
+    """Check a node: reachable, authenticated, python found; resolve its workdir."""
+    start = time.perf_counter()
+    client = client or CONNECTIONS.get(node)
+    code, out, err = run_command(client, [node.python, "-c", _PROBE, node.workdir or "~/.distrun"])
+    latency = (time.perf_counter() - start) * 1000
+    if code == 127:
+        raise NodeError(
+            f"node {node.name}: python {node.python!r} not found (set python: in the inventory)"
+        )
+    if code != 0:
+        last = (err.strip().splitlines() or [f"exit code {code}"])[-1]
+        raise NodeError(f"node {node.name}: checking python failed: {last}")
+    info = json.loads(out.strip().splitlines()[-1])
+    return NodeInfo(
+        name=node.name, host=node.host, python=info["python"], workdir=info["workdir"],
+        hostname=info["hostname"], gpus=info["gpus"], latency_ms=latency,
+    )  # fmt: skip
+
+
+def check_nodes(nodes: list[Node]) -> list[tuple[Node, NodeInfo | None, str | None]]:
+    """A health check of every node at once: (node, info or None, problem or None)."""
+
+    def check(node: Node):
+        try:
+            return node, probe(node), None
+        except NodeError as exc:
+            return node, None, str(exc).split(": ", 1)[-1]
+
+    return parallel(nodes, check)
+
+
+class SshProcess(AgentProcess):
+    """A process on a node: the agent runs it; its stdin is our SSH channel's."""
+
+    def __init__(self, channel: paramiko.Channel, label: str):
+        super().__init__()
+        self.channel = channel
+        self.label = label
+
+    def _read(self, stream: str) -> bytes:
+        try:
+            if stream == "stdout":
+                return self.channel.recv(_CHUNK)
+            return self.channel.recv_stderr(_CHUNK)
+        except (OSError, EOFError, paramiko.SSHException):
+            return b""
+
+    def _write_stdin(self, data: bytes) -> None:
+        self.channel.sendall(data)
+
+    def _close_stdin(self) -> None:
+        self.channel.shutdown_write()
+
+    def _wait(self) -> int:
+        code = self.channel.recv_exit_status()
+        # -1: the connection died without an exit status; the agent on the node sees its
+        # stdin close and stops the process tree.
+        return 255 if code == -1 else code
+
+
+def agent_file_name() -> str:
+    digest = hashlib.sha256(AGENT_SOURCE.read_bytes()).hexdigest()[:12]
+    return f"agent-{digest}.py"
+
+
+class SshTransport:
+    """Starts a plan's processes on inventory nodes over SSH."""
+
+    name = "ssh"
+
+    def __init__(self, connections: Connections = CONNECTIONS):
+        self.connections = connections
+        self._nodes: dict[str, Node] = {}
+
+    def resolve(self, nodes: list[Node]) -> list[Node]:
+        """Preflight: connect to every node in parallel, check python, resolve workdirs.
+        Nothing is started anywhere if a node fails."""
+        infos = parallel(nodes, probe)
+        resolved = [replace(n, workdir=info.workdir) for n, info in zip(nodes, infos, strict=True)]
+        self._nodes = {n.name: n for n in resolved}
+        return resolved
+
+    def choose_ports(self, requests: list[PortRequest], nodes: list[Node]) -> dict[str, int]:
+        chosen: dict[str, int] = {}
+        for rank, node in enumerate(nodes):
+            keys = [r.key for r in requests if r.node_rank == rank]
+            if not keys:
+                continue
+            client = self.connections.get(node)
+            code, out, err = run_command(client, [node.python, "-c", _PORTS, str(len(keys))])
+            if code != 0:
+                raise NodeError(f"node {node.name}: could not find free ports: {err.strip()}")
+            chosen.update(zip(keys, (int(p) for p in out.split()), strict=True))
+        return chosen
+
+    def prepare(self, plan: LaunchPlan, nodes: list[Node]) -> None:
+        """Ship the agent (once per version), the code folder (only what changed) and the
+        plan's generated files to every node that needs them."""
+        code = Path(plan.code_dir) if plan.code_dir else None
+
+        def ship(node: Node) -> None:
+            client = self.connections.get(node)
+            job_dir = posixpath.join(node.workdir, plan.job_id)
+            with client.open_sftp() as sftp:
+                _makedirs(sftp, job_dir)
+                agent = posixpath.join(node.workdir, agent_file_name())
+                if not _exists(sftp, agent):
+                    _put_atomic(sftp, AGENT_SOURCE, agent)
+                if code is not None:
+                    cache = posixpath.join(node.workdir, "code", _code_key(code))
+                    sync_folder(sftp, code, cache)
+                for planned in plan.files:
+                    if nodes[planned.node_rank].name == node.name:
+                        with sftp.open(planned.path, "w") as handle:
+                            handle.write(planned.content)
+            if code is not None:  # a snapshot per job: later syncs replace files, not edit them
+                run_checked(client, node, ["cp", "-al", cache, posixpath.join(job_dir, "code")])
+
+        parallel(nodes, ship)
+
+    def start(self, proc: ProcessPlan, node: Node, grace: float) -> SshProcess:
+        node = self._nodes.get(node.name, node)
+
+        def open_channel(node: Node) -> SshProcess:
+            agent = posixpath.join(node.workdir, agent_file_name())
+            env_words = [f"{name}={value}" for name, value in proc.env.items()]
+            command = agent_argv(node.python, agent, proc.cwd, proc.argv, grace)
+            channel = (
+                self.connections.get(node).get_transport().open_session(timeout=CONNECT_TIMEOUT)
+            )
+            # `env NAME=VALUE ...`: sshd rarely accepts variables (AcceptEnv), so they go in
+            # the command line, each word quoted.
+            channel.exec_command(shlex.join(["exec", "env", *env_words, *command]))
+            return SshProcess(channel, f"{proc.label} on {node.name}")
+
+        return _on_node(open_channel, node)
+
+    def sweep(self, job_id: str) -> list[int]:
+        """Kill anything of the job still running on any node (a safety net)."""
+
+        def sweep_node(node: Node) -> list[int]:
+            agent = posixpath.join(node.workdir, agent_file_name())
+            with contextlib.suppress(Exception):
+                client = self.connections.get(node)
+                code, out, _ = run_command(client, [node.python, agent, "--sweep", job_id], 30)
+                return [int(p) for p in out.split()] if code == 0 else []
+            return []
+
+        return [pid for pids in parallel(list(self._nodes.values()), sweep_node) for pid in pids]
+
+
+def run_checked(client: paramiko.SSHClient, node: Node, argv: list[str]) -> str:
+    code, out, err = run_command(client, argv)
+    if code != 0:
+        raise NodeError(f"node {node.name}: {argv[0]} failed: {err.strip() or code}")
+    return out
+
+
+def _code_key(folder: Path) -> str:
+    return hashlib.sha256(str(folder.resolve()).encode()).hexdigest()[:12]
+
+
+def _exists(sftp: paramiko.SFTPClient, path: str) -> bool:
+    try:
+        sftp.stat(path)
+        return True
+    except OSError:
+        return False
+
+
+def _makedirs(sftp: paramiko.SFTPClient, path: str) -> None:
+    parts = path.strip("/").split("/")
+    current = ""
+    for part in parts:
+        current += "/" + part
+        if not _exists(sftp, current):
+            with contextlib.suppress(OSError):  # another job made it meanwhile
+                sftp.mkdir(current)
+
+
+def _put_atomic(sftp: paramiko.SFTPClient, local: Path, remote: str) -> None:
+    """Upload under a temporary name, then rename: a new file, never an edited one (a job's
+    hard-linked snapshot of the code keeps the old content)."""
+    tmp = f"{remote}.distrun-{os.getpid()}-{threading.get_ident()}.tmp"
+    sftp.put(str(local), tmp)
+    st = local.stat()
+    sftp.utime(tmp, (st.st_atime, st.st_mtime))
+    sftp.chmod(tmp, stat.S_IMODE(st.st_mode))
+    sftp.posix_rename(tmp, remote)
+
+
+def sync_folder(sftp: paramiko.SFTPClient, local: Path, remote: str) -> tuple[int, int]:
+    """Make `remote` a copy of `local`, sending only files whose size or mtime differ.
+    Returns (files sent, files unchanged)."""
+    remote_files: dict[str, tuple[int, int]] = {}
+    remote_dirs: set[str] = set()
+
+    def scan(folder: str) -> None:
+        try:
+            entries = sftp.listdir_attr(folder)
+        except OSError:
+            return
+        for entry in entries:
+            path = posixpath.join(folder, entry.filename)
+            if stat.S_ISDIR(entry.st_mode or 0):
+                remote_dirs.add(path)
+                scan(path)
+            else:
+                remote_files[path] = (entry.st_size, int(entry.st_mtime or 0))
+
+    scan(remote)
+    _makedirs(sftp, remote)
+    sent = kept = 0
+    wanted: set[str] = set()
+    for root, dirs, files in os.walk(local):
+        dirs[:] = sorted(d for d in dirs if d not in ("__pycache__", ".git", ".ipynb_checkpoints"))
+        rel = os.path.relpath(root, local)
+        target_dir = remote if rel == "." else posixpath.join(remote, *Path(rel).parts)
+        if target_dir not in remote_dirs and target_dir != remote:
+            _makedirs(sftp, target_dir)
+        wanted.add(target_dir)
+        for name in sorted(files):
+            path = Path(root, name)
+            target = posixpath.join(target_dir, name)
+            wanted.add(target)
+            st = path.stat()
+            if remote_files.get(target) == (st.st_size, int(st.st_mtime)):
+                kept += 1
+                continue
+            _put_atomic(sftp, path, target)
+            sent += 1
+    for path in remote_files:
+        if path not in wanted:
+            with contextlib.suppress(OSError):
+                sftp.remove(path)
+    return sent, kept

@@ -1,0 +1,269 @@
+"""Real sshd servers as separate hosts, for tests and for trying jupyter-dist by hand.
+
+Each node is a network namespace with its own IP on a private bridge, its own hostname and
+/etc/hosts, and an sshd that accepts a key generated here. Where namespaces are not allowed,
+the nodes are sshd servers on 127.0.0.2, 127.0.0.3, ... instead (one hostname, one port space).
+Keys are generated at start-up and never stored in the repository.
+
+By hand (as root)::
+
+    python tests/sshnodes.py up 2 /tmp/nodes     # prints the inventory path; Ctrl-C tears down
+    DISTRUN_NODES_FILE=/tmp/nodes/nodes.yml jupyter distrun nodes
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import yaml
+
+SSHD = shutil.which("sshd") or "/usr/sbin/sshd"
+
+
+@dataclass
+class TestNode:
+    name: str
+    host: str
+    port: int
+    namespace: str | None
+    workdir: Path
+    sshd: subprocess.Popen | None = None
+
+
+@dataclass
+class SshNodes:
+    """N running test nodes and the files a client needs to reach them."""
+
+    root: Path
+    nodes: list[TestNode] = field(default_factory=list)
+    key_file: Path | None = None
+    known_hosts: Path | None = None
+    inventory: Path | None = None
+    bridge: str | None = None
+    python: str = sys.executable
+
+    def inventory_entries(self, **extra) -> list[dict]:
+        return [
+            {
+                "name": n.name, "host": n.host, "port": n.port, "user": "root",
+                "key_file": str(self.key_file), "known_hosts": str(self.known_hosts),
+                "python": self.python, "workdir": str(n.workdir), **extra,
+            }
+            for n in self.nodes
+        ]  # fmt: skip
+
+    def write_inventory(self, path: Path, **extra) -> Path:
+        path.write_text(yaml.safe_dump({"nodes": self.inventory_entries(**extra)}))
+        return path
+
+    def pids(self, node: TestNode) -> list[int]:
+        """Processes running on a node, its sshd (and sshd's own sessions) left out."""
+        if node.namespace:
+            out = subprocess.run(
+                ["ip", "netns", "pids", node.namespace], capture_output=True, text=True
+            ).stdout
+            pids = [int(p) for p in out.split()]
+        else:
+            pids = _children_of(node.sshd.pid) if node.sshd else []
+        return [p for p in pids if not _is_sshd(p)]
+
+    def job_processes(self, job_id: str) -> list[int]:
+        marker = f"DISTRUN_JOB_ID={job_id}".encode()
+        found = []
+        for node in self.nodes:
+            for pid in self.pids(node):
+                with contextlib.suppress(OSError):
+                    if marker in Path(f"/proc/{pid}/environ").read_bytes().split(b"\0"):
+                        found.append(pid)
+        return found
+
+    def stop_sshd(self, node: TestNode) -> None:
+        if node.sshd and node.sshd.poll() is None:
+            node.sshd.terminate()
+            node.sshd.wait(10)
+
+
+def _is_sshd(pid: int) -> bool:
+    try:
+        return Path(f"/proc/{pid}/comm").read_text().strip() in ("sshd", "sshd-session")
+    except OSError:
+        return True  # gone
+
+
+def _children_of(root: int) -> list[int]:
+    import psutil
+
+    with contextlib.suppress(psutil.Error):
+        return [p.pid for p in psutil.Process(root).children(recursive=True)]
+    return []
+
+
+def _run(*argv: str) -> None:
+    subprocess.run(argv, check=True, capture_output=True)
+
+
+def namespaces_allowed() -> bool:
+    name = f"drprobe{os.getpid() % 100000}"
+    try:
+        _run("ip", "netns", "add", name)
+        _run("ip", "netns", "del", name)
+        return True
+    except (OSError, subprocess.CalledProcessError):
+        return False
+
+
+def _keygen(path: Path, kind: str = "ed25519") -> None:
+    _run("ssh-keygen", "-q", "-t", kind, "-N", "", "-f", str(path))
+
+
+def start(count: int, root: Path, use_namespaces: bool | None = None) -> SshNodes:
+    """Start `count` nodes; files go under `root`."""
+    root.mkdir(parents=True, exist_ok=True)
+    Path("/run/sshd").mkdir(parents=True, exist_ok=True)
+    cluster = SshNodes(root=root)
+    cluster.key_file = root / "client_key"
+    _keygen(cluster.key_file)
+    authorized = root / "authorized_keys"
+    authorized.write_text(Path(f"{cluster.key_file}.pub").read_text())
+    empty = root / "empty"
+    empty.write_text("")
+    if use_namespaces is None:
+        use_namespaces = namespaces_allowed()
+    tag = os.getpid() % 10000
+    subnet = f"10.{200 + tag % 50}.{tag % 250}"
+    if use_namespaces:
+        cluster.bridge = f"drbr{tag}"
+        _run("ip", "link", "add", cluster.bridge, "type", "bridge")
+        _run("ip", "addr", "add", f"{subnet}.1/24", "dev", cluster.bridge)
+        _run("ip", "link", "set", cluster.bridge, "up")
+    hosts = ["127.0.0.1 localhost"]
+    for i in range(count):
+        name = f"node{i}"
+        if use_namespaces:
+            host, port, ns = f"{subnet}.{i + 2}", 22, f"dr{tag}n{i}"
+        else:
+            host, port, ns = f"127.0.0.{i + 2}", 2200 + tag % 1000 + i, None
+        hosts.append(f"{host} {name}")
+        workdir = root / name / "work"
+        workdir.mkdir(parents=True)
+        cluster.nodes.append(
+            TestNode(name=name, host=host, port=port, namespace=ns, workdir=workdir)
+        )
+    hosts_file = root / "hosts"
+    hosts_file.write_text("\n".join(hosts) + "\n")
+    known = []
+    try:
+        for i, node in enumerate(cluster.nodes):
+            host_key = root / node.name / "host_key"
+            _keygen(host_key)
+            known.append(f"[{node.host}]:{node.port} " if node.port != 22 else f"{node.host} ")
+            known[-1] += " ".join(Path(f"{host_key}.pub").read_text().split()[:2])
+            config = root / node.name / "sshd_config"
+            config.write_text(
+                f"Port {node.port}\nListenAddress {node.host}\nHostKey {host_key}\n"
+                f"AuthorizedKeysFile {authorized}\nPidFile {root / node.name / 'sshd.pid'}\n"
+                "PermitRootLogin prohibit-password\nPubkeyAuthentication yes\n"
+                "PasswordAuthentication no\nKbdInteractiveAuthentication no\nUsePAM no\n"
+                "StrictModes no\nUseDNS no\nMaxStartups 100:30:200\nMaxSessions 100\n"
+                "LogLevel ERROR\nSubsystem sftp internal-sftp\n"
+            )
+            if node.namespace:
+                veth = f"drv{tag}n{i}"
+                _run("ip", "netns", "add", node.namespace)
+                _run("ip", "link", "add", veth, "type", "veth", "peer", "name", "eth0",
+                     "netns", node.namespace)  # fmt: skip
+                _run("ip", "link", "set", veth, "master", cluster.bridge)
+                _run("ip", "link", "set", veth, "up")
+                inside = ["ip", "netns", "exec", node.namespace]
+                _run(*inside, "ip", "addr", "add", f"{node.host}/24", "dev", "eth0")
+                _run(*inside, "ip", "link", "set", "eth0", "up")
+                _run(*inside, "ip", "link", "set", "lo", "up")
+                # Own hostname and /etc/hosts; an empty .bashrc (the image's runs pyenv init
+                # on every SSH command).
+                script = (
+                    f"hostname {node.name} && mount --bind {hosts_file} /etc/hosts && "
+                    f"mount --bind {empty} /etc/resolv.conf && "
+                    f"{{ [ ! -f /root/.bashrc ] || mount --bind {empty} /root/.bashrc; }} && "
+                    f"exec {SSHD} -D -e -f {config}"
+                )
+                argv = [*inside, "unshare", "--uts", "--mount", "sh", "-c", script]
+            else:
+                argv = [SSHD, "-D", "-e", "-f", str(config)]
+            with open(root / node.name / "sshd.log", "w") as log:
+                node.sshd = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stderr=log)
+        cluster.known_hosts = root / "known_hosts"
+        cluster.known_hosts.write_text("\n".join(known) + "\n")
+        _wait_listening(cluster)
+        cluster.inventory = cluster.write_inventory(root / "nodes.yml")
+    except BaseException:
+        stop(cluster)
+        raise
+    return cluster
+
+
+def _wait_listening(cluster: SshNodes, timeout: float = 20) -> None:
+    import socket
+
+    deadline = time.monotonic() + timeout
+    for node in cluster.nodes:
+        while True:
+            with socket.socket() as sock:
+                sock.settimeout(0.5)
+                if sock.connect_ex((node.host, node.port)) == 0:
+                    break
+            if node.sshd.poll() is not None or time.monotonic() > deadline:
+                log = (cluster.root / node.name / "sshd.log").read_text()
+                raise RuntimeError(f"sshd of {node.name} did not come up: {log[-500:]}")
+            time.sleep(0.05)
+
+
+def stop(cluster: SshNodes) -> list[str]:
+    """Tear every node down; returns what was still running on a node (not sshd)."""
+    leftovers = []
+    for node in cluster.nodes:
+        for pid in cluster.pids(node) if (node.sshd and node.sshd.poll() is None) else []:
+            with contextlib.suppress(OSError):
+                cmd = Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode()
+                leftovers.append(f"{node.name}: pid {pid}: {cmd.strip()}")
+        if node.namespace:
+            out = subprocess.run(["ip", "netns", "pids", node.namespace],
+                                 capture_output=True, text=True).stdout  # fmt: skip
+            for pid in out.split():
+                with contextlib.suppress(OSError):
+                    os.kill(int(pid), signal.SIGKILL)
+        if node.sshd:
+            with contextlib.suppress(OSError):
+                node.sshd.kill()
+            node.sshd.wait(10)
+        if node.namespace:
+            subprocess.run(["ip", "netns", "del", node.namespace], capture_output=True)
+    if cluster.bridge:
+        subprocess.run(["ip", "link", "del", cluster.bridge], capture_output=True)
+    return leftovers
+
+
+def main() -> None:
+    if len(sys.argv) != 4 or sys.argv[1] != "up":
+        raise SystemExit("usage: python tests/sshnodes.py up COUNT DIR")
+    cluster = start(int(sys.argv[2]), Path(sys.argv[3]))
+    print(f"{len(cluster.nodes)} nodes up; inventory: {cluster.inventory}", flush=True)
+    print("Ctrl-C (or SIGTERM) tears them down.", flush=True)
+    signal.signal(signal.SIGTERM, signal.default_int_handler)
+    try:
+        signal.pause()
+    except KeyboardInterrupt:
+        pass
+    finally:
+        stop(cluster)
+
+
+if __name__ == "__main__":
+    main()
