@@ -11,15 +11,31 @@ want_tests=0
 
 as_root() { if [[ $(id -u) -eq 0 ]]; then "$@"; else sudo "$@"; fi; }
 
-# Open MPI runs the MPI examples and tests; mpi4py builds against its headers if it must.
-if ! command -v mpirun >/dev/null 2>&1 || ! command -v mpicc >/dev/null 2>&1; then
+# Open MPI runs the MPI examples and tests (mpi4py builds against its headers if it must);
+# the tests also start real sshd servers as nodes, in network namespaces (iproute2).
+packages=()
+command -v mpirun >/dev/null 2>&1 || packages+=(openmpi-bin)
+command -v mpicc >/dev/null 2>&1 || packages+=(libopenmpi-dev)
+command -v ssh >/dev/null 2>&1 || packages+=(openssh-client)
+if [[ $want_tests -eq 1 ]]; then
+    [[ -x /usr/sbin/sshd ]] || packages+=(openssh-server)
+    command -v ip >/dev/null 2>&1 || packages+=(iproute2)
+fi
+if [[ ${#packages[@]} -gt 0 ]]; then
     as_root apt-get update -qq
-    as_root env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq openmpi-bin libopenmpi-dev >/dev/null
+    as_root env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${packages[@]}" >/dev/null
 fi
 
 PYTHON=${PYTHON:-python3}
 [[ -x .venv/bin/python ]] || "$PYTHON" -m venv .venv
-pip() { .venv/bin/python -m pip --disable-pip-version-check -q "$@" 2>&1 | grep -v "^WARNING: Location" || true; }
+pip() {  # quiet, without this machine's find-links noise; a failure still fails the script
+    local log status=0
+    log=$(mktemp)
+    .venv/bin/python -m pip --disable-pip-version-check -q "$@" >"$log" 2>&1 || status=$?
+    grep -v "^WARNING: Location" "$log" || true
+    rm -f "$log"
+    return "$status"
+}
 
 pip install --upgrade pip
 # torch 2.13.0 is the CPU build; ask for it by version so pip never pulls a CUDA build.
@@ -28,4 +44,4 @@ if [[ $want_tests -eq 1 ]]; then
 else
     pip install "torch==2.13.0" mpi4py -e .
 fi
-.venv/bin/python -c "import torch, jupyter_dist" # fail loudly if an install went wrong
+.venv/bin/python -c "import torch, paramiko, jupyter_dist"  # fail loudly if an install went wrong

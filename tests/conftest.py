@@ -12,3 +12,33 @@ from jupyter_dist.store import JobStore
 @pytest.fixture
 def store(tmp_path: Path) -> JobStore:
     return JobStore(tmp_path / "jobs")
+
+
+@pytest.fixture(scope="session")
+def ssh_cluster(tmp_path_factory):
+    """Two real sshd nodes (network namespaces with their own IPs and hostnames)."""
+    import sshnodes
+
+    cluster = sshnodes.start(2, tmp_path_factory.mktemp("sshnodes"))
+    yield cluster
+    from jupyter_dist.run.ssh import CONNECTIONS
+
+    CONNECTIONS.close_all()
+    leftovers = sshnodes.stop(cluster)
+    assert leftovers == [], f"processes left on the nodes: {leftovers}"
+
+
+@pytest.fixture
+def ssh_nodes(ssh_cluster):
+    """The cluster, checked after each test: nothing but sshd may run on a node."""
+    import time
+
+    yield ssh_cluster
+    deadline = time.monotonic() + 10
+    left = []
+    while time.monotonic() < deadline:
+        left = [(n.name, pid) for n in ssh_cluster.nodes for pid in ssh_cluster.pids(n)]
+        if not left:
+            return
+        time.sleep(0.2)
+    pytest.fail(f"processes left running on the nodes after the test: {left}")

@@ -183,9 +183,16 @@ def test_mpi_table():
     assert env["MASTER_ADDR"] == "10.0.0.5"
     assert env["AZ_BATCH_MASTER_NODE"] == f"10.0.0.5:{env['MASTER_PORT']}"
     assert env["DISTRUN_MPI_HOSTFILE"] == env["AZUREML_MPI_HOSTFILE"]
-    (hostfile,) = p.files
+    hostfile, config = p.files
     assert hostfile.node_rank == 0 and hostfile.path == env["DISTRUN_MPI_HOSTFILE"]
     assert hostfile.content == "10.0.0.5 slots=4\n10.0.0.6 slots=4\n"
+    # mpirun on node 0 reaches node 1 with the inventory's SSH settings.
+    assert config.path == "/scratch/distrun/job1/ssh_config"
+    assert (
+        "Host 10.0.0.6\n  Port 22\n  BatchMode yes\n  StrictHostKeyChecking yes" in config.content
+    )
+    assert argv[argv.index("plm_rsh_agent") + 1] == f"ssh -F {config.path}"
+    assert "PATH" in forwarded
     assert proc.ranks == tuple(range(8))
 
 

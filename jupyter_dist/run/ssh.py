@@ -73,13 +73,18 @@ class AcceptNewPolicy(paramiko.MissingHostKeyPolicy):
     """Like OpenSSH's `StrictHostKeyChecking accept-new`: record an unknown host's key;
     a changed key is still refused (paramiko raises BadHostKeyException for that)."""
 
+    _file_lock = threading.Lock()  # nodes are connected in parallel; one writer at a time
+
     def __init__(self, known_hosts: str):
         self.known_hosts = known_hosts
 
     def missing_host_key(self, client, hostname, key):
         client.get_host_keys().add(hostname, key.get_name(), key)
-        Path(self.known_hosts).parent.mkdir(parents=True, exist_ok=True)
-        client.save_host_keys(self.known_hosts)
+        path = Path(self.known_hosts)
+        with self._file_lock:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            with path.open("a") as handle:  # append: never rewrite what others recorded
+                handle.write(f"{hostname} {key.get_name()} {key.get_base64()}\n")
 
 
 def known_hosts_path(node: Node) -> str:

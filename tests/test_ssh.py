@@ -1,0 +1,255 @@
+"""Jobs on real sshd nodes (network namespaces, own IPs and hostnames) over paramiko."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+
+import paramiko
+import pytest
+import yaml
+from helpers import EXAMPLES, run_cli
+
+from jupyter_dist.errors import NodeError
+from jupyter_dist.nodes import load_inventory
+from jupyter_dist.run.launch import launch, run
+from jupyter_dist.run.ssh import CONNECTIONS, sync_folder
+from jupyter_dist.spec import parse_spec
+
+SCRIPTS = Path(__file__).parent / "scripts"
+GLOO = "GLOO_SOCKET_IFNAME: eth0, OMP_NUM_THREADS: '1'"
+
+
+def _spec(body: str, base_dir: Path | None = None):
+    return parse_spec(textwrap.dedent(body), base_dir=base_dir)
+
+
+def _inventory(cluster, tmp_path: Path, **extra):
+    path = cluster.write_inventory(tmp_path / "nodes.yml", **extra)
+    return load_inventory(path)
+
+
+def _results(store, job_id: str) -> dict[int, dict]:
+    record = store.get(job_id)
+    out = {}
+    for key in record.log_keys():
+        for line in record.iter_log(key, "stdout"):
+            if line.text.startswith("RESULT "):
+                report = json.loads(line.text.removeprefix("RESULT "))
+                out[report["rank"]] = report
+    return out
+
+
+@pytest.mark.parametrize("launcher", ["per_process", "torchrun"])
+def test_ddp_across_two_ssh_nodes(launcher, ssh_nodes, store, tmp_path):
+    spec = _spec(f"""\
+        code: {EXAMPLES / "src"}
+        command: python ddp_train.py --epochs 2
+        environment_variables: {{{GLOO}}}
+        resources: {{instance_count: 2}}
+        distribution: {{type: pytorch, process_count_per_instance: 2, launcher: {launcher}}}
+    """)
+    result = run(spec, store=store, inventory=_inventory(ssh_nodes, tmp_path))
+    assert result.ok, result.describe()
+    results = _results(store, result.job_id)
+    assert sorted(results) == [0, 1, 2, 3]
+    node0 = ssh_nodes.nodes[0].host
+    for rank, report in results.items():
+        assert report["host"] == f"node{rank // 2}"  # really on the other host
+        assert report["node_rank"] == rank // 2 and report["local_rank"] == rank % 2
+        assert report["env"]["MASTER_ADDR"] == node0
+        assert report["allreduce"] == 10.0
+    assert len({json.dumps(r["weights"]) for r in results.values()}) == 1
+    assert ssh_nodes.job_processes(result.job_id) == []
+
+
+def test_mpi_across_two_ssh_nodes(ssh_nodes, store, tmp_path):
+    spec = _spec(f"""\
+        code: {EXAMPLES / "src"}
+        command: python mpi_allreduce.py
+        resources: {{instance_count: 2}}
+        distribution: {{type: mpi, process_count_per_instance: 2}}
+    """)
+    result = run(spec, store=store, inventory=_inventory(ssh_nodes, tmp_path))
+    assert result.ok, result.describe()
+    results = _results(store, result.job_id)
+    hosts = [n.host for n in ssh_nodes.nodes]
+    for rank, report in results.items():
+        assert report["host"] == f"node{rank // 2}"
+        assert (report["size"], report["local_rank"], report["local_size"]) == (4, rank % 2, 2)
+        assert report["allreduce"] == 10
+        assert report["master"][0] == hosts[0]  # AZ_BATCH_MASTER_NODE, as on Azure ML
+        assert report["hostfile"] == [f"{hosts[0]} slots=2", f"{hosts[1]} slots=2"]
+    assert sorted(results) == [0, 1, 2, 3]
+
+
+def test_a_failing_rank_on_node_1_stops_node_0(ssh_nodes, store, tmp_path):
+    spec = _spec(f"""\
+        command: python {SCRIPTS / "ddp_fail.py"}
+        environment_variables: {{{GLOO}}}
+        resources: {{instance_count: 2}}
+        distribution: {{type: pytorch, process_count_per_instance: 2}}
+    """)
+    started = time.monotonic()
+    result = run(spec, store=store, inventory=_inventory(ssh_nodes, tmp_path), grace_period=3)
+    assert time.monotonic() - started < 90
+    assert result.state == "failed"
+    cause = result.root_cause
+    assert (cause.rank, cause.node, cause.host) == (2, "node1", ssh_nodes.nodes[1].host)
+    assert cause.stderr_tail[-1].endswith("RuntimeError: rank 2 lost its data shard")
+    assert sorted(cause.stopped) == ["rank 0", "rank 1", "rank 3"]
+    assert ssh_nodes.job_processes(result.job_id) == []
+
+
+def test_cancel_stops_every_remote_process(ssh_nodes, store, tmp_path):
+    spec = _spec("""\
+        command: setsid sleep 300 & echo started; sleep 300
+        resources: {instance_count: 2}
+        distribution: {type: pytorch, process_count_per_instance: 2}
+    """)
+    job = launch(spec, store=store, inventory=_inventory(ssh_nodes, tmp_path), grace_period=3)
+    deadline = time.monotonic() + 30
+    while len(ssh_nodes.job_processes(job.job_id)) < 12 and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert len(ssh_nodes.job_processes(job.job_id)) >= 12  # agents, shells, sleeps
+    job.cancel()
+    result = job.wait(30)
+    assert result is not None and result.state == "cancelled"
+    assert ssh_nodes.job_processes(job.job_id) == []
+
+
+def test_killing_the_launcher_stops_remote_ranks(ssh_nodes, store, tmp_path):
+    inventory = ssh_nodes.write_inventory(tmp_path / "nodes.yml")
+    job_file = tmp_path / "job.yml"
+    job_file.write_text(
+        "command: echo started; sleep 300\nresources: {instance_count: 2}\n"
+        "distribution: {type: pytorch, process_count_per_instance: 2}\n"
+    )
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "jupyter_dist.cli", "run", str(job_file),
+         "--store", str(store.root), "--nodes-file", str(inventory)],
+        stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True,
+    )  # fmt: skip
+    seen = 0
+    deadline = time.monotonic() + 60
+    while seen < 4 and time.monotonic() < deadline:
+        if "started" in proc.stdout.readline():
+            seen += 1
+    job_id = store.jobs()[0].job_id
+    assert len(ssh_nodes.job_processes(job_id)) >= 8
+    os.kill(proc.pid, signal.SIGKILL)
+    proc.wait()
+    deadline = time.monotonic() + 20
+    while ssh_nodes.job_processes(job_id) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert ssh_nodes.job_processes(job_id) == []
+
+
+def test_hostile_environment_values_arrive_byte_for_byte(ssh_nodes, store, tmp_path):
+    marker = tmp_path / "pwned"
+    hostile = f'$(touch {marker}); echo "a\'b" `touch {marker}` ; \\n \\\\ $HOME'
+    spec = parse_spec(
+        yaml.safe_dump(
+            {
+                "command": "python -c \"import os; print(repr(os.environ['HOSTILE']))\"",
+                "environment_variables": {"HOSTILE": hostile},
+                "resources": {"instance_count": 2},
+            }
+        )
+    )
+    result = run(spec, store=store, inventory=_inventory(ssh_nodes, tmp_path))
+    assert result.ok, result.describe()
+    record = store.get(result.job_id)
+    for rank in (0, 1):
+        (line,) = [entry.text for entry in record.iter_log(f"rank-{rank}", "stdout")]
+        assert line == repr(hostile)
+    assert not marker.exists()
+
+
+def test_code_is_shipped_once_and_synced_by_change(ssh_nodes, tmp_path):
+    node = load_inventory(ssh_nodes.write_inventory(tmp_path / "n.yml")).nodes[0]
+    code = tmp_path / "code"
+    (code / "pkg").mkdir(parents=True)
+    for i in range(5):
+        (code / "pkg" / f"m{i}.py").write_text(f"x = {i}\n")
+    (code / "train.py").write_text("print('v1')\n")
+    remote = str(ssh_nodes.nodes[0].workdir / "sync-test")
+    with CONNECTIONS.get(node).open_sftp() as sftp:
+        assert sync_folder(sftp, code, remote) == (6, 0)
+        assert sync_folder(sftp, code, remote) == (0, 6)  # nothing changed: nothing sent
+        (code / "train.py").write_text("print('version 2')\n")
+        (code / "pkg" / "m0.py").unlink()
+        assert sync_folder(sftp, code, remote) == (1, 4)
+    assert (Path(remote) / "train.py").read_text() == "print('version 2')\n"
+    assert not (Path(remote) / "pkg" / "m0.py").exists()
+
+
+def test_unreachable_node_fails_before_anything_starts(ssh_nodes, store, tmp_path):
+    good, bad = ssh_nodes.inventory_entries()
+    bad["port"] = 9  # nothing listens there
+    path = tmp_path / "nodes.yml"
+    path.write_text(yaml.safe_dump({"nodes": [good, bad]}))
+    spec = _spec("command: sleep 60\nresources: {instance_count: 2}")
+    with pytest.raises(NodeError, match=r"^node node1 \(.*:9\): connection refused"):
+        launch(spec, store=store, inventory=load_inventory(path))
+    assert store.jobs() == []  # preflight failed: no job, nothing started on node0
+    result = run_cli("run", "/dev/null", "--nodes-file", str(path))
+    assert result.returncode == 2
+
+
+def test_unknown_host_key_is_refused_until_trusted(ssh_nodes, store, tmp_path):
+    known = tmp_path / "known_hosts"
+    known.write_text("")
+    path = ssh_nodes.write_inventory(tmp_path / "nodes.yml", known_hosts=str(known))
+    CONNECTIONS.close_all()  # no kept connection may hide the check
+    spec_file = tmp_path / "job.yml"
+    spec_file.write_text("command: hostname\nresources: {instance_count: 2}\n")
+    refused = run_cli("run", str(spec_file), "--nodes-file", str(path), store=store)
+    assert refused.returncode == 2
+    line = refused.stderr.strip()
+    assert line.startswith("error: node node0 (") and "unknown host key" in line
+    assert "jupyter distrun nodes --trust node0" in line and "\n" not in line
+    assert known.read_text() == ""  # refused, not silently added
+    for name in ("node0", "node1"):
+        trusted = run_cli("nodes", "--nodes-file", str(path), "--trust", name)
+        assert trusted.returncode == 0, trusted.stderr
+        assert f"trusted {name}" in trusted.stdout
+    ok = run_cli("run", str(spec_file), "--nodes-file", str(path), store=store)
+    assert ok.returncode == 0, ok.stderr
+    assert sorted(ok.stdout.splitlines()) == ["[rank 0] node0", "[rank 1] node1"]
+
+
+def test_accept_new_records_the_key_and_refuses_a_changed_one(ssh_nodes, tmp_path):
+    known = tmp_path / "known_hosts"
+    path = ssh_nodes.write_inventory(
+        tmp_path / "nodes.yml", known_hosts=str(known), host_key_policy="accept-new"
+    )
+    CONNECTIONS.close_all()
+    nodes = run_cli("nodes", "--nodes-file", str(path))
+    assert nodes.returncode == 0, nodes.stdout + nodes.stderr
+    assert ssh_nodes.nodes[0].host in known.read_text()
+    # A different key recorded for node0: a changed key is always refused.
+    fake = paramiko.Ed25519Key.generate() if hasattr(paramiko.Ed25519Key, "generate") else None
+    other = paramiko.RSAKey.generate(2048) if fake is None else fake
+    known.write_text(f"{ssh_nodes.nodes[0].host} {other.get_name()} {other.get_base64()}\n")
+    CONNECTIONS.close_all()
+    changed = run_cli("nodes", "--nodes-file", str(path), env={**os.environ, "COLUMNS": "300"})
+    assert changed.returncode == 1
+    assert "host key CHANGED" in changed.stdout
+
+
+def test_nodes_health_and_missing_python(ssh_nodes, tmp_path):
+    path = ssh_nodes.write_inventory(tmp_path / "nodes.yml")
+    ok = run_cli("nodes", "--nodes-file", str(path), env={**os.environ, "COLUMNS": "200"})
+    assert ok.returncode == 0, ok.stderr
+    assert "node0" in ok.stdout and "node1" in ok.stdout and ok.stdout.count(" ok ") == 2
+    broken = ssh_nodes.write_inventory(tmp_path / "broken.yml", python="/nonexistent/python3")
+    bad = run_cli("nodes", "--nodes-file", str(broken), env={**os.environ, "COLUMNS": "250"})
+    assert bad.returncode == 1
+    assert "python '/nonexistent/python3' not found" in bad.stdout
