@@ -8,6 +8,7 @@ import os
 import threading
 import time
 from collections import deque
+from concurrent.futures import ThreadPoolExecutor
 from typing import Protocol
 
 from jupyter_dist.errors import DistrunError
@@ -44,7 +45,7 @@ class Transport(Protocol):
     def choose_ports(self, requests: list, nodes: list[Node]) -> dict[str, int]: ...
     def prepare(self, plan: LaunchPlan, nodes: list[Node]) -> None: ...
     def start(self, proc: ProcessPlan, node: Node, grace: float) -> ProcessHandle: ...
-    def sweep(self, job_id: str) -> list[int]: ...
+    def sweep(self, job_id: str, node_names: set[str]) -> list[int]: ...
 
 
 class Job:
@@ -111,9 +112,7 @@ class Job:
         started: list[tuple[ProcessPlan, ProcessHandle]] = []
         try:
             self._transport.prepare(self.plan, list(self._nodes.values()))
-            for proc in self.plan.processes:
-                node = self._nodes[proc.node]
-                started.append((proc, self._transport.start(proc, node, self.grace_period)))
+            started = self._start_processes()
             for _, handle in started:
                 handle.confirm()  # every process reports it started before any is watched
             for proc, handle in started:
@@ -132,6 +131,24 @@ class Job:
             timer.daemon = True
             timer.start()
         return self
+
+    def _start_processes(self) -> list[tuple[ProcessPlan, ProcessHandle]]:
+        """Start every process at once (SSH round trips overlap); if any start fails, stop
+        the others and raise the first failure."""
+        procs = self.plan.processes
+        with ThreadPoolExecutor(max_workers=min(16, len(procs))) as pool:
+            futures = [
+                pool.submit(self._transport.start, p, self._nodes[p.node], self.grace_period)
+                for p in procs
+            ]
+        outcomes = [(p, f.exception(), None if f.exception() else f.result())
+                    for p, f in zip(procs, futures, strict=True)]  # fmt: skip
+        started = [(p, handle) for p, error, handle in outcomes if error is None]
+        failures = [error for _, error, _ in outcomes if error is not None]
+        if failures:
+            self._abort_start(started)
+            raise failures[0]
+        return started
 
     def _abort_start(self, started: list[tuple[ProcessPlan, ProcessHandle]]) -> None:
         """Stop whatever started before a start failed elsewhere."""
@@ -264,6 +281,11 @@ class Job:
         self._write_status()
         self._finish_when_all_gone()
 
+    def _unclean_nodes(self) -> set[str]:
+        """Nodes where a process ended without its agent reporting an exit code (never
+        started, agent killed) or with 255 (connection lost): something may be left there."""
+        return {s.node for s in self.processes.values() if s.exit_code in (None, 255)}
+
     def _only_services_left(self) -> bool:
         running = [
             p for p in self.plan.processes if self.processes[p.name].state in ("pending", "running")
@@ -346,7 +368,7 @@ class Job:
                 ]
             self.state = final
             self.ended = time.time()
-        self._transport.sweep(self.job_id)  # nothing of this job survives it
+        self._transport.sweep(self.job_id, self._unclean_nodes())  # nothing survives the job
         self._result = JobResult(
             job_id=self.job_id,
             state=self.state,

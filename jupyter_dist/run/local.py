@@ -99,6 +99,7 @@ class LocalTransport:
     def resolve(self, nodes: list[Node]) -> list[Node]:
         return nodes  # this machine: nothing to check or resolve
 
-    def sweep(self, job_id: str) -> list[int]:
-        """Kill any process still carrying this job's id (a rank that daemonized, an orphan)."""
+    def sweep(self, job_id: str, node_names: set[str]) -> list[int]:
+        """Kill any process still carrying this job's id (a rank that daemonized, an orphan).
+        Cheap here, so always done, whatever `node_names` says."""
         return agent.sweep(job_id)

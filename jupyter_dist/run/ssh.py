@@ -192,6 +192,7 @@ class Connections:
 
     def __init__(self) -> None:
         self._clients: dict[tuple, paramiko.SSHClient] = {}
+        self._infos: dict[tuple, tuple[int, NodeInfo]] = {}
         self._lock = threading.Lock()
 
     @staticmethod
@@ -208,6 +209,19 @@ class Connections:
         with self._lock:
             self._clients[key] = client
         return client
+
+    def info(self, node: Node) -> NodeInfo:
+        """The node's probe, done once per kept connection (a new connection probes again)."""
+        client = self.get(node)
+        key = (*self._key(node), node.python, node.workdir)
+        with self._lock:
+            cached = self._infos.get(key)
+        if cached and cached[0] == id(client):
+            return cached[1]
+        info = probe(node, client)
+        with self._lock:
+            self._infos[key] = (id(client), info)
+        return info
 
     def open_all(self, nodes: list[Node]) -> dict[str, paramiko.SSHClient]:
         return dict(zip([n.name for n in nodes], parallel(nodes, self.get), strict=True))
@@ -331,7 +345,7 @@ class SshTransport:
     def resolve(self, nodes: list[Node]) -> list[Node]:
         """Preflight: connect to every node in parallel, check python, resolve workdirs.
         Nothing is started anywhere if a node fails."""
-        infos = parallel(nodes, probe)
+        infos = parallel(nodes, self.connections.info)
         resolved = [replace(n, workdir=info.workdir) for n, info in zip(nodes, infos, strict=True)]
         self._nodes = {n.name: n for n in resolved}
         return resolved
@@ -391,8 +405,9 @@ class SshTransport:
 
         return _on_node(open_channel, node)
 
-    def sweep(self, job_id: str) -> list[int]:
-        """Kill anything of the job still running on any node (a safety net)."""
+    def sweep(self, job_id: str, node_names: set[str]) -> list[int]:
+        """Kill anything of the job still running on the named nodes: those where an agent
+        did not report a clean exit (elsewhere the agent already took its tree down)."""
 
         def sweep_node(node: Node) -> list[int]:
             agent = posixpath.join(node.workdir, agent_file_name())
@@ -402,7 +417,8 @@ class SshTransport:
                 return [int(p) for p in out.split()] if code == 0 else []
             return []
 
-        return [pid for pids in parallel(list(self._nodes.values()), sweep_node) for pid in pids]
+        nodes = [n for n in self._nodes.values() if n.name in node_names]
+        return [pid for pids in parallel(nodes, sweep_node) for pid in pids]
 
 
 def run_checked(client: paramiko.SSHClient, node: Node, argv: list[str]) -> str:
