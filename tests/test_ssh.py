@@ -253,3 +253,33 @@ def test_nodes_health_and_missing_python(ssh_nodes, tmp_path):
     bad = run_cli("nodes", "--nodes-file", str(broken), env={**os.environ, "COLUMNS": "250"})
     assert bad.returncode == 1
     assert "python '/nonexistent/python3' not found" in bad.stdout
+
+
+def test_a_dropped_connection_stops_that_nodes_processes(ssh_nodes, store, tmp_path):
+    """Kill node1's sshd sessions (not its listener): the link is gone, so the agents there
+    must stop their ranks, and the job fails instead of hanging."""
+    spec = _spec("""\
+        command: echo started; sleep 300
+        resources: {instance_count: 2}
+        distribution: {type: pytorch, process_count_per_instance: 2}
+    """)
+    job = launch(spec, store=store, inventory=_inventory(ssh_nodes, tmp_path), grace_period=3)
+    deadline = time.monotonic() + 30
+    while len(ssh_nodes.job_processes(job.job_id)) < 12 and time.monotonic() < deadline:
+        time.sleep(0.1)  # every rank up: its agent, its shell, its sleep
+    node1 = ssh_nodes.nodes[1]
+    on_node1 = [p for p in ssh_nodes.job_processes(job.job_id) if p in ssh_nodes.pids(node1)]
+    assert on_node1
+    sessions = subprocess.run(["ip", "netns", "pids", node1.namespace], capture_output=True,
+                              text=True).stdout.split()  # fmt: skip
+    for pid in map(int, sessions):
+        if pid != node1.sshd.pid and Path(f"/proc/{pid}/comm").read_text().startswith("sshd"):
+            os.kill(pid, signal.SIGKILL)
+    result = job.wait(60)
+    assert result is not None and result.state == "failed"
+    assert result.root_cause.node == "node1"
+    assert "lost its SSH connection" in result.root_cause.summary()
+    deadline = time.monotonic() + 15
+    while ssh_nodes.job_processes(job.job_id) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert ssh_nodes.job_processes(job.job_id) == []

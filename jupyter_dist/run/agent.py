@@ -17,7 +17,8 @@ or `HANDSHAKE failed REASON` and exit 127). Then it reads its stdin:
 The tree is the child's process group, every descendant seen (torchrun moves its workers to
 sessions of their own), and any process still carrying this agent's token in its environment
 (an orphan that daemonized). Whatever remains of the tree when the child exits is killed too.
-The agent exits with the child's exit code, or 128+N when a signal N ended it.
+The agent exits with the child's exit code, or 128+N when a signal N ended it, and says so
+last on stderr (`HANDSHAKE exited CODE`): without that line, the link or the agent died.
 
 It is meant to grow into a per-node agent that keeps a warm, pre-imported Python and forks
 ranks from it; the launcher's side of the protocol (handshake, stdin commands) stays the same.
@@ -236,6 +237,8 @@ def main():
         sys.exit(0)
     command, cwd, grace = parse(sys.argv[1:])
     code = Agent(command, cwd, grace).run()
+    if code != 127:  # the launcher's proof that the exit code is the agent's, not a dead link
+        sys.stderr.write(f"{HANDSHAKE} exited {code}\n")
     sys.stderr.flush()
     os._exit(code)  # no interpreter shutdown: the stdin thread may still be reading
 

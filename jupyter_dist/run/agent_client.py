@@ -16,7 +16,19 @@ from jupyter_dist.run.agent import HANDSHAKE
 
 AGENT_SOURCE = Path(__file__).with_name("agent.py")
 _HANDSHAKE = HANDSHAKE.encode()
+_EXITED = _HANDSHAKE + b" exited "
 _MAX_HANDSHAKE = 64 * 1024
+
+
+def _partial_marker(data: bytes) -> int:
+    """How many trailing bytes of `data` could begin an exit report (or be an unfinished one)."""
+    report = data.rfind(_EXITED[:1])
+    if report < 0:
+        return 0
+    tail = data[report:]
+    if _EXITED.startswith(tail) or (tail.startswith(_EXITED) and b"\n" not in tail):
+        return len(tail)
+    return 0
 
 
 def agent_argv(python: str, agent_path: str, cwd: str, argv: list[str], grace: float) -> list[str]:
@@ -27,12 +39,15 @@ class AgentProcess:
     """One process started through the agent. Subclasses provide the raw pipes."""
 
     label = "process"
+    # What it means when the agent never reported its exit (see `exit_note`).
+    silent_exit = "its node agent was killed"
 
     def __init__(self) -> None:
         self._stderr_head = b""
         self._stdin_lock = threading.Lock()
         self._stdin_open = True
         self.pid: int | None = None
+        self.agent_exit: int | None = None  # the code the agent reported as it exited
 
     # -- raw pipes, provided by the transport --------------------------------------------
 
@@ -73,13 +88,35 @@ class AgentProcess:
         self.pid = int(detail)
 
     def chunks(self, stream: str) -> Iterator[bytes]:
-        if stream == "stderr" and self._stderr_head:
-            yield self._stderr_head
+        if stream == "stdout":
+            while data := self._read(stream):
+                yield data
+            return
+        # stderr ends with the agent's exit report: take it out of the output.
+        held = self._stderr_head
         while True:
             data = self._read(stream)
+            held += data
+            report = held.find(_EXITED)
+            if report >= 0:
+                line_end = held.find(b"\n", report)
+                if line_end >= 0 or not data:
+                    end = len(held) if line_end < 0 else line_end + 1
+                    with contextlib.suppress(ValueError):
+                        self.agent_exit = int(held[report + len(_EXITED) : end].strip())
+                    held = held[:report] + held[end:]
+            # Keep back a tail that could be the start of the report, until it is whole.
+            keep = _partial_marker(held) if data else 0
+            if len(held) > keep:
+                yield held[: len(held) - keep]
+                held = held[len(held) - keep :]
             if not data:
                 return
-            yield data
+
+    @property
+    def exit_note(self) -> str | None:
+        """Why the exit code is not the process's own; read once the output is drained."""
+        return self.silent_exit if self.agent_exit is None else None
 
     def wait(self) -> int:
         code = self._wait()

@@ -35,6 +35,7 @@ class ProcessState:
     started: float | None = None
     ended: float | None = None
     stopped_by_us: bool = False
+    note: str | None = None  # e.g. "lost its SSH connection"
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -72,9 +73,12 @@ class RootCause:
     stderr_tail: list[str] = field(default_factory=list)
     stopped: list[str] = field(default_factory=list)  # labels we stopped because of it
     log_path: str | None = None
+    note: str | None = None
 
     @property
     def how(self) -> str:
+        if self.note:
+            return self.note
         return (
             f"was killed by {self.signal}" if self.signal else f"exited with code {self.exit_code}"
         )

@@ -264,6 +264,7 @@ class Job:
         with self._state_lock:
             state = self.processes[proc.name]
             state.exit_code, state.signal, state.ended = exit_code, sig, time.time()
+            state.note = getattr(handle, "exit_note", None)
             failed = code != 0
             if self._stopping:
                 state.stopped_by_us = failed
@@ -310,6 +311,7 @@ class Job:
             rank=rank,
             exit_code=state.exit_code,
             signal=state.signal,
+            note=state.note,
             stderr_tail=tail[start:],
             log_path=str(self.record.log_path(key, "stderr")),
         )

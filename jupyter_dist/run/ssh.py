@@ -302,6 +302,8 @@ def check_nodes(nodes: list[Node]) -> list[tuple[Node, NodeInfo | None, str | No
 class SshProcess(AgentProcess):
     """A process on a node: the agent runs it; its stdin is our SSH channel's."""
 
+    silent_exit = "lost its SSH connection"
+
     def __init__(self, channel: paramiko.Channel, label: str):
         super().__init__()
         self.channel = channel
@@ -323,9 +325,7 @@ class SshProcess(AgentProcess):
 
     def _wait(self) -> int:
         code = self.channel.recv_exit_status()
-        # -1: the connection died without an exit status; the agent on the node sees its
-        # stdin close and stops the process tree.
-        return 255 if code == -1 else code
+        return 255 if code == -1 else code  # -1: no status at all, the link died
 
 
 def agent_file_name() -> str:
