@@ -283,3 +283,21 @@ def test_a_dropped_connection_stops_that_nodes_processes(ssh_nodes, store, tmp_p
     while ssh_nodes.job_processes(job.job_id) and time.monotonic() < deadline:
         time.sleep(0.2)
     assert ssh_nodes.job_processes(job.job_id) == []
+
+
+def test_loopback_fallback_nodes_run_a_job(store, tmp_path):
+    """Where network namespaces are not allowed, test nodes are sshd on 127.0.0.x."""
+    import sshnodes
+
+    cluster = sshnodes.start(2, tmp_path / "loopback", use_namespaces=False)
+    try:
+        assert [n.host for n in cluster.nodes] == ["127.0.0.2", "127.0.0.3"]
+        spec = _spec("command: echo $DISTRUN_NODE_RANK\nresources: {instance_count: 2}")
+        result = run(spec, store=store, inventory=load_inventory(cluster.inventory))
+        assert result.ok, result.describe()
+        record = store.get(result.job_id)
+        for rank in (0, 1):
+            assert [e.text for e in record.iter_log(f"rank-{rank}", "stdout")] == [str(rank)]
+    finally:
+        CONNECTIONS.close_all()
+        assert sshnodes.stop(cluster) == []
