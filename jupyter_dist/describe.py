@@ -46,3 +46,17 @@ def duration(started: float | None, ended: float | None, now: float) -> str:
         return ""
     seconds = (ended or now) - started
     return f"{seconds:.1f}s" if seconds < 90 else f"{seconds / 60:.1f}m"
+
+
+def format_table(rows: list[dict[str, Any]], columns: tuple[str, ...] | list[str]) -> str:
+    """A plain-text table (for notebooks and logs); empty columns are left out."""
+    shown = [c for c in columns if any(str(r.get(c, "")) for r in rows)]
+    cells = [[c.replace("_", " ") for c in shown]] + [
+        [str(r.get(c, "")) for c in shown] for r in rows
+    ]
+    widths = [max(len(row[i]) for row in cells) for i in range(len(shown))]
+    lines = [
+        "  ".join(v.ljust(w) for v, w in zip(row, widths, strict=True)).rstrip() for row in cells
+    ]
+    lines.insert(1, "  ".join("-" * w for w in widths))
+    return "\n".join(lines)

@@ -6,6 +6,10 @@ from __future__ import annotations
 class DistrunError(Exception):
     """A problem the user can fix; its message is one line saying what and how."""
 
+    def _render_traceback_(self) -> list[str]:
+        # IPython shows this instead of a traceback through jupyter-dist's internals.
+        return [f"{type(self).__name__}: {self}"]
+
 
 class SpecError(DistrunError):
     """The job spec (YAML, magic options, form fields) is invalid."""

@@ -25,6 +25,8 @@ from jupyter_dist.errors import SpecError
 from jupyter_dist.validation import Port, StrictSection, count, fail, one_line
 
 JOB_TYPES = ("pytorch", "tensorflow", "mpi", "dask")
+SCRIPT_NAME = "script.py"
+SCRIPT_COMMAND = f'python "$DISTRUN_JOB_DIR/{SCRIPT_NAME}"'
 
 # Names jupyter-dist sets for every process; a spec may not set them itself.
 RESERVED_ENV: dict[str, str] = {
@@ -125,6 +127,7 @@ class JobSpec(StrictSection):
     schema_: Any = Field(default=None, alias="$schema")  # Azure's; first, as Azure writes it
     # Ours and Azure's, acted on.
     command: str | None = None
+    script: str | None = None  # ours: Python source run as $DISTRUN_JOB_DIR/script.py
     code: str | dict | None = None
     inputs: dict[str, InputValue] = Field(default_factory=dict)
     environment_variables: dict[str, Any] = Field(default_factory=dict)
@@ -256,8 +259,10 @@ class JobSpec(StrictSection):
 
     @model_validator(mode="after")
     def _consistent(self) -> JobSpec:
-        if self.command is None and self.distribution.type != "dask":
-            raise fail("missing", "command: missing; every job of this type needs a command")
+        if self.command is None and self.script is None and self.distribution.type != "dask":
+            raise fail(
+                "missing", "command: missing; every job of this type needs a command (or a script)"
+            )
         if self.command is not None and not self.command.strip():
             raise fail("missing", "command: empty; give what each process runs")
         if self.command:
@@ -295,8 +300,11 @@ class JobSpec(StrictSection):
         return self.limits.timeout if self.limits else None
 
     def resolved_command(self) -> str | None:
-        """The command with every `${{inputs.NAME}}` replaced by its value."""
-        return _substitute(self.command, self.inputs) if self.command else None
+        """The command with every `${{inputs.NAME}}` replaced by its value; with only a
+        `script`, the command runs it."""
+        if self.command:
+            return _substitute(self.command, self.inputs)
+        return SCRIPT_COMMAND if self.script is not None else None
 
     def code_dir(self) -> Path | None:
         """The `code` folder as an absolute path (relative to the YAML file's folder)."""
@@ -312,7 +320,7 @@ class JobSpec(StrictSection):
         return self.model_dump(mode="json", by_alias=True, exclude_unset=True)
 
     def to_yaml(self) -> str:
-        return yaml.safe_dump(self.to_dict(), sort_keys=False, default_flow_style=False)
+        return yaml.dump(self.to_dict(), Dumper=_SpecDumper, sort_keys=False)
 
     def with_overrides(self, **changes: Any) -> JobSpec:
         """A copy with some keys changed, validated again (the same errors as the YAML).
@@ -334,6 +342,18 @@ class JobSpec(StrictSection):
                 dist[key] = value
         data["distribution"] = dist
         return spec_from_dict(data, base_dir=self._base_dir)
+
+
+class _SpecDumper(yaml.SafeDumper):
+    """Multi-line strings (a notebook cell as `script`) as readable `|` blocks."""
+
+
+def _block_strings(dumper: yaml.SafeDumper, value: str) -> yaml.ScalarNode:
+    style = "|" if "\n" in value else None
+    return dumper.represent_scalar("tag:yaml.org,2002:str", value, style=style)
+
+
+_SpecDumper.add_representer(str, _block_strings)
 
 
 def _input_text(value: InputValue) -> str:

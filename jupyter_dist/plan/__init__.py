@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import posixpath
 from collections.abc import Mapping
 
 from jupyter_dist.errors import SpecError
@@ -9,7 +10,7 @@ from jupyter_dist.nodes import Node
 from jupyter_dist.plan import dask, mpi, pytorch, tensorflow
 from jupyter_dist.plan.context import PlanContext, PortRequest
 from jupyter_dist.plan.model import LaunchPlan, PlannedFile, ProcessPlan
-from jupyter_dist.spec import JobSpec
+from jupyter_dist.spec import SCRIPT_NAME, JobSpec
 
 __all__ = ["LaunchPlan", "PlannedFile", "PortRequest", "ProcessPlan", "plan", "port_requests"]
 
@@ -33,6 +34,12 @@ def plan(spec: JobSpec, nodes: list[Node], job_id: str, ports: Mapping[str, int]
     ctx = PlanContext(spec=spec, nodes=list(nodes), job_id=job_id, ports=ports)
     built = _PLANNERS[spec.job_type].build(ctx, spec.distribution)
     processes, files = built if isinstance(built, tuple) else (built, [])
+    if spec.script is not None:  # the notebook cell (or inline script), on every node
+        files = [
+            *files,
+            *(PlannedFile(n, posixpath.join(ctx.job_dir(node), SCRIPT_NAME), spec.script)
+              for n, node in enumerate(nodes)),
+        ]  # fmt: skip
     master_port = processes[0].env.get("MASTER_PORT")
     return LaunchPlan(
         job_id=job_id,

@@ -56,6 +56,7 @@ class PlanContext:
         """What every process gets, before its type-specific variables."""
         return {
             "DISTRUN_JOB_ID": self.job_id,
+            "DISTRUN_JOB_DIR": self.job_dir(self.nodes[node_rank]),
             "DISTRUN_NODE_RANK": str(node_rank),
             "DISTRUN_NUM_NODES": str(self.num_nodes),
             "PYTHONUNBUFFERED": "1",

@@ -6,7 +6,7 @@ import contextlib
 import os
 import signal
 import threading
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from pathlib import Path
 
 from jupyter_dist.errors import DistrunError
@@ -98,14 +98,17 @@ def run(spec: JobSpec, **kwargs) -> JobResult:
     return start_and_wait(prepare_job(spec, **kwargs))
 
 
-def start_and_wait(job: Job) -> JobResult:
+def start_and_wait(job: Job, on_tick: Callable[[], None] | None = None) -> JobResult:
     """Start and wait for a prepared job. An interrupt at any point, start-up included,
-    cancels every process before it propagates."""
+    cancels every process before it propagates. `on_tick` runs in the calling thread
+    about ten times a second while the job runs (a view's chance to draw)."""
     try:
         with _interrupts_deferred():
             job.start()
         while True:
-            result = job.wait(0.2)  # short waits keep KeyboardInterrupt deliverable
+            result = job.wait(0.1)  # short waits keep KeyboardInterrupt deliverable
+            if on_tick is not None:
+                on_tick()
             if result is not None:
                 return result
     except KeyboardInterrupt:

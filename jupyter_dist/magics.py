@@ -1,0 +1,265 @@
+"""`%%distrun` and `%distrun`: a thin view over the engine (spec -> launch -> store).
+
+    %load_ext jupyter_dist
+
+    %%distrun --type pytorch --nodes 2 --procs-per-node 2
+    import torch.distributed as dist
+    ...
+
+The cell becomes the job's script; the options mirror the job spec. A failed job raises
+`JobFailed` (so nbclient and papermill runs fail) whose message is the root cause; an
+interrupt cancels every process on every node.
+"""
+
+from __future__ import annotations
+
+import os
+import shlex
+import sys
+import threading
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from IPython.core.magic import Magics, line_cell_magic, magics_class
+from IPython.core.magic_arguments import argument, magic_arguments, parse_argstring
+from traitlets import Int, Unicode
+
+from jupyter_dist.describe import PLAN_COLUMNS, format_table, plan_rows
+from jupyter_dist.errors import DistrunError, SpecError
+from jupyter_dist.nodes import load_inventory
+from jupyter_dist.run.events import JobListener, JobResult, OutputLine
+from jupyter_dist.spec import JobSpec, load_spec, spec_from_dict
+from jupyter_dist.store import JobStore
+
+LINE_COMMANDS = ("jobs", "logs", "nodes", "run")
+
+
+class JobFailed(DistrunError):
+    """The job ran and failed (or timed out, or was cancelled): the message says why."""
+
+    def __init__(self, result: JobResult):
+        super().__init__(result.describe())
+        self.result = result
+
+    def _render_traceback_(self) -> list[str]:
+        lines = str(self).splitlines()
+        return [f"JobFailed: {lines[0]}", *lines[1:]]
+
+
+def _user_error(message: str) -> DistrunError:
+    """Bad options, a bad spec, an unusable node: one line in the cell, no traceback."""
+    return DistrunError(message)
+
+
+class QueuedPrinter(JobListener):
+    """Collects lines from the job's reader threads; the cell's own thread prints them,
+    in batches, so the output lands in the running cell."""
+
+    def __init__(self) -> None:
+        self._lines: list[OutputLine] = []
+        self._lock = threading.Lock()
+
+    def on_lines(self, lines: list[OutputLine]) -> None:
+        with self._lock:
+            self._lines.extend(lines)
+
+    def flush(self) -> None:
+        with self._lock:
+            lines, self._lines = self._lines, []
+        out = "".join(f"[{l.label}] {l.text}\n" for l in lines if l.stream == "stdout")  # noqa: E741
+        err = "".join(f"[{l.label}] {l.text}\n" for l in lines if l.stream == "stderr")  # noqa: E741
+        if out:
+            sys.stdout.write(out)
+            sys.stdout.flush()
+        if err:
+            sys.stderr.write(err)
+            sys.stderr.flush()
+
+
+_TF_FLAGS = {
+    "worker_count": "--worker-count",
+    "parameter_server_count": "--ps-count",
+    "chief_count": "--chief",
+    "evaluator_count": "--evaluator",
+}
+
+
+def _env_pairs(pairs: list[str] | None) -> dict[str, str]:
+    env: dict[str, str] = {}
+    for pair in pairs or []:
+        name, sep, value = pair.partition("=")
+        if not sep or not name:
+            raise SpecError(f"--env: {pair!r} is not NAME=VALUE")
+        env[name] = value
+    return env
+
+
+def build_spec(args: Any, script: str, base_dir: Path | str) -> JobSpec:
+    """The job spec the magic's options and the cell describe (validated like any YAML)."""
+    dist: dict[str, Any] = {"type": args.type}
+    if args.procs_per_node is not None:
+        if args.type == "tensorflow":
+            raise SpecError("--procs-per-node does not apply to tensorflow; use --worker-count")
+        dist["process_count_per_instance"] = args.procs_per_node
+    if args.launcher:
+        dist["launcher"] = args.launcher
+    tf_options = {
+        "worker_count": args.worker_count, "parameter_server_count": args.ps_count,
+        "chief_count": 1 if args.chief else None, "evaluator_count": 1 if args.evaluator else None,
+    }  # fmt: skip
+    for key, value in tf_options.items():
+        if value is not None:
+            if args.type != "tensorflow":
+                flag = _TF_FLAGS[key]
+                raise SpecError(f"{flag} applies to tensorflow jobs only (this is {args.type})")
+            dist[key] = value
+    data: dict[str, Any] = {
+        "script": script,
+        "resources": {"instance_count": args.nodes},
+        "distribution": dist,
+    }
+    env = _env_pairs(args.env)
+    if env:
+        data["environment_variables"] = env
+    if args.code:
+        data["code"] = args.code
+    if args.name:
+        data["name"] = args.name
+    if args.timeout:
+        data["limits"] = {"timeout": args.timeout}
+    return spec_from_dict(data, base_dir=base_dir, source="%%distrun")
+
+
+def _options(func: Callable) -> Callable:
+    decorators = [
+        argument("-t", "--type", default=None,
+                 help="pytorch (default), tensorflow, mpi or dask"),
+        argument("-n", "--nodes", type=int, default=None, help="number of nodes"),
+        argument("-p", "--procs-per-node", type=int, default=None,
+                 help="processes per node (pytorch, mpi, dask)"),
+        argument("--launcher", help="pytorch: per_process or torchrun; mpi: mpirun or horovodrun"),
+        argument("--worker-count", type=int, help="tensorflow workers"),
+        argument("--ps-count", type=int, help="tensorflow parameter servers"),
+        argument("--chief", action="store_true", help="tensorflow: add a chief"),
+        argument("--evaluator", action="store_true", help="tensorflow: add an evaluator"),
+        argument("-e", "--env", action="append", metavar="NAME=VALUE",
+                 help="environment variable for every process (repeatable)"),
+        argument("--code", metavar="DIR", help="folder shipped to every node; the cwd"),
+        argument("--nodes-file", metavar="FILE", help="node inventory"),
+        argument("--timeout", type=int, metavar="SECONDS", help="stop the job after this"),
+        argument("--name", help="job name (shown in job lists)"),
+        argument("--dry-run", action="store_true", help="show the spec and the plan; run nothing"),
+        argument("--save", metavar="FILE", help="also write the job spec to FILE"),
+    ]  # fmt: skip
+    for decorate in reversed(decorators):
+        func = decorate(func)
+    return magic_arguments()(func)
+
+
+@magics_class
+class DistrunMagics(Magics):
+    """Defaults are settable with %config, e.g. `%config DistrunMagics.nodes = 2`."""
+
+    type = Unicode("pytorch", help="default job type").tag(config=True)
+    nodes = Int(1, help="default number of nodes").tag(config=True)
+    procs_per_node = Int(0, help="default processes per node (0: the spec's default)").tag(
+        config=True
+    )
+    nodes_file = Unicode("", help="default node inventory").tag(config=True)
+
+    @_options
+    @line_cell_magic
+    def distrun(self, line: str, cell: str | None = None) -> None:
+        """Run the cell as a distributed job on every rank, with live per-rank output.
+
+        As a line magic: `%distrun jobs`, `%distrun logs JOB [--rank R]`, `%distrun nodes`,
+        `%distrun run SPEC.yml`."""
+        if cell is None:
+            return self._line_command(line)
+        try:
+            args = parse_argstring(self.distrun, line)
+        except Exception as exc:  # argparse's UsageError: already one line
+            raise _user_error(str(exc).strip()) from None
+        args.type = args.type or self.type
+        args.nodes = args.nodes if args.nodes is not None else self.nodes
+        if args.procs_per_node is None and self.procs_per_node:
+            args.procs_per_node = self.procs_per_node
+        try:
+            spec = build_spec(args, cell, base_dir=os.getcwd())
+            if args.save:
+                Path(args.save).write_text(_spec_yaml(spec))
+            inventory = load_inventory(args.nodes_file or self.nodes_file or None)
+            if args.dry_run:
+                self._dry_run(spec, inventory)
+                return
+            result = run_in_cell(spec, inventory)
+        except JobFailed:
+            raise
+        except DistrunError as exc:
+            raise _user_error(str(exc)) from None
+        if not result.ok:
+            raise JobFailed(result)
+
+    def _line_command(self, line: str) -> None:
+        words = shlex.split(line)
+        if not words or words[0] not in LINE_COMMANDS:
+            raise _user_error(
+                f"%distrun: unknown command {words[0] if words else ''!r}; "
+                f"valid: {', '.join(LINE_COMMANDS)} (or use %%distrun on a cell)"
+            )
+        if words[0] == "run":
+            if len(words) != 2:
+                raise _user_error("%distrun run: give one job spec file: %distrun run job.yml")
+            try:
+                spec = load_spec(words[1])
+                inventory = load_inventory(self.nodes_file or None)
+                result = run_in_cell(spec, inventory)
+            except JobFailed:
+                raise
+            except DistrunError as exc:
+                raise _user_error(str(exc)) from None
+            if not result.ok:
+                raise JobFailed(result)
+            return
+        from jupyter_dist import cli  # the same commands as the terminal, printed here
+
+        if cli.main(words) == cli.EXIT_USAGE:
+            raise _user_error(f"%distrun {words[0]} failed (see above)")
+
+    def _dry_run(self, spec: JobSpec, inventory) -> None:
+        from jupyter_dist.run.launch import make_plan
+
+        plan, _, _ = make_plan(spec, inventory=inventory, job_id="dry-run")
+        print(_spec_yaml(spec))
+        print(format_table(plan_rows(plan), PLAN_COLUMNS))
+        for proc in plan.processes:
+            if proc.tf_config:
+                import json
+
+                print(f"\nTF_CONFIG of {proc.label}:\n{json.dumps(proc.tf_config, indent=2)}")
+
+
+def _spec_yaml(spec: JobSpec) -> str:
+    return spec.to_yaml()
+
+
+def run_in_cell(spec: JobSpec, inventory, store: JobStore | None = None) -> JobResult:
+    """Run a job from the cell's thread, printing its lines there as they come."""
+    from jupyter_dist.run.launch import prepare_job, start_and_wait
+
+    printer = QueuedPrinter()
+    job = prepare_job(spec, listeners=[printer], inventory=inventory, store=store)
+    print(f"job {job.job_id}: {len(job.plan.processes)} process(es) on "
+          f"{len(job.plan.nodes)} node(s)", flush=True)  # fmt: skip
+    try:
+        return start_and_wait(job, on_tick=printer.flush)
+    finally:
+        printer.flush()
+
+
+def load(ipython) -> None:
+    ipython.register_magics(DistrunMagics)
+
+
+__all__ = ["DistrunMagics", "JobFailed", "build_spec", "load", "run_in_cell"]

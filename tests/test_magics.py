@@ -1,0 +1,162 @@
+"""%%distrun in a real IPython kernel, driven by nbclient and jupyter_client."""
+
+from __future__ import annotations
+
+import os
+import queue
+import re
+import time
+
+import nbformat
+import pytest
+from helpers import job_processes
+from jupyter_client.manager import start_new_kernel
+from nbclient import NotebookClient
+from nbclient.exceptions import CellExecutionError
+
+
+@pytest.fixture
+def kernel_env(tmp_path, monkeypatch):
+    """Kernels inherit this: their jobs go to a store of the test's own."""
+    monkeypatch.setenv("DISTRUN_HOME", str(tmp_path / "home"))
+    monkeypatch.delenv("DISTRUN_NODES_FILE", raising=False)
+    return tmp_path / "home" / "jobs"
+
+
+def _execute(*sources: str, allow_errors: bool = False) -> nbformat.NotebookNode:
+    nb = nbformat.v4.new_notebook()
+    nb.cells = [nbformat.v4.new_code_cell("%load_ext jupyter_dist")]
+    nb.cells += [nbformat.v4.new_code_cell(source) for source in sources]
+    NotebookClient(nb, timeout=180, kernel_name="python3", allow_errors=allow_errors).execute()
+    return nb
+
+
+def _text(cell) -> str:
+    return "".join(o.get("text", "") for o in cell.outputs if o.output_type == "stream")
+
+
+def test_a_pytorch_job_from_a_cell(kernel_env):
+    nb = _execute(
+        "%%distrun --nodes 2 --procs-per-node 2 --env GREETING=hi\n"
+        "import os\n"
+        "print(os.environ['GREETING'], 'from rank', os.environ['RANK'],\n"
+        "      'of', os.environ['WORLD_SIZE'], 'node', os.environ['NODE_RANK'])\n"
+    )
+    text = _text(nb.cells[1])
+    for rank in range(4):
+        assert f"[rank {rank}] hi from rank {rank} of 4 node {rank // 2}" in text
+    # The saved notebook keeps the lines; the store has them too.
+    (job,) = os.listdir(kernel_env)
+    assert (
+        (kernel_env / job / "logs" / "rank-3.stdout.log")
+        .read_text()
+        .endswith("hi from rank 3 of 4 node 1\n")
+    )
+
+
+def test_real_ddp_in_a_cell(kernel_env):
+    nb = _execute(
+        "%%distrun --nodes 2 --procs-per-node 2 --env OMP_NUM_THREADS=1\n"
+        "import torch, torch.distributed as dist\n"
+        "dist.init_process_group('gloo')\n"
+        "t = torch.tensor([float(dist.get_rank() + 1)])\n"
+        "dist.all_reduce(t)\n"
+        "print('sum', t.item())\n"
+        "dist.destroy_process_group()\n"
+    )
+    assert _text(nb.cells[1]).count("sum 10.0") == 4
+
+
+def test_a_failing_rank_fails_the_cell_with_the_root_cause(kernel_env):
+    with pytest.raises(CellExecutionError) as info:
+        _execute(
+            "%%distrun --nodes 2 --procs-per-node 2\n"
+            "import os, time\n"
+            "if os.environ['RANK'] == '3':\n"
+            "    raise KeyError('missing shard')\n"
+            "time.sleep(60)\n"
+        )
+    error = info.value
+    assert error.ename == "JobFailed"
+    assert "Root cause: rank 3 on local1 (127.0.0.1) exited with code 1" in error.evalue
+    assert "KeyError: 'missing shard'" in error.evalue
+    assert "jupyter_dist/" not in str(error)  # no traceback through our internals
+
+
+def test_dry_run_shows_spec_plan_and_tf_config(kernel_env):
+    nb = _execute(
+        "%%distrun --type tensorflow --nodes 2 --worker-count 2 --ps-count 1 --chief --dry-run\n"
+        "print('never runs')\n"
+    )
+    text = _text(nb.cells[1])
+    assert "type: tensorflow" in text and "parameter_server_count: 1" in text
+    assert re.search(r"ps-0\s+ps\s+local1", text)
+    assert '"task": {\n    "type": "ps",\n    "index": 0\n  }' in text  # pretty-printed
+    assert "never runs" not in text.replace("print('never runs')", "")
+    assert not kernel_env.exists() or os.listdir(kernel_env) == []
+
+
+@pytest.mark.parametrize(
+    ("line", "message"),
+    [
+        ("--nodes 0", "resources.instance_count: 0 is not valid"),
+        ("--type pytorch --worker-count 2", "--worker-count applies to tensorflow jobs only"),
+        ("--type caffe", "unknown type 'caffe'"),
+        ("--env NOEQUALS", "--env: 'NOEQUALS' is not NAME=VALUE"),
+        ("--nodes two", "argument -n/--nodes: invalid int value: 'two'"),
+        ("--env RANK=3", "RANK cannot be set here"),
+    ],
+)
+def test_bad_options_give_one_line(kernel_env, line, message):
+    with pytest.raises(CellExecutionError) as info:
+        _execute(f"%%distrun {line}\nprint(1)\n")
+    assert info.value.ename == "DistrunError"
+    assert message in info.value.evalue and "\n" not in info.value.evalue.strip()
+
+
+def test_line_commands(kernel_env, tmp_path):
+    spec = tmp_path / "job.yml"
+    spec.write_text("command: echo from $RANK\nresources: {instance_count: 2}\n")
+    nb = _execute(f"%distrun run {spec}", "%distrun jobs", allow_errors=True)
+    assert "[rank 1] from 1" in _text(nb.cells[1])
+    (job,) = os.listdir(kernel_env)
+    nb = _execute(f"%distrun logs {job} --rank 1", "%distrun bogus", allow_errors=True)
+    assert _text(nb.cells[1]) == "from 1\n"
+    assert nb.cells[2].outputs[0].ename == "DistrunError"
+    assert "unknown command 'bogus'" in nb.cells[2].outputs[0].evalue
+
+
+def test_interrupt_cancels_every_rank_and_the_kernel_lives_on(kernel_env):
+    km, kc = start_new_kernel(kernel_name="python3")
+    try:
+        kc.execute_interactive("%load_ext jupyter_dist", timeout=60)
+        msg_id = kc.execute("%%distrun --nodes 2 --procs-per-node 2\nimport time\n"
+                            "print('started', flush=True)\ntime.sleep(300)\n")  # fmt: skip
+        seen, job_id = 0, None
+        deadline = time.monotonic() + 60
+        while seen < 4 and time.monotonic() < deadline:
+            try:
+                msg = kc.get_iopub_msg(timeout=1)
+            except queue.Empty:
+                continue
+            text = msg["content"].get("text", "")
+            seen += text.count("started")
+            found = re.search(r"job (\S+):", text)
+            job_id = job_id or (found and found.group(1))
+        assert seen == 4 and job_id
+        assert len(job_processes(job_id)) >= 8
+        started = time.monotonic()
+        km.interrupt_kernel()
+        reply = kc.get_shell_msg(timeout=60)
+        while reply["parent_header"].get("msg_id") != msg_id:
+            reply = kc.get_shell_msg(timeout=60)
+        assert reply["content"]["status"] == "error"
+        assert reply["content"]["ename"] == "KeyboardInterrupt"
+        assert time.monotonic() - started < 30
+        assert job_processes(job_id) == []
+        assert (kernel_env / job_id / "status.json").read_text().count('"cancelled"') == 1
+        after = kc.execute_interactive("print(6 * 7)", timeout=30)
+        assert after["content"]["status"] == "ok"
+    finally:
+        kc.stop_channels()
+        km.shutdown_kernel(now=True)
