@@ -13,6 +13,7 @@ interrupt cancels every process on every node.
 
 from __future__ import annotations
 
+import base64
 import os
 import shlex
 import sys
@@ -29,10 +30,12 @@ from jupyter_dist.describe import PLAN_COLUMNS, format_table, plan_rows
 from jupyter_dist.errors import DistrunError, SpecError
 from jupyter_dist.nodes import load_inventory
 from jupyter_dist.run.events import JobListener, JobResult, OutputLine
+from jupyter_dist.run.job import Job
 from jupyter_dist.spec import JobSpec, load_spec, spec_from_dict
 from jupyter_dist.store import JobStore
 
 LINE_COMMANDS = ("jobs", "logs", "nodes", "run")
+CELL_RUNNER = Path(__file__).with_name("cell_runner.py")
 
 
 class JobFailed(DistrunError):
@@ -149,6 +152,12 @@ def _options(func: Callable) -> Callable:
         argument("--nodes-file", metavar="FILE", help="node inventory"),
         argument("--timeout", type=int, metavar="SECONDS", help="stop the job after this"),
         argument("--name", help="job name (shown in job lists)"),
+        argument("-i", "--push", metavar="NAMES",
+                 help="notebook variables sent to every process (comma-separated)"),
+        argument("-o", "--out", metavar="NAMES",
+                 help="variables brought back from rank 0 after the cell (comma-separated)"),
+        argument("--out-all", action="store_true",
+                 help="with --out: bring back a list of every rank's value"),
         argument("--dry-run", action="store_true", help="show the spec and the plan; run nothing"),
         argument("--save", metavar="FILE", help="also write the job spec to FILE"),
     ]  # fmt: skip
@@ -186,20 +195,73 @@ class DistrunMagics(Magics):
         if args.procs_per_node is None and self.procs_per_node:
             args.procs_per_node = self.procs_per_node
         try:
+            outs = _names(args.out, "--out")
+            if args.out_all and not outs:
+                raise SpecError("--out-all needs --out NAMES")
+            pushed = self._pushed(_names(args.push, "--push"))
             spec = build_spec(args, cell, base_dir=os.getcwd())
+            extra: dict[str, str] = {}
+            if pushed is not None or outs:
+                # The cell runs under a runner that loads pushed variables and saves outputs.
+                spec = spec_from_dict(
+                    {**spec.to_dict(), "command": cell_runner_command(outs)},
+                    base_dir=os.getcwd(), source="%%distrun",
+                )  # fmt: skip
+                extra["cell_runner.py"] = CELL_RUNNER.read_text()
+                if pushed is not None:
+                    extra["push.b64"] = pushed
             if args.save:
-                Path(args.save).write_text(_spec_yaml(spec))
+                Path(args.save).write_text(spec.to_yaml())
             inventory = load_inventory(args.nodes_file or self.nodes_file or None)
             if args.dry_run:
                 self._dry_run(spec, inventory)
                 return
-            result = run_in_cell(spec, inventory)
+            job, result = run_in_cell(spec, inventory, extra_files=extra)
+            if result.ok and outs:
+                self._bring_back(job, outs, args.out_all)
         except JobFailed:
             raise
         except DistrunError as exc:
             raise _user_error(str(exc)) from None
         if not result.ok:
             raise JobFailed(result)
+
+    def _pushed(self, names: list[str]) -> str | None:
+        """The named notebook variables, pickled for the ranks (base64 text), or None."""
+        if not names:
+            return None
+        import cloudpickle
+
+        values = {}
+        for name in names:
+            if name not in self.shell.user_ns:
+                raise DistrunError(f"--push: {name!r} is not defined in the notebook")
+            try:
+                cloudpickle.dumps(self.shell.user_ns[name])
+            except Exception as exc:
+                kind = type(self.shell.user_ns[name]).__name__
+                raise DistrunError(
+                    f"--push: {name!r} ({kind}) cannot be sent to the ranks: "
+                    f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"
+                ) from None
+            values[name] = self.shell.user_ns[name]
+        return base64.b64encode(cloudpickle.dumps(values)).decode()
+
+    def _bring_back(self, job, names: list[str], every_rank: bool) -> None:
+        import cloudpickle
+
+        reports = [cloudpickle.loads(data) for _, data in sorted(job.collect("out").items())]
+        if not reports:
+            raise DistrunError("--out: no rank saved its values (did the cell run to the end?)")
+        for name in names:
+            lacking = [i for i, r in enumerate(reports) if name in r["missing"]]
+            if lacking:
+                raise DistrunError(
+                    f"--out: {name!r} is not defined after the cell on {len(lacking)} of "
+                    f"{len(reports)} processes"
+                )
+            values = [r["values"][name] for r in reports]
+            self.shell.user_ns[name] = values if every_rank else values[0]
 
     def _line_command(self, line: str) -> None:
         words = shlex.split(line)
@@ -214,7 +276,7 @@ class DistrunMagics(Magics):
             try:
                 spec = load_spec(words[1])
                 inventory = load_inventory(self.nodes_file or None)
-                result = run_in_cell(spec, inventory)
+                _, result = run_in_cell(spec, inventory)
             except JobFailed:
                 raise
             except DistrunError as exc:
@@ -244,16 +306,32 @@ def _spec_yaml(spec: JobSpec) -> str:
     return spec.to_yaml()
 
 
-def run_in_cell(spec: JobSpec, inventory, store: JobStore | None = None) -> JobResult:
+def cell_runner_command(outs: list[str]) -> str:
+    return f'python "$DISTRUN_JOB_DIR/cell_runner.py" {shlex.quote(",".join(outs))}'
+
+
+def _names(text: str | None, flag: str) -> list[str]:
+    names = [n.strip() for n in (text or "").split(",") if n.strip()]
+    bad = [n for n in names if not n.isidentifier()]
+    if bad:
+        raise SpecError(f"{flag}: {bad[0]!r} is not a Python variable name")
+    return names
+
+
+def run_in_cell(
+    spec: JobSpec, inventory, store: JobStore | None = None, extra_files=None
+) -> tuple[Job, JobResult]:
     """Run a job from the cell's thread, printing its lines there as they come."""
     from jupyter_dist.run.launch import prepare_job, start_and_wait
 
     printer = QueuedPrinter()
-    job = prepare_job(spec, listeners=[printer], inventory=inventory, store=store)
+    job = prepare_job(
+        spec, listeners=[printer], inventory=inventory, store=store, extra_files=extra_files
+    )
     print(f"job {job.job_id}: {len(job.plan.processes)} process(es) on "
           f"{len(job.plan.nodes)} node(s)", flush=True)  # fmt: skip
     try:
-        return start_and_wait(job, on_tick=printer.flush)
+        return job, start_and_wait(job, on_tick=printer.flush)
     finally:
         printer.flush()
 

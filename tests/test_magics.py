@@ -160,3 +160,48 @@ def test_interrupt_cancels_every_rank_and_the_kernel_lives_on(kernel_env):
     finally:
         kc.stop_channels()
         km.shutdown_kernel(now=True)
+
+
+def test_push_variables_in_and_values_out(kernel_env):
+    nb = _execute(
+        "import numpy as np\nscale = 3\nweights = np.arange(4.0)\ndouble = lambda x: x * 2",
+        "%%distrun --nodes 2 --procs-per-node 2 -i scale,weights,double -o result,rank "
+        "--out-all\nimport os\nrank = int(os.environ['RANK'])\n"
+        "result = double(weights * scale + rank)",
+        "print(rank, [r.tolist() for r in result])",
+        "%%distrun --nodes 2 -o first\nimport os\nfirst = {'rank': int(os.environ['RANK'])}",
+        "print(first)",
+    )
+    assert _text(nb.cells[3]) == (
+        "[0, 1, 2, 3] [[0.0, 6.0, 12.0, 18.0], [2.0, 8.0, 14.0, 20.0], "
+        "[4.0, 10.0, 16.0, 22.0], [6.0, 12.0, 18.0, 24.0]]\n"
+    )
+    assert _text(nb.cells[5]) == "{'rank': 0}\n"  # -o alone: rank 0's value
+
+
+def test_push_and_out_errors_name_the_variable(kernel_env):
+    nb = _execute(
+        "import threading\nlock = threading.Lock()",
+        "%%distrun -i lock\nprint(1)",
+        "%%distrun -i undefined_thing\nprint(1)",
+        "%%distrun -o nothere\nx = 1",
+        "%%distrun -o 'not-a-name'\nx = 1",
+        allow_errors=True,
+    )
+    errors = [c.outputs[-1] for c in nb.cells[2:]]
+    assert all(e.output_type == "error" and e.ename == "DistrunError" for e in errors)
+    assert errors[0].evalue.startswith("--push: 'lock' (lock) cannot be sent to the ranks")
+    assert errors[1].evalue == "--push: 'undefined_thing' is not defined in the notebook"
+    assert errors[2].evalue == "--out: 'nothere' is not defined after the cell on 1 of 1 processes"
+    assert "is not a Python variable name" in errors[3].evalue
+
+
+def test_out_from_ssh_nodes(kernel_env, ssh_nodes, tmp_path):
+    inventory = ssh_nodes.write_inventory(tmp_path / "nodes.yml")
+    nb = _execute(
+        "offset = 100",
+        f"%%distrun --nodes 2 --nodes-file {inventory} -i offset -o where --out-all\n"
+        "import os, socket\nwhere = (socket.gethostname(), int(os.environ['RANK']) + offset)",
+        "print(where)",
+    )
+    assert _text(nb.cells[3]) == "[('node0', 100), ('node1', 101)]\n"

@@ -22,8 +22,15 @@ def port_requests(spec: JobSpec, nodes: list[Node]) -> list[PortRequest]:
     return _PLANNERS[spec.job_type].port_requests(spec.distribution, len(nodes))
 
 
-def plan(spec: JobSpec, nodes: list[Node], job_id: str, ports: Mapping[str, int]) -> LaunchPlan:
-    """Every process of the job: node, argv, env, cwd, role and ranks."""
+def plan(
+    spec: JobSpec,
+    nodes: list[Node],
+    job_id: str,
+    ports: Mapping[str, int],
+    extra_files: Mapping[str, str] | None = None,
+) -> LaunchPlan:
+    """Every process of the job: node, argv, env, cwd, role and ranks. `extra_files`
+    (name -> text) are written into the job's folder on every node."""
     if len(nodes) != spec.instance_count:
         raise SpecError(
             f"resources.instance_count is {spec.instance_count} but {len(nodes)} node(s) were given"
@@ -34,12 +41,14 @@ def plan(spec: JobSpec, nodes: list[Node], job_id: str, ports: Mapping[str, int]
     ctx = PlanContext(spec=spec, nodes=list(nodes), job_id=job_id, ports=ports)
     built = _PLANNERS[spec.job_type].build(ctx, spec.distribution)
     processes, files = built if isinstance(built, tuple) else (built, [])
+    per_node = dict(extra_files or {})
     if spec.script is not None:  # the notebook cell (or inline script), on every node
-        files = [
-            *files,
-            *(PlannedFile(n, posixpath.join(ctx.job_dir(node), SCRIPT_NAME), spec.script)
-              for n, node in enumerate(nodes)),
-        ]  # fmt: skip
+        per_node[SCRIPT_NAME] = spec.script
+    files = [
+        *files,
+        *(PlannedFile(n, posixpath.join(ctx.job_dir(node), name), text)
+          for n, node in enumerate(nodes) for name, text in per_node.items()),
+    ]  # fmt: skip
     master_port = processes[0].env.get("MASTER_PORT")
     return LaunchPlan(
         job_id=job_id,

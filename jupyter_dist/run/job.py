@@ -46,6 +46,7 @@ class Transport(Protocol):
     def prepare(self, plan: LaunchPlan, nodes: list[Node]) -> None: ...
     def start(self, proc: ProcessPlan, node: Node, grace: float) -> ProcessHandle: ...
     def sweep(self, job_id: str, node_names: set[str]) -> list[int]: ...
+    def collect(self, node: Node, folder: str) -> dict[str, bytes]: ...
 
 
 class Job:
@@ -174,6 +175,17 @@ class Job:
                 return
             self._message = reason
         self._stop_all("cancelled")
+
+    def collect(self, folder: str) -> dict[str, bytes]:
+        """The files in `folder` of the job's directory on every node (name -> content)."""
+        found: dict[str, bytes] = {}
+        seen: set[tuple[str, str]] = set()
+        for node in self._nodes.values():
+            path = os.path.join(node.workdir, self.job_id, folder)
+            if (node.host, path) not in seen:  # local nodes share one folder
+                seen.add((node.host, path))
+                found.update(self._transport.collect(node, path))
+        return found
 
     @property
     def done(self) -> bool:

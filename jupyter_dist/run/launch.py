@@ -6,7 +6,7 @@ import contextlib
 import os
 import signal
 import threading
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
 
 from jupyter_dist.errors import DistrunError
@@ -55,6 +55,7 @@ def make_plan(
     store: JobStore | None = None,
     job_id: str | None = None,
     cwd: Path | str | None = None,
+    extra_files: Mapping[str, str] | None = None,
 ) -> tuple[LaunchPlan, list[Node], Transport]:
     """Pick the nodes, find free ports on them, and plan the job."""
     store = store or JobStore()
@@ -63,7 +64,8 @@ def make_plan(
     transport = transport_for(nodes)
     nodes = transport.resolve(nodes)  # preflight: every node reachable, python found
     ports = transport.choose_ports(port_requests(spec, nodes), nodes)
-    return plan(spec, nodes, job_id or store.new_job_id(), ports), nodes, transport
+    job_id = job_id or store.new_job_id()
+    return plan(spec, nodes, job_id, ports, extra_files), nodes, transport
 
 
 def prepare_job(
@@ -74,10 +76,13 @@ def prepare_job(
     store: JobStore | None = None,
     cwd: Path | str | None = None,
     grace_period: float = 5.0,
+    extra_files: Mapping[str, str] | None = None,
 ) -> Job:
     """Plan the job and record it in the store; nothing is started yet."""
     store = store or JobStore()
-    launch_plan, nodes, transport = make_plan(spec, inventory=inventory, store=store, cwd=cwd)
+    launch_plan, nodes, transport = make_plan(
+        spec, inventory=inventory, store=store, cwd=cwd, extra_files=extra_files
+    )
     record = store.create(launch_plan.job_id, spec.to_yaml(), launch_plan.to_dict())
     job = Job(
         launch_plan, nodes, transport, record,

@@ -96,6 +96,13 @@ class LocalTransport:
         )
         return LocalProcess(popen, proc.label)
 
+    def collect(self, node: Node, folder: str) -> dict[str, bytes]:
+        """Every file directly in `folder` (name -> content); none if it does not exist."""
+        path = Path(folder)
+        if not path.is_dir():
+            return {}
+        return {f.name: f.read_bytes() for f in sorted(path.iterdir()) if f.is_file()}
+
     def resolve(self, nodes: list[Node]) -> list[Node]:
         return nodes  # this machine: nothing to check or resolve
 

@@ -388,6 +388,24 @@ class SshTransport:
 
         parallel(nodes, ship)
 
+    def collect(self, node: Node, folder: str) -> dict[str, bytes]:
+        """Every file directly in `folder` on the node (name -> content), by SFTP."""
+
+        def fetch(node: Node) -> dict[str, bytes]:
+            found: dict[str, bytes] = {}
+            with self.connections.get(node).open_sftp() as sftp:
+                try:
+                    entries = sftp.listdir_attr(folder)
+                except OSError:
+                    return found
+                for entry in entries:
+                    if stat.S_ISREG(entry.st_mode or 0):
+                        with sftp.open(posixpath.join(folder, entry.filename), "rb") as handle:
+                            found[entry.filename] = handle.read()
+            return found
+
+        return _on_node(fetch, node)
+
     def start(self, proc: ProcessPlan, node: Node, grace: float) -> SshProcess:
         node = self._nodes.get(node.name, node)
 
