@@ -4,15 +4,15 @@ from __future__ import annotations
 
 import signal
 from dataclasses import asdict, dataclass, field
-from typing import Any
+from typing import Any, NamedTuple
 
 # Job states: pending -> running -> succeeded | failed | cancelled | timed_out
 FINAL_STATES = ("succeeded", "failed", "cancelled", "timed_out")
 
 
-@dataclass(frozen=True)
-class OutputLine:
-    """One line a process printed, attributed to a log key (a rank where known)."""
+class OutputLine(NamedTuple):
+    """One line a process printed, attributed to a log key (a rank where known).
+    A tuple: a million of them a minute must be cheap to make."""
 
     key: str  # "rank-3", "worker-1", "torchrun-0"
     label: str  # "rank 3", "worker 1", "node 0"

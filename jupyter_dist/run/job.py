@@ -216,21 +216,25 @@ class Job:
 
     def _read(self, proc: ProcessPlan, handle: ProcessHandle, stream: str) -> None:
         """Split a stream into lines; store each batch on disk, then tell the listeners."""
-        attribute = attributor(proc)
+        attribute = None if proc.output == "plain" else attributor(proc)
         files: dict[str, object] = {}
         partial = b""
         try:
             for chunk in handle.chunks(stream):
                 data = partial + chunk
-                pieces = data.split(b"\n")
-                partial = pieces.pop()
-                if len(partial) > _MAX_LINE:
-                    pieces.append(partial)
-                    partial = b""
-                if pieces:
-                    self._deliver(proc, stream, pieces, attribute, files)
+                cut = data.rfind(b"\n")
+                if cut < 0:
+                    partial = data
+                    if len(partial) > _MAX_LINE:  # no newline for a megabyte: cut it here
+                        self._deliver(proc, stream, [self._text(partial)], attribute, files)
+                        partial = b""
+                    continue
+                partial = data[cut + 1 :]
+                # Whole lines only, so a character split across chunks is never cut.
+                texts = self._text(data[:cut]).split("\n")
+                self._deliver(proc, stream, texts, attribute, files)
             if partial:
-                self._deliver(proc, stream, [partial], attribute, files)
+                self._deliver(proc, stream, [self._text(partial)], attribute, files)
         except OSError:
             pass  # the stream broke (a dropped connection); the process watcher reports it
         finally:
@@ -238,23 +242,33 @@ class Job:
                 with contextlib.suppress(OSError):
                     handle_file.close()
 
-    def _deliver(self, proc, stream, pieces, attribute, files) -> None:
+    @staticmethod
+    def _text(data: bytes) -> str:
+        text = data.decode("utf-8", errors="replace")
+        return text.replace("\r\n", "\n") if "\r" in text else text
+
+    def _deliver(self, proc, stream, texts: list[str], attribute, files) -> None:
         now = time.time()
-        stamp = timestamp(now)
-        batch: list[OutputLine] = []
-        by_key: dict[str, list[str]] = {}
-        for raw in pieces:
-            for key, label, text in attribute(raw.decode("utf-8", errors="replace")):
-                text = text.rstrip("\r")
-                batch.append(OutputLine(key, label, stream, text, now))
-                by_key.setdefault(key, []).append(f"{stamp} {text}\n")
-                if stream == "stderr":
-                    self._note_stderr(proc, key, text, now)
+        prefix = timestamp(now) + " "
+        if attribute is None:  # every line is this process's own: the fast path
+            key, label = proc.name, proc.label
+            batch = [OutputLine(key, label, stream, text, now) for text in texts]
+            by_key = {key: texts}
+        else:
+            batch = []
+            by_key: dict[str, list[str]] = {}
+            for raw in texts:
+                for key, label, text in attribute(raw):
+                    batch.append(OutputLine(key, label, stream, text, now))
+                    by_key.setdefault(key, []).append(text)
+        if stream == "stderr":
+            for line in batch:
+                self._note_stderr(proc, line.key, line.text, now)
         for key, lines in by_key.items():
             out = files.get(key)
             if out is None:
                 out = files[key] = self.record.open_log(key, stream)
-            out.writelines(lines)
+            out.write(prefix + ("\n" + prefix).join(lines) + "\n")
             out.flush()  # on disk before anyone is shown it
         with self._emit_lock:
             for listener in self._listeners:
