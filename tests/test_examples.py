@@ -1,0 +1,23 @@
+"""The example notebooks run as they are, on local nodes."""
+
+from __future__ import annotations
+
+import nbformat
+import pytest
+from helpers import EXAMPLES
+from nbclient import NotebookClient
+
+
+@pytest.mark.parametrize("name", ["pytorch_ddp.ipynb", "mpi_allreduce.ipynb"])
+def test_example_notebook_runs(name, tmp_path, monkeypatch):
+    monkeypatch.setenv("DISTRUN_HOME", str(tmp_path))
+    monkeypatch.delenv("DISTRUN_NODES_FILE", raising=False)
+    nb = nbformat.read(EXAMPLES / name, as_version=4)
+    assert all(not cell.get("outputs") for cell in nb.cells if cell.cell_type == "code")
+    NotebookClient(nb, timeout=300, kernel_name="python3",
+                   resources={"metadata": {"path": str(EXAMPLES)}}).execute()  # fmt: skip
+    text = "".join(out.get("text", "") for cell in nb.cells for out in cell.get("outputs", []))
+    if name == "pytorch_ddp.ipynb":
+        assert "4 ranks, identical weights:" in text and "[rank 0] epoch 2: loss" in text
+    else:
+        assert text.count("allreduce gives 10") == 4 and "127.0.0.1 slots=4" in text
