@@ -14,7 +14,14 @@ import time
 from collections.abc import Sequence
 from typing import TextIO
 
-from jupyter_dist.describe import PLAN_COLUMNS, duration, plan_rows
+from jupyter_dist.describe import (
+    INSPECT_COLUMNS,
+    PLAN_COLUMNS,
+    duration,
+    inspect_rows,
+    plan_rows,
+    tf_configs,
+)
 from jupyter_dist.errors import DistrunError
 from jupyter_dist.nodes import load_inventory
 from jupyter_dist.run.events import JobListener, JobResult, OutputLine, ProcessState
@@ -111,6 +118,9 @@ def _parser() -> argparse.ArgumentParser:
 
     jobs = sub.add_parser("jobs", parents=[common], help="list jobs in the store, newest first")
     jobs.add_argument("--json", action="store_true")
+
+    inspect = sub.add_parser("inspect", parents=[common], help="who is who in a job")
+    inspect.add_argument("job", help="job id (or a unique prefix)")
 
     logs = sub.add_parser("logs", parents=[common], help="print a job's stored output")
     logs.add_argument("job", help="job id (or a unique prefix)")
@@ -251,6 +261,20 @@ def cmd_jobs(args: argparse.Namespace, store: JobStore) -> int:
     return EXIT_OK
 
 
+def cmd_inspect(args: argparse.Namespace, store: JobStore) -> int:
+    from jupyter_dist.plan import LaunchPlan
+
+    record = store.get(args.job)
+    plan = LaunchPlan.from_dict(record.plan())
+    status = record.status()
+    title = f"job {record.job_id} ({plan.job_type}, {status.get('state', 'unknown')})"
+    _print_table(inspect_rows(plan, status), INSPECT_COLUMNS, title=title)
+    configs = tf_configs(plan)
+    if configs:
+        print(configs)
+    return EXIT_OK
+
+
 def cmd_logs(args: argparse.Namespace, store: JobStore) -> int:
     record = store.get(args.job)
     keys = record.log_keys()
@@ -284,6 +308,7 @@ def cmd_logs(args: argparse.Namespace, store: JobStore) -> int:
 
 COMMANDS = {
     "plan": cmd_plan, "run": cmd_run, "nodes": cmd_nodes, "jobs": cmd_jobs, "logs": cmd_logs,
+    "inspect": cmd_inspect,
 }  # fmt: skip
 
 

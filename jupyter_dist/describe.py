@@ -41,6 +41,33 @@ def plan_rows(plan: LaunchPlan) -> list[dict[str, Any]]:
     return rows
 
 
+INSPECT_COLUMNS = (
+    "process", "role", "host", "node_rank", "local_rank", "rank", "world_size", "master",
+    "status", "exit",
+)  # fmt: skip
+
+
+def inspect_rows(plan: LaunchPlan, status: dict[str, Any]) -> list[dict[str, Any]]:
+    """Who is who in a job, with how each process is doing (from the store's status)."""
+    states = status.get("processes", {})
+    rows = []
+    for row in plan_rows(plan):
+        state = states.get(row["process"], {})
+        how = state.get("signal") or state.get("exit_code")
+        rows.append({**row, "status": state.get("state", ""), "exit": "" if how is None else how})
+    return rows
+
+
+def tf_configs(plan: LaunchPlan) -> str:
+    """Every process's TF_CONFIG, pretty-printed (empty for other job types)."""
+    parts = [
+        f"TF_CONFIG of {p.label}:\n{json.dumps(p.tf_config, indent=2)}"
+        for p in plan.processes
+        if p.tf_config
+    ]
+    return "\n\n".join(parts)
+
+
 def duration(started: float | None, ended: float | None, now: float) -> str:
     if not started:
         return ""

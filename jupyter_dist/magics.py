@@ -34,7 +34,7 @@ from jupyter_dist.run.job import Job
 from jupyter_dist.spec import JobSpec, load_spec, spec_from_dict
 from jupyter_dist.store import JobStore
 
-LINE_COMMANDS = ("jobs", "logs", "nodes", "run")
+LINE_COMMANDS = ("jobs", "logs", "inspect", "nodes", "run")
 CELL_RUNNER = Path(__file__).with_name("cell_runner.py")
 
 
@@ -182,8 +182,8 @@ class DistrunMagics(Magics):
     def distrun(self, line: str, cell: str | None = None) -> None:
         """Run the cell as a distributed job on every rank, with live per-rank output.
 
-        As a line magic: `%distrun jobs`, `%distrun logs JOB [--rank R]`, `%distrun nodes`,
-        `%distrun run SPEC.yml`."""
+        As a line magic: `%distrun jobs`, `%distrun logs JOB [--rank R]`,
+        `%distrun inspect JOB`, `%distrun nodes`, `%distrun run SPEC.yml`."""
         if cell is None:
             return self._line_command(line)
         try:

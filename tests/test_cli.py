@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -175,3 +176,23 @@ def test_killing_the_launcher_stops_every_rank(tmp_path: Path, store):
     while job_processes(job_id) and time.monotonic() < deadline:
         time.sleep(0.2)
     assert job_processes(job_id) == []
+
+
+def test_inspect_shows_every_process_with_status_and_tf_config(tmp_path: Path, store):
+    spec = _write(
+        tmp_path,
+        """\
+        command: echo ok
+        resources: {instance_count: 2}
+        distribution: {type: tensorflow, worker_count: 2, parameter_server_count: 1}
+    """,
+    )
+    assert run_cli("run", str(spec), store=store).returncode == 0
+    job_id = store.jobs()[0].job_id
+    shown = run_cli("inspect", job_id, store=store, env={**os.environ, "COLUMNS": "200"})
+    assert shown.returncode == 0, shown.stderr
+    assert f"job {job_id} (tensorflow, succeeded)" in shown.stdout
+    for name in ("worker-0", "worker-1", "ps-0"):
+        assert re.search(rf"{name}\s.*succeeded\s.*0", shown.stdout)
+    assert shown.stdout.count("TF_CONFIG of") == 3
+    assert '"type": "ps"' in shown.stdout

@@ -120,10 +120,14 @@ def test_line_commands(kernel_env, tmp_path):
     nb = _execute(f"%distrun run {spec}", "%distrun jobs", allow_errors=True)
     assert "[rank 1] from 1" in _text(nb.cells[1])
     (job,) = os.listdir(kernel_env)
-    nb = _execute(f"%distrun logs {job} --rank 1", "%distrun bogus", allow_errors=True)
+    nb = _execute(
+        f"%distrun logs {job} --rank 1", "%distrun bogus", f"%distrun inspect {job}",
+        allow_errors=True,
+    )  # fmt: skip
     assert _text(nb.cells[1]) == "from 1\n"
     assert nb.cells[2].outputs[0].ename == "DistrunError"
     assert "unknown command 'bogus'" in nb.cells[2].outputs[0].evalue
+    assert nb.cells[3].outputs and all(o.output_type != "error" for o in nb.cells[3].outputs)
 
 
 def test_interrupt_cancels_every_rank_and_the_kernel_lives_on(kernel_env):
