@@ -176,6 +176,13 @@ class DistrunMagics(Magics):
         config=True
     )
     nodes_file = Unicode("", help="default node inventory").tag(config=True)
+    view = Unicode(
+        "auto",
+        help="how a job shows in the cell: 'widget' (live view), 'text' (prefixed lines), or "
+        "'auto': the widget under a Jupyter server or VS Code, text elsewhere "
+        "(nbconvert, papermill, terminal IPython)",
+    ).tag(config=True)
+    last_view = None  # the latest live view, for inspection from the kernel
 
     @_options
     @line_cell_magic
@@ -216,7 +223,7 @@ class DistrunMagics(Magics):
             if args.dry_run:
                 self._dry_run(spec, inventory)
                 return
-            job, result = run_in_cell(spec, inventory, extra_files=extra)
+            job, result = self._run(spec, inventory, extra)
             if result.ok and outs:
                 self._bring_back(job, outs, args.out_all)
         except JobFailed:
@@ -225,6 +232,14 @@ class DistrunMagics(Magics):
             raise _user_error(str(exc)) from None
         if not result.ok:
             raise JobFailed(result)
+
+    def _run(self, spec: JobSpec, inventory, extra: dict[str, str]) -> tuple[Job, JobResult]:
+        mode = self.view if self.view in ("widget", "text") else _default_view(self.shell)
+        if mode == "text":
+            return run_in_cell(spec, inventory, extra_files=extra)
+        job, result, view = run_with_view(spec, inventory, extra_files=extra)
+        DistrunMagics.last_view = view
+        return job, result
 
     def _pushed(self, names: list[str]) -> str | None:
         """The named notebook variables, pickled for the ranks (base64 text), or None."""
@@ -276,7 +291,7 @@ class DistrunMagics(Magics):
             try:
                 spec = load_spec(words[1])
                 inventory = load_inventory(self.nodes_file or None)
-                _, result = run_in_cell(spec, inventory)
+                _, result = self._run(spec, inventory, {})
             except JobFailed:
                 raise
             except DistrunError as exc:
@@ -304,6 +319,33 @@ class DistrunMagics(Magics):
 
 def _spec_yaml(spec: JobSpec) -> str:
     return spec.to_yaml()
+
+
+def _default_view(shell) -> str:
+    """The widget where a front end surely renders it; plain text elsewhere. (A kernel
+    cannot ask the front end while a cell runs: its replies wait behind the cell.)"""
+    if getattr(shell, "kernel", None) is None:
+        return "text"  # terminal IPython
+    front_end = ("JPY_SESSION_NAME", "VSCODE_PID", "VSCODE_CWD")
+    return "widget" if any(name in os.environ for name in front_end) else "text"
+
+
+def run_with_view(spec: JobSpec, inventory, store: JobStore | None = None, extra_files=None):
+    """Run a job with its live view displayed in the cell; returns (job, result, view)."""
+    from IPython.display import display
+
+    from jupyter_dist.run.launch import prepare_job, start_and_wait
+    from jupyter_dist.widgets.live import LiveView
+
+    job = prepare_job(spec, inventory=inventory, store=store, extra_files=extra_files)
+    view = LiveView(job)
+    handle = display(view, display_id=True)
+    try:
+        result = start_and_wait(job, on_tick=view.tick)
+    finally:
+        view.tick(force=True)
+        handle.update(view)  # the final text form, for notebooks saved without widgets
+    return job, result, view
 
 
 def cell_runner_command(outs: list[str]) -> str:

@@ -1,0 +1,138 @@
+// The live view of a jupyter-dist job: status per process, an all-ranks view and one tab
+// per rank, the root cause when the job fails. Lines arrive as deltas (custom messages);
+// at most `max_lines` per tab stay in the browser, the full log stays on disk.
+
+const COLOURS = ["#0aa", "#b80", "#a3a", "#2a2", "#36c", "#c33", "#088", "#870"];
+const SGR = { 30: "#555", 31: "#c33", 32: "#2a2", 33: "#b80", 34: "#36c", 35: "#a3a",
+  36: "#0aa", 37: "#999", 90: "#777", 91: "#e55", 92: "#4c4", 93: "#db2", 94: "#58e",
+  95: "#c5c", 96: "#2cc", 97: "#ccc" };
+
+// Text with ANSI colour codes -> DOM nodes (colours and bold; other codes dropped).
+export function ansiToNodes(text) {
+  const nodes = [];
+  let colour = null, bold = false;
+  const parts = text.split(/\x1b\[([0-9;]*)m/);
+  for (let i = 0; i < parts.length; i++) {
+    if (i % 2 === 1) {
+      for (const code of (parts[i] || "0").split(";").map(Number)) {
+        if (code === 0) { colour = null; bold = false; }
+        else if (code === 1) bold = true;
+        else if (code === 22) bold = false;
+        else if (code === 39) colour = null;
+        else if (SGR[code]) colour = SGR[code];
+      }
+    } else if (parts[i]) {
+      const span = document.createElement("span");
+      span.textContent = parts[i].replace(/\x1b\[[0-9;?]*[A-Za-z]/g, "");
+      if (colour) span.style.color = colour;
+      if (bold) span.style.fontWeight = "bold";
+      nodes.push(span);
+    }
+  }
+  return nodes;
+}
+
+function render({ model, el }) {
+  const maxLines = () => model.get("max_lines");
+  const buffers = { all: [] };          // key -> [{key, label, stream, text}]
+  const colourOf = {};
+  let active = "all";
+
+  const root = document.createElement("div");
+  root.className = "distrun-live";
+  root.style.cssText = "font-family: var(--jp-code-font-family, monospace); font-size: 12px;";
+  const header = document.createElement("div");
+  const statusTable = document.createElement("table");
+  statusTable.className = "distrun-status";
+  const tabs = document.createElement("div");
+  tabs.className = "distrun-tabs";
+  const pane = document.createElement("pre");
+  pane.className = "distrun-lines";
+  pane.style.cssText = "max-height: 24em; overflow: auto; margin: 4px 0; padding: 4px;" +
+    "background: var(--jp-layout-color2, #f5f5f5);";
+  const cause = document.createElement("pre");
+  cause.className = "distrun-root-cause";
+  cause.style.cssText = "color: #c33; white-space: pre-wrap;";
+  root.append(header, statusTable, tabs, pane, cause);
+  el.appendChild(root);
+
+  function colour(key) {
+    if (!(key in colourOf)) colourOf[key] = COLOURS[Object.keys(colourOf).length % COLOURS.length];
+    return colourOf[key];
+  }
+
+  function lineNode(line, withPrefix) {
+    const div = document.createElement("div");
+    if (line.stream === "stderr") div.className = "distrun-stderr";
+    if (withPrefix) {
+      const prefix = document.createElement("span");
+      prefix.textContent = `[${line.label}] `;
+      prefix.style.color = colour(line.key);
+      div.appendChild(prefix);
+    }
+    div.append(...ansiToNodes(line.text));
+    return div;
+  }
+
+  function drawPane() {
+    pane.replaceChildren(...buffers[active].map((l) => lineNode(l, active === "all")));
+    pane.scrollTop = pane.scrollHeight;
+  }
+
+  function drawTabs() {
+    const keys = ["all", ...Object.keys(buffers).filter((k) => k !== "all").sort(
+      (a, b) => a.localeCompare(b, undefined, { numeric: true }))];
+    tabs.replaceChildren(...keys.map((key) => {
+      const button = document.createElement("button");
+      button.textContent = key === "all" ? "all ranks" : key;
+      button.className = "distrun-tab" + (key === active ? " active" : "");
+      button.style.fontWeight = key === active ? "bold" : "normal";
+      button.onclick = () => { active = key; drawTabs(); drawPane(); };
+      return button;
+    }));
+  }
+
+  function drawStatus() {
+    const state = model.get("state");
+    header.textContent = `job ${model.get("job_id")}: ${state}` +
+      (model.get("log_dir") ? ` — full logs: ${model.get("log_dir")}` : "");
+    const rows = model.get("processes").map((p) => {
+      const tr = document.createElement("tr");
+      for (const value of [p.label, p.node, p.host, p.state, p.exit ?? ""]) {
+        const td = document.createElement("td");
+        td.textContent = String(value);
+        td.style.padding = "0 8px";
+        tr.appendChild(td);
+      }
+      tr.className = `distrun-process distrun-${p.state}`;
+      return tr;
+    });
+    statusTable.replaceChildren(...rows);
+    cause.textContent = model.get("root_cause");
+  }
+
+  function append(lines) {
+    let newKey = false;
+    for (const [key, label, stream, text] of lines) {
+      const line = { key, label, stream, text };
+      if (!(key in buffers)) { buffers[key] = []; newKey = true; }
+      for (const target of [buffers.all, buffers[key]]) {
+        target.push(line);
+        if (target.length > maxLines()) target.splice(0, target.length - maxLines());
+      }
+      if (active === "all" || active === key) pane.appendChild(lineNode(line, active === "all"));
+    }
+    while (pane.childNodes.length > maxLines()) pane.removeChild(pane.firstChild);
+    pane.scrollTop = pane.scrollHeight;
+    if (newKey) drawTabs();
+  }
+
+  model.on("msg:custom", (msg) => { if (msg.type === "lines") append(msg.lines); });
+  model.on("change:processes", drawStatus);
+  model.on("change:state", drawStatus);
+  model.on("change:root_cause", drawStatus);
+  drawStatus();
+  drawTabs();
+}
+
+export default { render };

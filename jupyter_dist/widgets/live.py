@@ -1,0 +1,131 @@
+"""The live view of a running job (anywidget): statuses, per-rank tabs, root cause.
+
+Lines reach the browser as deltas in custom messages, one message per tick at most (the
+cell's thread ticks about ten times a second), never re-sending history. The browser keeps
+`max_lines` lines per tab; the full log stays in the store. The view's plain-text form
+(what nbconvert, papermill and terminals keep) is its status and the last lines.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections import deque
+from pathlib import Path
+
+import anywidget
+from traitlets import Dict, Int, List, Unicode
+
+from jupyter_dist.run.events import JobListener, JobResult, OutputLine, ProcessState
+
+MAX_LINES_PER_MESSAGE = 5000
+MIN_INTERVAL_S = 0.1
+TEXT_LINES = 200
+
+
+class LiveView(anywidget.AnyWidget):
+    _esm = Path(__file__).with_name("live.js")
+
+    job_id = Unicode("").tag(sync=True)
+    state = Unicode("starting").tag(sync=True)
+    processes = List(Dict()).tag(sync=True)
+    root_cause = Unicode("").tag(sync=True)
+    log_dir = Unicode("").tag(sync=True)
+    max_lines = Int(2000).tag(sync=True)
+
+    def __init__(self, job, **kwargs):
+        super().__init__(
+            job_id=job.job_id, log_dir=str(job.record.logs_dir),
+            processes=[_row(state) for state in job.processes.values()], **kwargs,
+        )  # fmt: skip
+        self.listener = _Collector()
+        job.add_listener(self.listener)
+        self.messages_sent = 0
+        self.lines_sent = 0
+        self.lines_skipped = 0
+        self._last_send = 0.0
+        self._recent: deque[OutputLine] = deque(maxlen=TEXT_LINES)
+
+    def tick(self, force: bool = False) -> None:
+        """Send what came since the last tick (call from the cell's thread)."""
+        now = time.monotonic()
+        if not force and now - self._last_send < MIN_INTERVAL_S:
+            return
+        lines, states, result = self.listener.take()
+        if states:
+            by_name = {row["name"]: row for row in self.processes}
+            for state in states:
+                by_name[state.name] = _row(state)
+            self.processes = list(by_name.values())
+            if self.state == "starting":
+                self.state = "running"
+        if lines:
+            self._recent.extend(lines)
+            if len(lines) > MAX_LINES_PER_MESSAGE:  # the browser keeps few; the store has all
+                self.lines_skipped += len(lines) - MAX_LINES_PER_MESSAGE
+                lines = lines[-MAX_LINES_PER_MESSAGE:]
+            # An OutputLine is a tuple: key, label, stream, text, time.
+            self.send({"type": "lines", "lines": [list(line[:4]) for line in lines]})
+            self.messages_sent += 1
+            self.lines_sent += len(lines)
+            self._last_send = now
+        if result is not None:
+            self.state = result.state.replace("_", " ")
+            self.root_cause = result.root_cause.format() if result.root_cause else ""
+
+    def text(self) -> str:
+        """The view as plain text: status per process, the last lines, the root cause."""
+        rows = [f"job {self.job_id}: {self.state} (full logs: {self.log_dir})"]
+        for row in self.processes:
+            exit_ = "" if row["exit"] is None else f" ({row['exit']})"
+            rows.append(f"  {row['label']} on {row['node']}: {row['state']}{exit_}")
+        rows += [f"[{line.label}] {line.text}" for line in self._recent]
+        if self.root_cause:
+            rows.append(self.root_cause)
+        return "\n".join(rows)
+
+    def _repr_mimebundle_(self, **kwargs):
+        bundle = super()._repr_mimebundle_(**kwargs)
+        if isinstance(bundle, tuple):
+            data, metadata = bundle
+            data["text/plain"] = self.text()
+            return data, metadata
+        bundle["text/plain"] = self.text()
+        return bundle
+
+
+def _row(state: ProcessState) -> dict:
+    return {
+        "name": state.name, "label": state.label, "node": state.node, "host": state.host,
+        "state": state.state, "exit": state.signal or state.exit_code,
+    }  # fmt: skip
+
+
+class _Collector(JobListener):
+    """What the job's threads report, held until the cell's thread takes it."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._lines: list[OutputLine] = []
+        self._states: dict[str, ProcessState] = {}
+        self._result: JobResult | None = None
+
+    def on_lines(self, lines: list[OutputLine]) -> None:
+        with self._lock:
+            self._lines.extend(lines)
+
+    def on_process(self, state: ProcessState) -> None:
+        with self._lock:
+            self._states[state.name] = state
+
+    def on_finish(self, result: JobResult) -> None:
+        with self._lock:
+            self._result = result
+            for state in result.processes:
+                self._states[state.name] = state
+
+    def take(self) -> tuple[list[OutputLine], list[ProcessState], JobResult | None]:
+        with self._lock:
+            lines, self._lines = self._lines, []
+            states, self._states = list(self._states.values()), {}
+            return lines, states, self._result

@@ -1,0 +1,109 @@
+"""The live view, checked through a real kernel: its state, the messages it sent, and
+the plain-text form that notebooks saved without widgets keep."""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+from pathlib import Path
+
+import nbformat
+import pytest
+from nbclient import NotebookClient
+
+import jupyter_dist.widgets.live as live
+
+WIDGET_MIME = "application/vnd.jupyter.widget-view+json"
+
+
+@pytest.fixture
+def kernel_env(tmp_path, monkeypatch):
+    monkeypatch.setenv("DISTRUN_HOME", str(tmp_path / "home"))
+    monkeypatch.delenv("DISTRUN_NODES_FILE", raising=False)
+    monkeypatch.delenv("JPY_SESSION_NAME", raising=False)
+
+
+def _run(*sources: str) -> nbformat.NotebookNode:
+    nb = nbformat.v4.new_notebook()
+    nb.cells = [nbformat.v4.new_code_cell(s) for s in ("%load_ext jupyter_dist", *sources)]
+    NotebookClient(nb, timeout=180, kernel_name="python3", allow_errors=True).execute()
+    return nb
+
+
+STATE = (
+    "from jupyter_dist.magics import DistrunMagics\n"
+    "v = DistrunMagics.last_view\n"
+    "print(v.state, sorted(p['state'] for p in v.processes), v.messages_sent, v.lines_sent,\n"
+    "      v.lines_skipped, sep='|')"
+)
+
+
+def test_live_view_state_messages_and_text_form(kernel_env):
+    nb = _run(
+        "%config DistrunMagics.view = 'widget'",
+        "%%distrun --nodes 2 --procs-per-node 4\n"
+        "import os, time\n"
+        "for i in range(5000):\n"
+        "    print('\\x1b[32mstep\\x1b[0m', i, 'of rank', os.environ['RANK'])\n"
+        "    if i % 1000 == 0:\n"
+        "        time.sleep(0.1)\n",
+        STATE,
+    )
+    (display,) = nb.cells[2].outputs
+    assert display.output_type == "display_data" and WIDGET_MIME in display.data
+    text = display.data["text/plain"]
+    assert text.startswith("job ") and ": succeeded (full logs: " in text
+    assert text.count(": succeeded (0)") == 8  # every process, with its exit code
+    assert "step\x1b[0m 4999 of rank" in text  # the last lines, prefixed by rank
+    state, statuses, messages, sent, skipped = nb.cells[3].outputs[0].text.strip().split("|")
+    assert state == "succeeded" and statuses == str(["succeeded"] * 8)
+    assert int(sent) + int(skipped) == 8 * 5000  # every line, or counted as left to the store
+    assert 1 <= int(messages) <= 8 * 5000 / 100  # deltas in batches, not a message per line
+
+
+def test_messages_are_rate_bounded(kernel_env):
+    nb = _run(
+        "%config DistrunMagics.view = 'widget'",
+        "import time\nstarted = time.monotonic()",
+        "%%distrun --nodes 1 --procs-per-node 4\n"
+        "import time\nend = time.monotonic() + 3\n"
+        "while time.monotonic() < end:\n    print('tick', flush=True)\n    time.sleep(0.001)\n",
+        STATE + "\nprint(int(v.messages_sent / (time.monotonic() - started) * 10))",
+    )
+    per_second_x10 = int(nb.cells[4].outputs[0].text.strip().splitlines()[-1])
+    assert per_second_x10 <= 110  # at most about ten messages a second
+
+
+def test_failed_job_shows_the_root_cause_in_the_view(kernel_env):
+    nb = _run(
+        "%config DistrunMagics.view = 'widget'",
+        "%%distrun --nodes 2\nimport os\nif os.environ['RANK'] == '1':\n"
+        "    raise SystemExit('rank 1 is out of memory')\n",
+        "from jupyter_dist.magics import DistrunMagics\nprint(DistrunMagics.last_view.root_cause)",
+    )
+    display, error = nb.cells[2].outputs
+    assert "Root cause: rank 1 on local1" in display.data["text/plain"]
+    assert error.ename == "JobFailed"
+    assert (
+        nb.cells[3]
+        .outputs[0]
+        .text.startswith(
+            "Root cause: rank 1 on local1 (127.0.0.1) exited with code 1: rank 1 is out of memory"
+        )
+    )
+
+
+def test_auto_picks_the_widget_under_a_jupyter_server(kernel_env, monkeypatch):
+    monkeypatch.setenv("JPY_SESSION_NAME", "/work/analysis.ipynb")  # set by Jupyter Server
+    nb = _run("%%distrun\nprint('hello')")
+    assert WIDGET_MIME in nb.cells[1].outputs[0].data
+    monkeypatch.delenv("JPY_SESSION_NAME")
+    nb = _run("%%distrun\nprint('hello')")  # nbclient / papermill: plain text
+    assert "[rank 0] hello" in "".join(o.get("text", "") for o in nb.cells[1].outputs)
+
+
+@pytest.mark.skipif(shutil.which("node") is None, reason="node is not installed")
+def test_front_end_module_parses():
+    source = Path(live.__file__).with_name("live.js")
+    done = subprocess.run(["node", "--check", str(source)], capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr
