@@ -34,7 +34,7 @@ from jupyter_dist.run.job import Job
 from jupyter_dist.spec import JobSpec, load_spec, spec_from_dict
 from jupyter_dist.store import JobStore
 
-LINE_COMMANDS = ("jobs", "logs", "inspect", "nodes", "run")
+LINE_COMMANDS = ("jobs", "logs", "inspect", "nodes", "run", "form")
 CELL_RUNNER = Path(__file__).with_name("cell_runner.py")
 
 
@@ -190,7 +190,7 @@ class DistrunMagics(Magics):
         """Run the cell as a distributed job on every rank, with live per-rank output.
 
         As a line magic: `%distrun jobs`, `%distrun logs JOB [--rank R]`,
-        `%distrun inspect JOB`, `%distrun nodes`, `%distrun run SPEC.yml`."""
+        `%distrun inspect JOB`, `%distrun nodes`, `%distrun run SPEC.yml`, `%distrun form`."""
         if cell is None:
             return self._line_command(line)
         try:
@@ -237,8 +237,7 @@ class DistrunMagics(Magics):
         mode = self.view if self.view in ("widget", "text") else _default_view(self.shell)
         if mode == "text":
             return run_in_cell(spec, inventory, extra_files=extra)
-        job, result, view = run_with_view(spec, inventory, extra_files=extra)
-        DistrunMagics.last_view = view
+        job, result, _ = run_with_view(spec, inventory, extra_files=extra)
         return job, result
 
     def _pushed(self, names: list[str]) -> str | None:
@@ -285,6 +284,13 @@ class DistrunMagics(Magics):
                 f"%distrun: unknown command {words[0] if words else ''!r}; "
                 f"valid: {', '.join(LINE_COMMANDS)} (or use %%distrun on a cell)"
             )
+        if words[0] == "form":
+            from IPython.display import display
+
+            from jupyter_dist.widgets.form import SubmitForm
+
+            display(SubmitForm(nodes_file=self.nodes_file or None))
+            return
         if words[0] == "run":
             if len(words) != 2:
                 raise _user_error("%distrun run: give one job spec file: %distrun run job.yml")
@@ -339,6 +345,7 @@ def run_with_view(spec: JobSpec, inventory, store: JobStore | None = None, extra
 
     job = prepare_job(spec, inventory=inventory, store=store, extra_files=extra_files)
     view = LiveView(job)
+    DistrunMagics.last_view = view
     handle = display(view, display_id=True)
     try:
         result = start_and_wait(job, on_tick=view.tick)

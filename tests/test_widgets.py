@@ -107,3 +107,31 @@ def test_front_end_module_parses():
     source = Path(live.__file__).with_name("live.js")
     done = subprocess.run(["node", "--check", str(source)], capture_output=True, text=True)
     assert done.returncode == 0, done.stderr
+
+
+def test_form_validates_previews_and_submits_through_the_magics_path(kernel_env):
+    nb = _run(
+        "from jupyter_dist.widgets.form import SubmitForm\nf = SubmitForm()\n"
+        "print(f.problem.value)\nprint(f.submit_button.disabled)",
+        "f.script.value = \"import os\\nprint(os.environ['GREETING'], os.environ['RANK'])\"\n"
+        "f.nodes.value = 0\nprint(f.problem.value)\nprint(f.submit_button.disabled)",
+        "f.nodes.value = 2\nf.procs_per_node.value = 2\nf.env.value = 'GREETING=hi'\n"
+        "print(f.problem.value == '', f.submit_button.disabled)\nprint(f.preview.value)",
+        "result = f.submit()\nprint(result.state)\n"
+        "from jupyter_dist.magics import DistrunMagics\n"
+        "print(sorted(DistrunMagics.last_view.text().splitlines()[-4:]))",
+        "f.type.value = 'tensorflow'\nf.ps_count.value = 1\nf.chief.value = True\n"
+        "print(f.preview.value)",
+        "%distrun form",
+    )
+    out = ["".join(o.get("text", "") for o in cell.outputs) for cell in nb.cells[1:]]
+    assert "code: write the code every process runs" in out[0] and out[0].endswith("True\n")
+    assert "resources.instance_count: 0 is not valid; expected a whole number &gt;= 1" in out[1]
+    assert out[1].endswith("True\n")  # nothing to submit while the spec is invalid
+    assert out[2].startswith("True False\n")
+    assert "GREETING: hi" in out[2] and "process_count_per_instance: 2" in out[2]
+    assert out[3].startswith("succeeded\n")
+    assert "'[rank 3] hi 3'" in out[3]
+    assert "type: tensorflow" in out[4] and "parameter_server_count: 1" in out[4]
+    assert "chief_count: 1" in out[4] and "process_count_per_instance" not in out[4]
+    assert WIDGET_MIME in nb.cells[6].outputs[0].data  # %distrun form shows the form

@@ -1,0 +1,165 @@
+"""The submission form: every option of `%%distrun` as a control, a live YAML preview with
+the spec loader's own error messages, and Submit, which runs the magic's own path."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from types import SimpleNamespace
+
+import ipywidgets as w
+
+from jupyter_dist.errors import DistrunError
+from jupyter_dist.nodes import Inventory, load_inventory
+from jupyter_dist.spec import JOB_TYPES, JobSpec
+
+_LAUNCHERS = {"pytorch": ["per_process", "torchrun"], "mpi": ["mpirun", "horovodrun"]}
+
+
+class SubmitForm(w.VBox):
+    """`%distrun form`, or `jupyter_dist.widgets.form.SubmitForm()`."""
+
+    def __init__(self, nodes_file: str | None = None, **kwargs):
+        self.nodes_file = nodes_file
+        try:
+            self.inventory = load_inventory(nodes_file)
+        except DistrunError as exc:
+            self.inventory, inventory_problem = Inventory(), str(exc)
+        else:
+            inventory_problem = ""
+        style = {"description_width": "140px"}
+        self.type = w.Dropdown(options=JOB_TYPES, value="pytorch", description="type", style=style)
+        self.nodes = w.BoundedIntText(value=1, min=0, max=4096, description="nodes", style=style)
+        self.procs_per_node = w.BoundedIntText(
+            value=1, min=0, max=1024, description="procs per node", style=style
+        )
+        self.launcher = w.Dropdown(options=_LAUNCHERS["pytorch"], description="launcher",
+                                   style=style)  # fmt: skip
+        self.worker_count = w.BoundedIntText(value=0, min=0, max=4096, style=style,
+                                             description="workers (0: nodes)")  # fmt: skip
+        self.ps_count = w.BoundedIntText(value=0, min=0, max=1024, description="parameter servers",
+                                         style=style)  # fmt: skip
+        self.chief = w.Checkbox(value=False, description="chief")
+        self.evaluator = w.Checkbox(value=False, description="evaluator")
+        self.env = w.Textarea(placeholder="NAME=VALUE, one a line", description="environment",
+                              style=style)  # fmt: skip
+        self.code = w.Text(placeholder="folder shipped to every node (optional)",
+                           description="code folder", style=style)  # fmt: skip
+        self.node_names = w.SelectMultiple(
+            options=[n.name for n in self.inventory.nodes], description="nodes to use",
+            style=style, disabled=self.inventory.is_local,
+        )  # fmt: skip
+        self.timeout = w.BoundedIntText(value=0, min=0, max=10**7, description="timeout (s)",
+                                        style=style)  # fmt: skip
+        self.name = w.Text(description="job name", style=style)
+        self.script = w.Textarea(placeholder="Python code every process runs",
+                                 description="code", style=style,
+                                 layout=w.Layout(width="95%", height="10em"))  # fmt: skip
+        self.script_path = w.Text(placeholder="or a script file to run (python FILE)",
+                                  description="script file", style=style)  # fmt: skip
+        self.preview = w.Textarea(description="job spec", disabled=True, style=style,
+                                  layout=w.Layout(width="95%", height="12em"))  # fmt: skip
+        self.problem = w.HTML(_problem_html(inventory_problem))
+        self.submit_button = w.Button(description="Submit", button_style="primary")
+        self.output = w.Output()
+        self.last_result = None
+        self.submit_button.on_click(lambda _: self.submit())
+        self._controls = [
+            self.type, self.nodes, self.procs_per_node, self.launcher, self.worker_count,
+            self.ps_count, self.chief, self.evaluator, self.env, self.code, self.node_names,
+            self.timeout, self.name, self.script, self.script_path,
+        ]  # fmt: skip
+        for control in self._controls:
+            control.observe(lambda _: self.refresh(), names="value")
+        self.tf_box = w.VBox([self.worker_count, self.ps_count, self.chief, self.evaluator])
+        super().__init__(
+            [
+                self.type, self.nodes, self.procs_per_node, self.launcher, self.tf_box,
+                self.node_names, self.env, self.code, self.timeout, self.name, self.script,
+                self.script_path, self.preview, self.problem, self.submit_button, self.output,
+            ],
+            **kwargs,
+        )  # fmt: skip
+        self.refresh()
+
+    def options(self) -> SimpleNamespace:
+        """The controls as the magic's options (the same names, the same meaning)."""
+        job_type = self.type.value
+        tf = job_type == "tensorflow"
+        env = [line.strip() for line in self.env.value.splitlines() if line.strip()]
+        return SimpleNamespace(
+            type=job_type,
+            nodes=len(self.node_names.value) or self.nodes.value,
+            procs_per_node=None if tf else self.procs_per_node.value,
+            launcher=self.launcher.value if job_type in _LAUNCHERS else None,
+            worker_count=(self.worker_count.value or None) if tf else None,
+            ps_count=(self.ps_count.value or None) if tf else None,
+            chief=tf and self.chief.value, evaluator=tf and self.evaluator.value,
+            env=env, code=self.code.value.strip() or None, timeout=self.timeout.value or None,
+            name=self.name.value.strip() or None,
+        )  # fmt: skip
+
+    def spec(self) -> JobSpec:
+        """The job these controls describe, validated like a YAML file (SpecError if not)."""
+        from jupyter_dist.errors import SpecError
+        from jupyter_dist.magics import build_spec
+        from jupyter_dist.spec import spec_from_dict
+
+        if not self.script.value.strip() and not self.script_path.value.strip():
+            raise SpecError("code: write the code every process runs, or give a script file")
+        spec = build_spec(self.options(), self.script.value, base_dir=os.getcwd())
+        extra = {}
+        if self.script_path.value.strip():
+            extra["command"] = f"python {Path(self.script_path.value.strip()).expanduser()}"
+        if self.node_names.value:
+            extra["nodes"] = list(self.node_names.value)
+        if extra:
+            spec = spec_from_dict({**spec.to_dict(), **extra}, base_dir=os.getcwd(),
+                                  source="form")  # fmt: skip
+        return spec
+
+    def refresh(self) -> JobSpec | None:
+        """Show the YAML, or what is wrong; returns the spec when it is valid."""
+        job_type = self.type.value
+        self.tf_box.layout.display = None if job_type == "tensorflow" else "none"
+        self.procs_per_node.disabled = job_type == "tensorflow"
+        launchers = _LAUNCHERS.get(job_type, [])
+        if list(self.launcher.options) != launchers:
+            self.launcher.options = launchers
+        self.launcher.disabled = not launchers
+        try:
+            spec = self.spec()
+        except DistrunError as exc:
+            self.problem.value = _problem_html(str(exc))
+            self.submit_button.disabled = True
+            return None
+        self.preview.value = spec.to_yaml()
+        self.problem.value = ""
+        self.submit_button.disabled = False
+        return spec
+
+    def submit(self):
+        """Run the job exactly as `%%distrun` would, its live view below the form."""
+        from jupyter_dist.magics import run_with_view
+
+        spec = self.refresh()
+        if spec is None:
+            return None
+        self.output.clear_output()
+        with self.output:
+            try:
+                inventory = self.inventory if not self.inventory.is_local else None
+                _, result, _ = run_with_view(spec, inventory)
+            except DistrunError as exc:
+                self.problem.value = _problem_html(str(exc))
+                return None
+            if not result.ok:
+                print(result.describe())
+        self.last_result = result
+        return result
+
+
+def _problem_html(message: str) -> str:
+    import html
+
+    return f'<span style="color:#c33">{html.escape(message)}</span>' if message else ""
