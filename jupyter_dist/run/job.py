@@ -72,6 +72,7 @@ class Job:
         self._transport = transport
         self._listeners: list[JobListener] = []
         self._emit_lock = threading.Lock()
+        self._status_lock = threading.Lock()
         self._state_lock = threading.RLock()
         self._handles: dict[str, ProcessHandle] = {}
         self._readers: dict[str, list[threading.Thread]] = {}
@@ -438,5 +439,6 @@ class Job:
             }
 
     def _write_status(self) -> None:
-        with contextlib.suppress(OSError):
+        # Snapshot and write under one lock: a stale snapshot must never be written last.
+        with self._status_lock, contextlib.suppress(OSError):
             self.record.write_status(self.status())
