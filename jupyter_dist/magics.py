@@ -14,6 +14,7 @@ interrupt cancels every process on every node.
 from __future__ import annotations
 
 import base64
+import contextlib
 import os
 import shlex
 import sys
@@ -53,6 +54,17 @@ class JobFailed(DistrunError):
 def _user_error(message: str) -> DistrunError:
     """Bad options, a bad spec, an unusable node: one line in the cell, no traceback."""
     return DistrunError(message)
+
+
+@contextlib.contextmanager
+def _one_line_errors():
+    """Any DistrunError below becomes one `DistrunError` line; a failed job stays JobFailed."""
+    try:
+        yield
+    except JobFailed:
+        raise
+    except DistrunError as exc:
+        raise _user_error(str(exc)) from None
 
 
 class QueuedPrinter(JobListener):
@@ -201,7 +213,7 @@ class DistrunMagics(Magics):
         args.nodes = args.nodes if args.nodes is not None else self.nodes
         if args.procs_per_node is None and self.procs_per_node:
             args.procs_per_node = self.procs_per_node
-        try:
+        with _one_line_errors():
             outs = _names(args.out, "--out")
             if args.out_all and not outs:
                 raise SpecError("--out-all needs --out NAMES")
@@ -223,22 +235,20 @@ class DistrunMagics(Magics):
             if args.dry_run:
                 self._dry_run(spec, inventory)
                 return
-            job, result = self._run(spec, inventory, extra)
-            if result.ok and outs:
+            job = self._run(spec, inventory, extra)
+            if outs:
                 self._bring_back(job, outs, args.out_all)
-        except JobFailed:
-            raise
-        except DistrunError as exc:
-            raise _user_error(str(exc)) from None
-        if not result.ok:
-            raise JobFailed(result)
 
-    def _run(self, spec: JobSpec, inventory, extra: dict[str, str]) -> tuple[Job, JobResult]:
+    def _run(self, spec: JobSpec, inventory, extra: dict[str, str]) -> Job:
+        """Run the job in the cell; JobFailed unless it succeeded."""
         mode = self.view if self.view in ("widget", "text") else _default_view(self.shell)
         if mode == "text":
-            return run_in_cell(spec, inventory, extra_files=extra)
-        job, result, _ = run_with_view(spec, inventory, extra_files=extra)
-        return job, result
+            job, result = run_in_cell(spec, inventory, extra_files=extra)
+        else:
+            job, result, _ = run_with_view(spec, inventory, extra_files=extra)
+        if not result.ok:
+            raise JobFailed(result)
+        return job
 
     def _pushed(self, names: list[str]) -> str | None:
         """The named notebook variables, pickled for the ranks (base64 text), or None."""
@@ -294,16 +304,8 @@ class DistrunMagics(Magics):
         if words[0] == "run":
             if len(words) != 2:
                 raise _user_error("%distrun run: give one job spec file: %distrun run job.yml")
-            try:
-                spec = load_spec(words[1])
-                inventory = load_inventory(self.nodes_file or None)
-                _, result = self._run(spec, inventory, {})
-            except JobFailed:
-                raise
-            except DistrunError as exc:
-                raise _user_error(str(exc)) from None
-            if not result.ok:
-                raise JobFailed(result)
+            with _one_line_errors():
+                self._run(load_spec(words[1]), load_inventory(self.nodes_file or None), {})
             return
         from jupyter_dist import cli  # the same commands as the terminal, printed here
 

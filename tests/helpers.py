@@ -36,3 +36,23 @@ def run_cli(*args: str, store: JobStore | None = None, timeout: float = 120, **k
     if store is not None:
         argv += ["--store", str(store.root)]
     return subprocess.run(argv, capture_output=True, text=True, timeout=timeout, **kwargs)
+
+
+def start_cli_run(spec: Path, store: JobStore, *extra: str, ranks: int = 4, stderr=None):
+    """`jupyter distrun run SPEC` in the background; returns once `ranks` lines saying
+    "started" came out (the command must print that), with the process and its job id."""
+    import time
+
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "jupyter_dist.cli", "run", str(spec), "--store", str(store.root),
+         *extra],
+        stdout=subprocess.PIPE, stderr=stderr if stderr is not None else subprocess.DEVNULL,
+        text=True,
+    )  # fmt: skip
+    seen = 0
+    deadline = time.monotonic() + 60
+    while seen < ranks and time.monotonic() < deadline:
+        if "started" in proc.stdout.readline():
+            seen += 1
+    assert seen == ranks, f"only {seen} of {ranks} ranks started"
+    return proc, store.jobs()[0].job_id

@@ -7,12 +7,11 @@ import os
 import re
 import signal
 import subprocess
-import sys
 import textwrap
 import time
 from pathlib import Path
 
-from helpers import job_processes, run_cli
+from helpers import job_processes, run_cli, start_cli_run
 
 
 def _write(tmp_path: Path, text: str) -> Path:
@@ -127,19 +126,7 @@ def test_ctrl_c_stops_every_rank(tmp_path: Path, store):
         distribution: {type: pytorch, process_count_per_instance: 2}
     """,
     )
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "jupyter_dist.cli", "run", str(spec), "--store", str(store.root)],
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-    )
-    seen = 0
-    deadline = time.monotonic() + 30
-    while seen < 4 and time.monotonic() < deadline:
-        if "started" in proc.stdout.readline():
-            seen += 1
-    assert seen == 4
-    job_id = store.jobs()[0].job_id
+    proc, job_id = start_cli_run(spec, store, stderr=subprocess.PIPE)
     assert len(job_processes(job_id)) >= 8
     proc.send_signal(signal.SIGINT)
     _out, err = proc.communicate(timeout=30)
@@ -159,16 +146,7 @@ def test_killing_the_launcher_stops_every_rank(tmp_path: Path, store):
         distribution: {type: pytorch, process_count_per_instance: 2}
     """,
     )
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "jupyter_dist.cli", "run", str(spec), "--store", str(store.root)],
-        stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True,
-    )  # fmt: skip
-    seen = 0
-    deadline = time.monotonic() + 30
-    while seen < 4 and time.monotonic() < deadline:
-        if "started" in proc.stdout.readline():
-            seen += 1
-    job_id = store.jobs()[0].job_id
+    proc, job_id = start_cli_run(spec, store)
     assert len(job_processes(job_id)) >= 8
     proc.kill()
     proc.wait()

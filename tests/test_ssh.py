@@ -6,7 +6,6 @@ import json
 import os
 import signal
 import subprocess
-import sys
 import textwrap
 import time
 from pathlib import Path
@@ -14,7 +13,7 @@ from pathlib import Path
 import paramiko
 import pytest
 import yaml
-from helpers import EXAMPLES, run_cli
+from helpers import EXAMPLES, run_cli, start_cli_run
 
 from jupyter_dist.errors import NodeError
 from jupyter_dist.nodes import load_inventory
@@ -131,17 +130,7 @@ def test_killing_the_launcher_stops_remote_ranks(ssh_nodes, store, tmp_path):
         "command: echo started; sleep 300\nresources: {instance_count: 2}\n"
         "distribution: {type: pytorch, process_count_per_instance: 2}\n"
     )
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "jupyter_dist.cli", "run", str(job_file),
-         "--store", str(store.root), "--nodes-file", str(inventory)],
-        stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True,
-    )  # fmt: skip
-    seen = 0
-    deadline = time.monotonic() + 60
-    while seen < 4 and time.monotonic() < deadline:
-        if "started" in proc.stdout.readline():
-            seen += 1
-    job_id = store.jobs()[0].job_id
+    proc, job_id = start_cli_run(job_file, store, "--nodes-file", str(inventory))
     assert len(ssh_nodes.job_processes(job_id)) >= 8
     os.kill(proc.pid, signal.SIGKILL)
     proc.wait()
