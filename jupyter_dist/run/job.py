@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import posixpath
 import threading
 import time
 from collections import deque
@@ -114,7 +115,7 @@ class Job:
         started: list[tuple[ProcessPlan, ProcessHandle]] = []
         try:
             self._transport.prepare(self.plan, list(self._nodes.values()))
-            started = self._start_processes()
+            self._start_processes(started)  # on failure, the handler below stops them
             for _, handle in started:
                 handle.confirm()  # every process reports it started before any is watched
             for proc, handle in started:
@@ -134,23 +135,24 @@ class Job:
             timer.start()
         return self
 
-    def _start_processes(self) -> list[tuple[ProcessPlan, ProcessHandle]]:
-        """Start every process at once (SSH round trips overlap); if any start fails, stop
-        the others and raise the first failure."""
+    def _start_processes(self, started: list[tuple[ProcessPlan, ProcessHandle]]) -> None:
+        """Start every process at once (SSH round trips overlap), adding each one that
+        started to `started`; the first failure is raised once all attempts are done."""
         procs = self.plan.processes
         with ThreadPoolExecutor(max_workers=min(16, len(procs))) as pool:
             futures = [
                 pool.submit(self._transport.start, p, self._nodes[p.node], self.grace_period)
                 for p in procs
             ]
-        outcomes = [(p, f.exception(), None if f.exception() else f.result())
-                    for p, f in zip(procs, futures, strict=True)]  # fmt: skip
-        started = [(p, handle) for p, error, handle in outcomes if error is None]
-        failures = [error for _, error, _ in outcomes if error is not None]
+        failures = []
+        for proc, future in zip(procs, futures, strict=True):
+            error = future.exception()
+            if error is None:
+                started.append((proc, future.result()))
+            else:
+                failures.append(error)
         if failures:
-            self._abort_start(started)
             raise failures[0]
-        return started
 
     def _abort_start(self, started: list[tuple[ProcessPlan, ProcessHandle]]) -> None:
         """Stop whatever started before a start failed elsewhere."""
@@ -182,7 +184,7 @@ class Job:
         found: dict[str, bytes] = {}
         seen: set[tuple[str, str]] = set()
         for node in self._nodes.values():
-            path = os.path.join(node.workdir, self.job_id, folder)
+            path = posixpath.join(node.workdir, self.job_id, folder)  # a node's own paths
             if (node.host, path) not in seen:  # local nodes share one folder
                 seen.add((node.host, path))
                 found.update(self._transport.collect(node, path))

@@ -223,15 +223,6 @@ class Connections:
             self._infos[key] = (id(client), info)
         return info
 
-    def open_all(self, nodes: list[Node]) -> dict[str, paramiko.SSHClient]:
-        return dict(zip([n.name for n in nodes], parallel(nodes, self.get), strict=True))
-
-    def drop(self, node: Node) -> None:
-        with self._lock:
-            client = self._clients.pop(self._key(node), None)
-        if client:
-            client.close()
-
     def close_all(self) -> None:
         with self._lock:
             clients, self._clients = list(self._clients.values()), {}
