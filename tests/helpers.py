@@ -12,6 +12,12 @@ from jupyter_dist.store import JobStore
 ROOT = Path(__file__).resolve().parents[1]
 EXAMPLES = ROOT / "examples"
 
+# 2 nodes x 2 ranks that each say "started", then wait to be stopped.
+LONG_JOB = (
+    "command: echo started; sleep 300\nresources: {instance_count: 2}\n"
+    "distribution: {type: pytorch, process_count_per_instance: 2}\n"
+)
+
 
 def job_processes(job_id: str) -> list[int]:
     """PIDs on this machine whose environment carries the job's id (read from /proc)."""

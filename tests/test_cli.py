@@ -11,7 +11,7 @@ import textwrap
 import time
 from pathlib import Path
 
-from helpers import job_processes, run_cli, start_cli_run
+from helpers import LONG_JOB, job_processes, run_cli, start_cli_run
 
 
 def _write(tmp_path: Path, text: str) -> Path:
@@ -118,14 +118,7 @@ def test_jobs_and_logs_read_the_store(tmp_path: Path, store):
 
 
 def test_ctrl_c_stops_every_rank(tmp_path: Path, store):
-    spec = _write(
-        tmp_path,
-        """\
-        command: echo started; sleep 300
-        resources: {instance_count: 2}
-        distribution: {type: pytorch, process_count_per_instance: 2}
-    """,
-    )
+    spec = _write(tmp_path, LONG_JOB)
     proc, job_id = start_cli_run(spec, store, stderr=subprocess.PIPE)
     assert len(job_processes(job_id)) >= 8
     proc.send_signal(signal.SIGINT)
@@ -138,14 +131,7 @@ def test_ctrl_c_stops_every_rank(tmp_path: Path, store):
 
 def test_killing_the_launcher_stops_every_rank(tmp_path: Path, store):
     """SIGKILL gives the launcher no chance to clean up: the node agents must notice."""
-    spec = _write(
-        tmp_path,
-        """\
-        command: echo started; sleep 300
-        resources: {instance_count: 2}
-        distribution: {type: pytorch, process_count_per_instance: 2}
-    """,
-    )
+    spec = _write(tmp_path, LONG_JOB)
     proc, job_id = start_cli_run(spec, store)
     assert len(job_processes(job_id)) >= 8
     proc.kill()

@@ -13,7 +13,7 @@ from pathlib import Path
 import paramiko
 import pytest
 import yaml
-from helpers import EXAMPLES, run_cli, start_cli_run
+from helpers import EXAMPLES, LONG_JOB, run_cli, start_cli_run
 
 from jupyter_dist.errors import NodeError
 from jupyter_dist.nodes import load_inventory
@@ -126,10 +126,7 @@ def test_cancel_stops_every_remote_process(ssh_nodes, store, tmp_path):
 def test_killing_the_launcher_stops_remote_ranks(ssh_nodes, store, tmp_path):
     inventory = ssh_nodes.write_inventory(tmp_path / "nodes.yml")
     job_file = tmp_path / "job.yml"
-    job_file.write_text(
-        "command: echo started; sleep 300\nresources: {instance_count: 2}\n"
-        "distribution: {type: pytorch, process_count_per_instance: 2}\n"
-    )
+    job_file.write_text(LONG_JOB)
     proc, job_id = start_cli_run(job_file, store, "--nodes-file", str(inventory))
     assert len(ssh_nodes.job_processes(job_id)) >= 8
     os.kill(proc.pid, signal.SIGKILL)
