@@ -24,7 +24,14 @@ from jupyter_dist.describe import (
 )
 from jupyter_dist.errors import DistrunError
 from jupyter_dist.nodes import load_inventory
-from jupyter_dist.run.events import JobListener, JobResult, OutputLine, ProcessState
+from jupyter_dist.run.control import effective_state, request_cancel, wait_until_ended
+from jupyter_dist.run.events import (
+    FINAL_STATES,
+    JobListener,
+    JobResult,
+    OutputLine,
+    ProcessState,
+)
 from jupyter_dist.spec import JobSpec, load_spec
 from jupyter_dist.store import JobStore
 
@@ -121,6 +128,15 @@ def _parser() -> argparse.ArgumentParser:
 
     inspect = sub.add_parser("inspect", parents=[common], help="who is who in a job")
     inspect.add_argument("job", help="job id (or a unique prefix)")
+
+    cancel = sub.add_parser(
+        "cancel", parents=[common], help="stop a running job on every node (from anywhere)"
+    )
+    cancel.add_argument("job", help="job id (or a unique prefix)")
+    cancel.add_argument(
+        "--wait", type=float, default=30.0, metavar="SECONDS",
+        help="how long to wait for every process to stop (default 30; 0: do not wait)",
+    )  # fmt: skip
 
     logs = sub.add_parser("logs", parents=[common], help="print a job's stored output")
     logs.add_argument("job", help="job id (or a unique prefix)")
@@ -232,6 +248,8 @@ def cmd_nodes(args: argparse.Namespace, store: JobStore) -> int:
 
 def cmd_jobs(args: argparse.Namespace, store: JobStore) -> int:
     statuses = [record.status() for record in store.jobs()]
+    for st in statuses:
+        st["state"] = effective_state(st)
     if args.json:
         print(json.dumps(statuses, indent=1))
         return EXIT_OK
@@ -275,6 +293,27 @@ def cmd_inspect(args: argparse.Namespace, store: JobStore) -> int:
     return EXIT_OK
 
 
+def cmd_cancel(args: argparse.Namespace, store: JobStore) -> int:
+    record = store.get(args.job)
+    state = request_cancel(record, reason="cancelled from the command line")
+    if state in FINAL_STATES:
+        print(f"job {record.job_id} already ended: {state}", file=sys.stderr)
+        return EXIT_OK
+    if args.wait <= 0:
+        print(f"asked job {record.job_id} to stop", file=sys.stderr)
+        return EXIT_OK
+    state = wait_until_ended(record, args.wait)
+    if state not in FINAL_STATES:
+        print(
+            f"job {record.job_id} is still {state} after {args.wait:g} s; "
+            "its owner has been asked to stop it",
+            file=sys.stderr,
+        )
+        return EXIT_FAILED
+    print(f"job {record.job_id}: {state}", file=sys.stderr)
+    return EXIT_OK
+
+
 def cmd_logs(args: argparse.Namespace, store: JobStore) -> int:
     record = store.get(args.job)
     keys = record.log_keys()
@@ -308,7 +347,7 @@ def cmd_logs(args: argparse.Namespace, store: JobStore) -> int:
 
 COMMANDS = {
     "plan": cmd_plan, "run": cmd_run, "nodes": cmd_nodes, "jobs": cmd_jobs, "logs": cmd_logs,
-    "inspect": cmd_inspect,
+    "inspect": cmd_inspect, "cancel": cmd_cancel,
 }  # fmt: skip
 
 

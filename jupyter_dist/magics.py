@@ -35,7 +35,7 @@ from jupyter_dist.run.job import Job
 from jupyter_dist.spec import JobSpec, load_spec, spec_from_dict
 from jupyter_dist.store import JobStore
 
-LINE_COMMANDS = ("jobs", "logs", "inspect", "nodes", "run", "form")
+LINE_COMMANDS = ("jobs", "logs", "inspect", "cancel", "nodes", "run", "form")
 CELL_RUNNER = Path(__file__).with_name("cell_runner.py")
 
 
@@ -202,7 +202,8 @@ class DistrunMagics(Magics):
         """Run the cell as a distributed job on every rank, with live per-rank output.
 
         As a line magic: `%distrun jobs`, `%distrun logs JOB [--rank R]`,
-        `%distrun inspect JOB`, `%distrun nodes`, `%distrun run SPEC.yml`, `%distrun form`."""
+        `%distrun inspect JOB`, `%distrun cancel JOB`, `%distrun nodes`,
+        `%distrun run SPEC.yml`, `%distrun form`."""
         if cell is None:
             return self._line_command(line)
         try:

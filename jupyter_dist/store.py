@@ -47,7 +47,7 @@ def timestamp(seconds: float) -> str:
     )
 
 
-def _write_atomic(path: Path, text: str) -> None:
+def write_atomic(path: Path, text: str) -> None:
     tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
     tmp.write_text(text)
     os.replace(tmp, path)
@@ -78,7 +78,7 @@ class JobRecord:
         return open(self.log_path(key, stream), "a", encoding="utf-8", newline="\n")
 
     def write_status(self, status: dict[str, Any]) -> None:
-        _write_atomic(self.path / "status.json", json.dumps(status, indent=1))
+        write_atomic(self.path / "status.json", json.dumps(status, indent=1))
 
     def status(self) -> dict[str, Any]:
         try:
@@ -135,7 +135,7 @@ class JobStore:
         path = self.root / job_id
         (path / "logs").mkdir(parents=True, exist_ok=False)
         (path / "spec.yml").write_text(spec_yaml)
-        _write_atomic(path / "plan.json", json.dumps(plan, indent=1))
+        write_atomic(path / "plan.json", json.dumps(plan, indent=1))
         return JobRecord(path)
 
     def jobs(self) -> list[JobRecord]:

@@ -140,6 +140,31 @@ def test_killing_the_launcher_stops_every_rank(tmp_path: Path, store):
     while job_processes(job_id) and time.monotonic() < deadline:
         time.sleep(0.2)
     assert job_processes(job_id) == []
+    # Its status still says running, but nobody owns it: it is shown as lost, not cancellable.
+    listed = json.loads(run_cli("jobs", "--json", store=store).stdout)
+    assert [j["state"] for j in listed if j["job_id"] == job_id] == ["lost"]
+    refused = run_cli("cancel", job_id, store=store)
+    assert refused.returncode == 2
+    assert "has no owner any more" in refused.stderr
+
+
+def test_cancel_from_another_process_stops_every_rank(tmp_path: Path, store):
+    spec = _write(tmp_path, LONG_JOB)
+    proc, job_id = start_cli_run(spec, store, stderr=subprocess.PIPE)
+    assert len(job_processes(job_id)) >= 8
+    asked = run_cli("cancel", job_id[:12], store=store)  # a unique prefix is enough
+    assert asked.returncode == 0, asked.stderr
+    assert f"job {job_id}: cancelled" in asked.stderr
+    _out, err = proc.communicate(timeout=30)
+    assert proc.returncode == 1
+    assert "cancelled from the command line" in err
+    assert job_processes(job_id) == []
+    status = store.get(job_id).status()
+    assert status["state"] == "cancelled"
+    assert {p["state"] for p in status["processes"].values()} == {"stopped"}
+    again = run_cli("cancel", job_id, store=store)
+    assert again.returncode == 0
+    assert "already ended: cancelled" in again.stderr
 
 
 def test_inspect_shows_every_process_with_status_and_tf_config(tmp_path: Path, store):

@@ -4,7 +4,6 @@ cancel, time out, and leave nothing running."""
 from __future__ import annotations
 
 import contextlib
-import os
 import posixpath
 import threading
 import time
@@ -16,6 +15,7 @@ from jupyter_dist.errors import DistrunError
 from jupyter_dist.nodes import Node
 from jupyter_dist.plan.model import LaunchPlan, ProcessPlan
 from jupyter_dist.run.attribute import attributor, failed_rank, starts_traceback
+from jupyter_dist.run.control import POLL_SECONDS, cancel_requested, owner_fields
 from jupyter_dist.run.events import (
     FINAL_STATES,
     JobListener,
@@ -133,6 +133,9 @@ class Job:
             timer = threading.Timer(self.timeout, self._on_timeout)
             timer.daemon = True
             timer.start()
+        threading.Thread(
+            target=self._watch_cancel_requests, daemon=True, name=f"distrun-{self.job_id}-control"
+        ).start()
         return self
 
     def _start_processes(self, started: list[tuple[ProcessPlan, ProcessHandle]]) -> None:
@@ -347,6 +350,14 @@ class Job:
 
     # -- stopping ------------------------------------------------------------------------
 
+    def _watch_cancel_requests(self) -> None:
+        """Act on a cancel request another process left in the store (see run/control.py)."""
+        while not self._done.wait(POLL_SECONDS):
+            reason = cancel_requested(self.record)
+            if reason is not None:
+                self.cancel(reason)
+                return
+
     def _on_timeout(self) -> None:
         with self._state_lock:
             if self.state in FINAL_STATES or self._stopping:
@@ -434,7 +445,7 @@ class Job:
                 "ended": self.ended,
                 "nodes": [n["name"] for n in self.plan.nodes],
                 "world_size": self.plan.world_size,
-                "owner_pid": os.getpid(),
+                **owner_fields(),
                 "processes": {n: s.to_dict() for n, s in self.processes.items()},
                 "root_cause": self._root_cause.to_dict() if self._root_cause else None,
                 "message": self._message,

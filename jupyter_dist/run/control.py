@@ -1,0 +1,91 @@
+"""Stopping a job from another process: the CLI, the lab server, another kernel.
+
+Only the process that started a job (its owner: a kernel, or `jupyter distrun run`) holds the
+connections to its ranks, so the others ask it: they write `cancel.json` into the job's folder
+in the store, and the owner, which looks for that file a few times a second, cancels the job
+the usual way (SIGTERM to every rank, SIGKILL after the grace period, a sweep). A file works
+wherever the store is shared and needs no port, socket or signal to the owner.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import time
+from typing import Any
+
+from jupyter_dist.errors import DistrunError
+from jupyter_dist.run.events import FINAL_STATES
+from jupyter_dist.store import JobRecord, write_atomic
+
+CANCEL_FILE = "cancel.json"
+POLL_SECONDS = 0.2  # how often an owner looks for a request
+
+
+def owner_fields() -> dict[str, Any]:
+    """What a job's status says about its owner, so others can tell if it is still alive."""
+    return {"owner_pid": os.getpid(), "owner_host": socket.gethostname()}
+
+
+def effective_state(status: dict[str, Any]) -> str:
+    """The job's state, except "lost" for a job still marked running whose owner on this
+    machine is gone (a killed kernel): nobody will ever finish it. Its ranks stopped when
+    their agents lost the owner's pipe."""
+    state = status.get("state", "unknown")
+    if state in FINAL_STATES or state == "unknown":
+        return state
+    pid, host = status.get("owner_pid"), status.get("owner_host")
+    if isinstance(pid, int) and host == socket.gethostname() and not _alive(pid):
+        return "lost"
+    return state
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True  # someone else's process: alive
+    return True
+
+
+def cancel_requested(record: JobRecord) -> str | None:
+    """The reason given in a pending request, or None."""
+    try:
+        request = json.loads((record.path / CANCEL_FILE).read_text())
+    except FileNotFoundError:
+        return None
+    except (OSError, json.JSONDecodeError):
+        return "cancelled"  # a half-written or odd file still means stop
+    return str(request.get("reason") or "cancelled")
+
+
+def request_cancel(record: JobRecord, reason: str = "cancelled") -> str:
+    """Ask the owner of a job to cancel it; returns the job's state when asked.
+
+    A job that already ended is left alone (its state is returned). A lost job (owner gone)
+    raises, since nobody is there to act on the request."""
+    state = effective_state(record.status())
+    if state in FINAL_STATES:
+        return state
+    if state == "lost":
+        raise DistrunError(
+            f"job {record.job_id} has no owner any more (the process that started it is gone); "
+            "its processes stopped with it"
+        )
+    write_atomic(
+        record.path / CANCEL_FILE, json.dumps({"reason": reason, "requested": time.time()})
+    )
+    return state
+
+
+def wait_until_ended(record: JobRecord, timeout: float) -> str:
+    """The job's state once it has ended, or its current state when `timeout` passes."""
+    deadline = time.monotonic() + timeout
+    while True:
+        state = effective_state(record.status())
+        if state in FINAL_STATES or state == "lost" or time.monotonic() >= deadline:
+            return state
+        time.sleep(0.1)
