@@ -8,3 +8,13 @@ def load_ipython_extension(ipython) -> None:
     from jupyter_dist.magics import load
 
     load(ipython)
+
+
+def _jupyter_server_extension_points() -> list[dict[str, str]]:
+    """The REST API for the JupyterLab extension (enabled on install)."""
+    return [{"module": "jupyter_dist.server"}]
+
+
+def _jupyter_labextension_paths() -> list[dict[str, str]]:
+    """The prebuilt JupyterLab extension shipped inside the package."""
+    return [{"src": "labextension", "dest": "jupyter-dist"}]

@@ -19,6 +19,8 @@ from jupyter_dist.describe import (
     PLAN_COLUMNS,
     duration,
     inspect_rows,
+    job_summary,
+    node_health,
     plan_rows,
     tf_configs,
 )
@@ -224,52 +226,49 @@ def cmd_nodes(args: argparse.Namespace, store: JobStore) -> int:
     if inventory.is_local:
         print("no node inventory: jobs run on local nodes (this machine)", file=sys.stderr)
         return EXIT_OK
-    from jupyter_dist.run.ssh import check_nodes, trust
-
     if args.trust:
+        from jupyter_dist.run.ssh import trust
+
         (node,) = inventory.select(1, [args.trust], workdir="")
         print(f"trusted {node.name} ({node.host}:{node.port}): {trust(node)}")
         return EXIT_OK
-    rows = []
-    for node, info, error in check_nodes(list(inventory.nodes)):
-        rows.append(
-            {
-                "node": node.name, "host": f"{node.host}:{node.port}",
-                "status": "ok" if info else "unreachable",
-                "latency": f"{info.latency_ms:.0f} ms" if info else "",
-                "python": info.python if info else "", "hostname": info.hostname if info else "",
-                "gpus": "" if not info or info.gpus is None else str(info.gpus),
-                "problem": error or "",
-            }
-        )  # fmt: skip
+    rows = [
+        {
+            "node": h["name"], "host": f"{h['host']}:{h['port']}", "status": h["status"],
+            "latency": "" if h["latency_ms"] is None else f"{h['latency_ms']:.0f} ms",
+            "python": h["python"] or "", "hostname": h["hostname"] or "",
+            "gpus": "" if h["gpus"] is None else str(h["gpus"]), "problem": h["problem"] or "",
+        }
+        for h in node_health(list(inventory.nodes))
+    ]  # fmt: skip
     _print_table(rows, list(rows[0]), title=f"nodes in {inventory.source}")
     return EXIT_OK if all(r["status"] == "ok" for r in rows) else EXIT_FAILED
 
 
 def cmd_jobs(args: argparse.Namespace, store: JobStore) -> int:
     statuses = [record.status() for record in store.jobs()]
-    for st in statuses:
-        st["state"] = effective_state(st)
     if args.json:
+        for st in statuses:
+            st["state"] = effective_state(st)
         print(json.dumps(statuses, indent=1))
         return EXIT_OK
     now = time.time()
     rows = []
-    for st in statuses:
-        cause = (st.get("root_cause") or {}) if st.get("state") == "failed" else {}
+    for job in map(job_summary, statuses):
+        started = job["started"]
         rows.append(
             {
-                "job": st.get("job_id"),
-                "name": st.get("name", ""),
-                "type": st.get("type", ""),
-                "state": st.get("state", ""),
-                "processes": len(st.get("processes", {})),
-                "nodes": ",".join(st.get("nodes", [])),
-                "started": time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(st["started"]))
-                if st.get("started")
+                "job": job["job_id"],
+                "name": job["name"],
+                "type": job["type"],
+                "state": job["state"],
+                "processes": job["processes"],
+                "nodes": ",".join(job["nodes"]),
+                "started": time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(started))
+                if started
                 else "",
-                "took": duration(st.get("started"), st.get("ended"), now),
-                "root cause": f"{cause.get('label')} ({cause.get('host')})" if cause else "",
+                "took": duration(started, job["ended"], now),
+                "root cause": (job["root_cause"] or "")[:80],
             }
         )
     if not rows:

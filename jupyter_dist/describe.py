@@ -5,7 +5,10 @@ from __future__ import annotations
 import json
 from typing import Any
 
+from jupyter_dist.nodes import Node
 from jupyter_dist.plan.model import LaunchPlan
+from jupyter_dist.run.control import effective_state
+from jupyter_dist.run.events import RootCause
 
 PLAN_COLUMNS = (
     "process", "role", "node", "host", "node_rank", "local_rank", "rank", "world_size",
@@ -56,6 +59,43 @@ def inspect_rows(plan: LaunchPlan, status: dict[str, Any]) -> list[dict[str, Any
         how = state.get("signal") or state.get("exit_code")
         rows.append({**row, "status": state.get("state", ""), "exit": "" if how is None else how})
     return rows
+
+
+def job_summary(status: dict[str, Any]) -> dict[str, Any]:
+    """A job as the job lists show it (CLI, lab sidebar), from its status.json."""
+    state = effective_state(status)
+    cause = status.get("root_cause") if state == "failed" else None
+    return {
+        "job_id": status.get("job_id"),
+        "name": status.get("name", ""),
+        "type": status.get("type", ""),
+        "state": state,
+        "nodes": status.get("nodes", []),
+        "processes": len(status.get("processes", {})),
+        "world_size": status.get("world_size"),
+        "started": status.get("started"),
+        "ended": status.get("ended"),
+        "root_cause": RootCause(**cause).summary() if cause else None,
+        "message": status.get("message"),
+    }
+
+
+def node_health(nodes: list[Node]) -> list[dict[str, Any]]:
+    """Every SSH node checked at once: reachable or not, latency, python, hostname, GPUs."""
+    from jupyter_dist.run.ssh import check_nodes  # paramiko only when nodes need it
+
+    return [
+        {
+            "name": node.name, "host": node.host, "port": node.port,
+            "status": "ok" if info else "unreachable",
+            "latency_ms": round(info.latency_ms, 1) if info else None,
+            "python": info.python if info else None,
+            "hostname": info.hostname if info else None,
+            "gpus": info.gpus if info else None,
+            "problem": error,
+        }
+        for node, info, error in check_nodes(nodes)
+    ]  # fmt: skip
 
 
 def tf_configs(plan: LaunchPlan) -> str:

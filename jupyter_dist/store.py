@@ -14,6 +14,7 @@ name ("worker-1", "torchrun-0", "mpirun").
 
 from __future__ import annotations
 
+import heapq
 import json
 import os
 import secrets
@@ -26,6 +27,10 @@ from typing import Any
 from jupyter_dist.errors import DistrunError
 
 STREAMS = ("stdout", "stderr")
+
+
+class UnknownJob(DistrunError):
+    """No job has that id (or no unique job starts with it)."""
 
 
 def default_root() -> Path:
@@ -115,6 +120,88 @@ class JobRecord:
                 ts, _, text = raw.rstrip("\n").partition(" ")
                 yield LogLine(ts, text)
 
+    def read_range(
+        self, key: str, cursor: str = "0.0", limit: int = 5000, tail: int | None = None
+    ) -> tuple[list[dict[str, str]], str]:
+        """Up to `limit` lines of `key` after `cursor`, stdout and stderr merged by time, and
+        the cursor of what follows. A cursor is "<stdout bytes>.<stderr bytes>" read so far:
+        exact however the two files grow. With `tail`, the last `tail` lines instead."""
+        starts = _parse_cursor(cursor)
+        per_stream = []
+        for index, stream in enumerate(STREAMS):
+            path = self.log_path(key, stream)
+            start = _tail_start(path, tail) if tail is not None else starts[index]
+            per_stream.append(_complete_lines(path, start, index, tail or limit))
+            if tail is not None:
+                starts[index] = start
+        merged = list(heapq.merge(*per_stream, key=lambda line: line[0]))
+        taken = merged[-tail:] if tail is not None else merged[:limit]
+        ends = list(starts)
+        for lines in per_stream if tail is not None else [taken]:
+            for _ts, index, _text, end in lines:
+                ends[index] = max(ends[index], end)
+        out = [{"ts": ts, "stream": STREAMS[index], "text": text} for ts, index, text, _ in taken]
+        return out, f"{ends[0]}.{ends[1]}"
+
+
+def _parse_cursor(cursor: str) -> list[int]:
+    try:
+        parts = [int(p) for p in (cursor or "0.0").split(".")]
+    except ValueError:
+        parts = []
+    if len(parts) != 2 or min(parts) < 0:
+        raise DistrunError(
+            f"log cursor {cursor!r} is not valid; use 0.0 or the 'next' of the previous read"
+        )
+    return parts
+
+
+def _complete_lines(path: Path, start: int, index: int, limit: int) -> list[tuple]:
+    """(timestamp, stream index, text, end offset) of whole lines from `start`; a line still
+    being written (no newline yet) waits for the next read."""
+    lines = []
+    try:
+        with open(path, "rb") as handle:
+            handle.seek(start)
+            position = start
+            for raw in handle:
+                if not raw.endswith(b"\n"):
+                    break
+                position += len(raw)
+                ts, _, text = raw[:-1].decode("utf-8", errors="replace").partition(" ")
+                lines.append((ts, index, text, position))
+                if len(lines) >= limit:
+                    break
+    except FileNotFoundError:
+        pass
+    return lines
+
+
+def _tail_start(path: Path, count: int, block: int = 1 << 16) -> int:
+    """The offset where the last `count` lines of a file begin (read backwards by blocks)."""
+    try:
+        size = path.stat().st_size
+    except FileNotFoundError:
+        return 0
+    if count <= 0:
+        return size
+    with open(path, "rb") as handle:
+        handle.seek(max(0, size - 1))
+        position = size - 1 if size and handle.read(1) == b"\n" else size  # the last line's own
+        seen = 0
+        while position > 0:
+            step = min(block, position)
+            position -= step
+            handle.seek(position)
+            data = handle.read(step)
+            cut = len(data)
+            while (newline := data.rfind(b"\n", 0, cut)) >= 0:
+                seen += 1
+                if seen == count:
+                    return position + newline + 1
+                cut = newline
+    return 0
+
 
 def _natural(key: str) -> tuple:
     head, _, tail = key.rpartition("-")
@@ -154,6 +241,6 @@ class JobStore:
         if len(matches) == 1:
             return matches[0]
         if not matches:
-            raise DistrunError(f"no job {job_id!r} in {self.root} (see: jupyter distrun jobs)")
+            raise UnknownJob(f"no job {job_id!r} in {self.root} (see: jupyter distrun jobs)")
         names = ", ".join(r.job_id for r in matches[:5])
-        raise DistrunError(f"job id {job_id!r} is ambiguous: it starts {names}")
+        raise UnknownJob(f"job id {job_id!r} is ambiguous: it starts {names}")

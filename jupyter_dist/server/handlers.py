@@ -1,0 +1,183 @@
+"""REST handlers, every one authenticated. They read the same job store as the kernels and
+the CLI, and do their file and network work in a thread pool, never on the event loop.
+
+    GET  /distrun/nodes                    the inventory with each node's health
+    GET  /distrun/jobs                     every job, newest first
+    GET  /distrun/jobs/{id}                spec, plan, who is who and per-process status
+    GET  /distrun/jobs/{id}/logs?rank=R    a range of one rank's (or process's) log:
+         &offset=CURSOR&limit=N&tail=N     `offset` is the `next` of the previous reply
+    POST /distrun/jobs/{id}/cancel         ask the job's owner to stop it
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any
+
+from jupyter_server.base.handlers import APIHandler
+from jupyter_server.utils import url_path_join
+from tornado import web
+
+from jupyter_dist.describe import inspect_rows, job_summary, node_health
+from jupyter_dist.errors import DistrunError
+from jupyter_dist.nodes import load_inventory
+from jupyter_dist.plan import LaunchPlan
+from jupyter_dist.run.control import request_cancel
+from jupyter_dist.run.events import FINAL_STATES
+from jupyter_dist.store import JobStore, UnknownJob
+
+MAX_LIMIT = 20000
+HEALTH_TTL = 15.0  # seconds a node health check is reused (every open lab polls it)
+
+
+class _HealthCache:
+    """The last node health check, shared by all requests for a short while."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._value: tuple[float, str | None, Any] | None = None
+
+    def get(self) -> dict[str, Any]:
+        with self._lock:
+            inventory = load_inventory(None)  # read each time: the file may have changed
+            now = time.monotonic()
+            if (
+                self._value
+                and self._value[1] == inventory.source
+                and now - self._value[0] < (HEALTH_TTL)
+            ):
+                return self._value[2]
+            if inventory.is_local:
+                value = {"source": None, "local": True, "nodes": []}
+            else:
+                value = {
+                    "source": inventory.source,
+                    "local": False,
+                    "nodes": node_health(list(inventory.nodes)),
+                }
+            self._value = (now, inventory.source, value)
+            return value
+
+
+class DistrunHandler(APIHandler):
+    @property
+    def store(self) -> JobStore:
+        return self.settings["distrun_store"]
+
+    async def blocking(self, func, *args):
+        """Run `func` in the extension's thread pool; a DistrunError becomes a 4xx reply."""
+        loop = asyncio.get_running_loop()
+        try:
+            return await loop.run_in_executor(self.settings["distrun_pool"], func, *args)
+        except DistrunError as exc:
+            raise web.HTTPError(404 if isinstance(exc, UnknownJob) else 400, str(exc)) from None
+
+    def reply(self, value: Any, status: int = 200) -> None:
+        self.set_status(status)
+        self.finish(json.dumps(value))
+
+
+class NodesHandler(DistrunHandler):
+    @web.authenticated
+    async def get(self) -> None:
+        self.reply(await self.blocking(self.settings["distrun_health"].get))
+
+
+class JobsHandler(DistrunHandler):
+    @web.authenticated
+    async def get(self) -> None:
+        def jobs():
+            return [job_summary(record.status()) for record in self.store.jobs()]
+
+        self.reply(await self.blocking(jobs))
+
+
+class JobHandler(DistrunHandler):
+    @web.authenticated
+    async def get(self, job_id: str) -> None:
+        def detail():
+            record = self.store.get(job_id)
+            status = record.status()
+            plan = LaunchPlan.from_dict(record.plan())
+            return {
+                **job_summary(status),
+                "spec": record.spec_yaml(),
+                "plan": record.plan(),
+                "processes": inspect_rows(plan, status),
+                "log_keys": record.log_keys(),
+                "store_path": str(record.path),
+            }
+
+        self.reply(await self.blocking(detail))
+
+
+class LogsHandler(DistrunHandler):
+    @web.authenticated
+    async def get(self, job_id: str) -> None:
+        rank = self.get_query_argument("rank", None)
+        offset = self.get_query_argument("offset", "0.0")
+        limit = self._int_argument("limit", 5000, 1, MAX_LIMIT)
+        tail = self._int_argument("tail", None, 0, MAX_LIMIT)
+
+        def read():
+            record = self.store.get(job_id)
+            keys = record.log_keys()
+            if rank is None:
+                raise DistrunError(f"give rank=R or a log name; logs: {', '.join(keys) or 'none'}")
+            key = f"rank-{rank}" if rank.isdigit() else rank
+            if key not in keys:
+                raise DistrunError(
+                    f"job {record.job_id} has no log {key!r}; logs: {', '.join(keys) or 'none'}"
+                )
+            lines, cursor = record.read_range(key, offset, limit=limit, tail=tail)
+            state = job_summary(record.status())["state"]
+            return {"key": key, "lines": lines, "next": cursor, "state": state}
+
+        self.reply(await self.blocking(read))
+
+    def _int_argument(self, name: str, default: int | None, low: int, high: int) -> int | None:
+        raw = self.get_query_argument(name, None)
+        if raw is None:
+            return default
+        if not raw.isdigit() or not low <= int(raw) <= high:
+            raise web.HTTPError(400, f"{name}={raw!r} is not valid; give a number {low}-{high}")
+        return int(raw)
+
+
+class CancelHandler(DistrunHandler):
+    @web.authenticated
+    async def post(self, job_id: str) -> None:
+        def cancel():
+            record = self.store.get(job_id)
+            try:
+                state = request_cancel(record, reason="cancelled from JupyterLab")
+            except DistrunError as exc:
+                return 409, {"job_id": record.job_id, "state": "lost", "message": str(exc)}
+            if state in FINAL_STATES:
+                return 200, {"job_id": record.job_id, "state": state, "message": "already ended"}
+            return 202, {"job_id": record.job_id, "state": state, "message": "asked to stop"}
+
+        status, body = await self.blocking(cancel)
+        self.reply(body, status)
+
+
+def setup_handlers(web_app: Any, store: JobStore | None = None) -> None:
+    web_app.settings.setdefault("distrun_store", store or JobStore())
+    web_app.settings.setdefault("distrun_pool", ThreadPoolExecutor(4, "distrun-api"))
+    web_app.settings.setdefault("distrun_health", _HealthCache())
+    base = url_path_join(web_app.settings["base_url"], "distrun")
+    job = r"/jobs/(?P<job_id>[\w.-]+)"
+    web_app.add_handlers(
+        ".*$",
+        [
+            (url_path_join(base, "nodes"), NodesHandler),
+            (url_path_join(base, "jobs"), JobsHandler),
+            (base + job, JobHandler),
+            (base + job + "/logs", LogsHandler),
+            (base + job + "/cancel", CancelHandler),
+        ],
+    )

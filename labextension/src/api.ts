@@ -1,0 +1,164 @@
+/**
+ * The client of the server extension's REST API (/distrun/...). Every call goes through
+ * one `Requester`, so the same code runs against the real server (ServerConnection, which
+ * adds the token and XSRF header) and, in unit tests, against a plain function.
+ */
+
+export interface IJobSummary {
+  job_id: string;
+  name: string;
+  type: string;
+  state: string; // pending, running, succeeded, failed, cancelled, timed_out, lost
+  nodes: string[];
+  processes: number;
+  world_size: number | null;
+  started: number | null;
+  ended: number | null;
+  root_cause: string | null;
+  message: string | null;
+}
+
+export interface IProcessRow {
+  process: string;
+  role: string;
+  host: string;
+  node_rank: number;
+  local_rank: number | string;
+  rank: string;
+  world_size: number;
+  master: string;
+  tf_config: string;
+  status: string;
+  exit: number | string;
+}
+
+/** One job in full: the list's count of processes becomes a row per process. */
+export interface IJobDetail extends Omit<IJobSummary, 'processes'> {
+  spec: string;
+  processes: IProcessRow[];
+  log_keys: string[];
+  store_path: string;
+}
+
+export interface INodeHealth {
+  name: string;
+  host: string;
+  port: number;
+  status: string;
+  latency_ms: number | null;
+  python: string | null;
+  hostname: string | null;
+  gpus: number | null;
+  problem: string | null;
+}
+
+export interface INodes {
+  source: string | null;
+  local: boolean;
+  nodes: INodeHealth[];
+}
+
+export interface ILogLine {
+  ts: string;
+  stream: 'stdout' | 'stderr';
+  text: string;
+}
+
+export interface ILogRange {
+  key: string;
+  lines: ILogLine[];
+  next: string;
+  state: string;
+}
+
+/** What a request returns: a status and a JSON body (or an error body with `message`). */
+export interface IReply {
+  status: number;
+  body: any;
+}
+
+export type Requester = (path: string, init: { method: string }) => Promise<IReply>;
+
+export const FINAL_STATES = ['succeeded', 'failed', 'cancelled', 'timed_out', 'lost'];
+
+export class ApiError extends Error {
+  constructor(
+    readonly status: number,
+    message: string
+  ) {
+    super(message);
+  }
+}
+
+export class DistrunApi {
+  constructor(private readonly request: Requester) {}
+
+  jobs(): Promise<IJobSummary[]> {
+    return this.get('jobs');
+  }
+
+  job(jobId: string): Promise<IJobDetail> {
+    return this.get(`jobs/${encodeURIComponent(jobId)}`);
+  }
+
+  nodes(): Promise<INodes> {
+    return this.get('nodes');
+  }
+
+  /** A range of one log: after `offset` (the `next` of the last range), or its last `tail` lines. */
+  logs(
+    jobId: string,
+    key: string,
+    options: { offset?: string; tail?: number; limit?: number } = {}
+  ): Promise<ILogRange> {
+    const params = new URLSearchParams({ rank: key.startsWith('rank-') ? key.slice(5) : key });
+    if (options.offset !== undefined) {
+      params.set('offset', options.offset);
+    }
+    if (options.tail !== undefined) {
+      params.set('tail', String(options.tail));
+    }
+    if (options.limit !== undefined) {
+      params.set('limit', String(options.limit));
+    }
+    return this.get(`jobs/${encodeURIComponent(jobId)}/logs?${params.toString()}`);
+  }
+
+  /** Ask the job's owner to stop it; resolves to the state the server reports. */
+  async cancel(jobId: string): Promise<{ state: string; message: string }> {
+    return this.call('POST', `jobs/${encodeURIComponent(jobId)}/cancel`, [200, 202, 409]);
+  }
+
+  private get<T>(path: string): Promise<T> {
+    return this.call('GET', path, [200]);
+  }
+
+  private async call(method: string, path: string, ok: number[]): Promise<any> {
+    const reply = await this.request(path, { method });
+    if (!ok.includes(reply.status)) {
+      const message = (reply.body && reply.body.message) || `HTTP ${reply.status}`;
+      throw new ApiError(reply.status, message);
+    }
+    return reply.body;
+  }
+}
+
+/** The requester for a running Jupyter server. */
+export function serverRequester(): Requester {
+  // Imported lazily so the unit tests need no JupyterLab packages.
+  return async (path, init) => {
+    const { ServerConnection } = await import('@jupyterlab/services');
+    const { URLExt } = await import('@jupyterlab/coreutils');
+    const settings = ServerConnection.makeSettings();
+    const url = URLExt.join(settings.baseUrl, 'distrun', path);
+    const response = await ServerConnection.makeRequest(url, init, settings);
+    const text = await response.text();
+    let body: any = null;
+    try {
+      body = text ? JSON.parse(text) : null;
+    } catch {
+      body = { message: text };
+    }
+    return { status: response.status, body };
+  };
+}

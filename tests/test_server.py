@@ -1,0 +1,214 @@
+"""The REST API of the server extension, in a real Jupyter server (pytest-jupyter), over
+real jobs in the store."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import socket
+import subprocess
+import textwrap
+import time
+from pathlib import Path
+
+import pytest
+from helpers import LONG_JOB, job_processes, start_cli_run
+from tornado.httpclient import HTTPClientError
+
+from jupyter_dist.run.launch import run
+from jupyter_dist.spec import load_spec
+from jupyter_dist.store import JobStore
+
+pytest_plugins = ["pytest_jupyter.jupyter_server"]
+
+ENDPOINTS = [
+    ("GET", "distrun/nodes"),
+    ("GET", "distrun/jobs"),
+    ("GET", "distrun/jobs/some-job"),
+    ("GET", "distrun/jobs/some-job/logs"),
+    ("POST", "distrun/jobs/some-job/cancel"),
+]
+
+
+@pytest.fixture
+def home(tmp_path: Path, monkeypatch) -> Path:
+    """The store the server reads: set before the server starts."""
+    monkeypatch.setenv("DISTRUN_HOME", str(tmp_path / "distrun"))
+    monkeypatch.delenv("DISTRUN_NODES_FILE", raising=False)
+    return tmp_path / "distrun"
+
+
+@pytest.fixture
+def jp_server_config(home):
+    return {"ServerApp": {"jpserver_extensions": {"jupyter_dist": True}}}
+
+
+def _spec(tmp_path: Path, text: str):
+    path = tmp_path / f"job{time.monotonic_ns()}.yml"
+    path.write_text(textwrap.dedent(text))
+    return load_spec(path)
+
+
+async def _json(jp_fetch, *parts, method="GET", **kwargs):
+    body = b"" if method == "POST" else None
+    reply = await jp_fetch(*parts, method=method, body=body, **kwargs)
+    return reply.code, json.loads(reply.body)
+
+
+async def _error(jp_fetch, *parts, method="GET", **kwargs) -> tuple[int, str]:
+    body = b"" if method == "POST" else None
+    with pytest.raises(HTTPClientError) as caught:
+        await jp_fetch(*parts, method=method, body=body, **kwargs)
+    response = caught.value.response
+    message = json.loads(response.body).get("message", "") if response.body else ""
+    return caught.value.code, message
+
+
+@pytest.mark.parametrize("headers", [{"Authorization": ""}, {"Authorization": "token wrong"}])
+async def test_every_endpoint_refuses_a_request_without_the_token(jp_fetch, headers):
+    for method, path in ENDPOINTS:
+        code, _ = await _error(jp_fetch, path, method=method, headers=headers)
+        assert code == 403, f"{method} {path} answered {code} without the token"
+
+
+async def test_jobs_job_and_logs_of_real_jobs(jp_fetch, home, tmp_path):
+    store = JobStore()
+    assert store.root == home / "jobs"
+    good = _spec(
+        tmp_path,
+        """\
+        command: 'for i in $(seq 1 3000); do echo "line $i of rank $RANK"; done; echo oops >&2'
+        resources: {instance_count: 2}
+        distribution: {type: pytorch, process_count_per_instance: 2}
+        """,
+    )
+    bad = _spec(
+        tmp_path,
+        """\
+        command: python -c "import os, sys; r = os.environ['RANK']; sys.exit(3 if r == '1' else 0)"
+        resources: {instance_count: 1}
+        distribution: {type: pytorch, process_count_per_instance: 2}
+        display_name: breaks
+        """,
+    )
+    ok_result = run(good, store=store)
+    bad_result = run(bad, store=store)
+    assert ok_result.ok and not bad_result.ok
+
+    code, jobs = await _json(jp_fetch, "distrun", "jobs")
+    assert code == 200
+    assert [j["job_id"] for j in jobs] == [bad_result.job_id, ok_result.job_id]  # newest first
+    assert [j["state"] for j in jobs] == ["failed", "succeeded"]
+    assert jobs[0]["name"] == "breaks" and jobs[0]["type"] == "pytorch"
+    assert jobs[0]["root_cause"].startswith("rank 1 on local0 (127.0.0.1) exited with code 3")
+    assert jobs[1]["processes"] == 4 and jobs[1]["nodes"] == ["local0", "local1"]
+    assert jobs[1]["root_cause"] is None and jobs[1]["ended"] >= jobs[1]["started"]
+
+    code, job = await _json(jp_fetch, "distrun", "jobs", ok_result.job_id[:18])  # a prefix
+    assert job["job_id"] == ok_result.job_id
+    assert [p["rank"] for p in job["processes"]] == ["0", "1", "2", "3"]
+    assert {p["status"] for p in job["processes"]} == {"succeeded"}
+    assert job["log_keys"] == ["rank-0", "rank-1", "rank-2", "rank-3"]
+    assert "process_count_per_instance: 2" in job["spec"]
+
+    # Read rank 2's log in pages: every line exactly once, in order, stderr merged in.
+    seen, cursor = [], "0.0"
+    for _ in range(10):
+        params = {"rank": "2", "offset": cursor, "limit": "700"}
+        code, page = await _json(
+            jp_fetch, "distrun", "jobs", ok_result.job_id, "logs", params=params
+        )
+        assert page["key"] == "rank-2" and page["state"] == "succeeded"
+        seen += page["lines"]
+        cursor = page["next"]
+        if not page["lines"]:
+            break
+    texts = [line["text"] for line in seen]
+    assert texts == [f"line {i} of rank 2" for i in range(1, 3001)] + ["oops"]
+    assert {line["stream"] for line in seen} == {"stdout", "stderr"}
+
+    params = {"rank": "3", "tail": "3"}
+    code, last = await _json(jp_fetch, "distrun", "jobs", ok_result.job_id, "logs", params=params)
+    assert [line["text"] for line in last["lines"]] == [
+        "line 2999 of rank 3", "line 3000 of rank 3", "oops",
+    ]  # fmt: skip
+    params = {"rank": "3", "offset": last["next"]}
+    code, after = await _json(jp_fetch, "distrun", "jobs", ok_result.job_id, "logs", params=params)
+    assert after["lines"] == [] and after["next"] == last["next"]
+
+    code, message = await _error(jp_fetch, "distrun", "jobs", "nope")
+    assert code == 404 and "no job 'nope'" in message
+    code, message = await _error(
+        jp_fetch, "distrun", "jobs", ok_result.job_id, "logs", params={"rank": "9"}
+    )
+    assert code == 400 and "rank-0, rank-1, rank-2, rank-3" in message
+    code, message = await _error(
+        jp_fetch, "distrun", "jobs", ok_result.job_id, "logs", params={"rank": "0", "offset": "x"}
+    )
+    assert code == 400 and "log cursor 'x' is not valid" in message
+    code, message = await _error(
+        jp_fetch, "distrun", "jobs", ok_result.job_id, "logs", params={"rank": "0", "limit": "0"}
+    )
+    assert code == 400 and "limit='0' is not valid" in message
+
+
+async def test_cancel_reaches_the_process_that_owns_the_job(jp_fetch, home, tmp_path):
+    spec = tmp_path / "long.yml"
+    spec.write_text(LONG_JOB)
+    store = JobStore()
+    proc, job_id = await asyncio.to_thread(start_cli_run, spec, store, stderr=subprocess.PIPE)
+    assert len(job_processes(job_id)) >= 8
+    code, jobs = await _json(jp_fetch, "distrun", "jobs")
+    assert [j["state"] for j in jobs] == ["running"]
+
+    code, reply = await _json(jp_fetch, "distrun", "jobs", job_id, "cancel", method="POST")
+    assert code == 202 and reply["message"] == "asked to stop"
+    _out, err = await asyncio.to_thread(proc.communicate, timeout=30)
+    assert "cancelled from JupyterLab" in err
+    assert job_processes(job_id) == []
+    code, job = await _json(jp_fetch, "distrun", "jobs", job_id)
+    assert job["state"] == "cancelled"
+    assert {p["status"] for p in job["processes"]} == {"stopped"}
+
+    code, reply = await _json(jp_fetch, "distrun", "jobs", job_id, "cancel", method="POST")
+    assert code == 200 and reply["state"] == "cancelled"
+
+
+async def test_nodes_without_an_inventory_are_local(jp_fetch):
+    code, nodes = await _json(jp_fetch, "distrun", "nodes")
+    assert code == 200 and nodes == {"source": None, "local": True, "nodes": []}
+
+
+async def test_a_slow_node_check_never_blocks_other_requests(jp_fetch, tmp_path, monkeypatch):
+    """A node that accepts TCP but never speaks SSH holds the health check; the jobs list
+    must still answer meanwhile (the check runs in a thread, not on the event loop)."""
+    silent = socket.socket()
+    silent.bind(("127.0.0.1", 0))
+    silent.listen()
+    port = silent.getsockname()[1]
+    nodes_file = tmp_path / "nodes.yml"
+    nodes_file.write_text(f"nodes:\n  - {{name: mute, host: 127.0.0.1, port: {port}}}\n")
+    monkeypatch.setenv("DISTRUN_NODES_FILE", str(nodes_file))
+    check = asyncio.ensure_future(_json(jp_fetch, "distrun", "nodes", request_timeout=60))
+    await asyncio.sleep(0.5)
+    code, _ = await _json(jp_fetch, "distrun", "jobs")
+    assert code == 200
+    assert not check.done(), "the node check finished before the jobs list: nothing was proven"
+    accepted = silent.accept()[0]  # close both ends: the check fails at once
+    accepted.close()
+    silent.close()
+    code, nodes = await check
+    assert nodes["local"] is False and nodes["source"] == str(nodes_file)
+    (mute,) = nodes["nodes"]
+    assert mute["status"] == "unreachable" and mute["problem"]
+
+
+@pytest.mark.ssh
+async def test_nodes_health_of_real_ssh_nodes(jp_fetch, ssh_nodes, tmp_path, monkeypatch):
+    inventory = ssh_nodes.write_inventory(tmp_path / "nodes.yml")
+    monkeypatch.setenv("DISTRUN_NODES_FILE", str(inventory))
+    code, nodes = await _json(jp_fetch, "distrun", "nodes")
+    assert code == 200
+    assert [n["name"] for n in nodes["nodes"]] == [n.name for n in ssh_nodes.nodes]
+    assert {n["status"] for n in nodes["nodes"]} == {"ok"}
+    assert all(n["python"] and n["latency_ms"] is not None for n in nodes["nodes"])
