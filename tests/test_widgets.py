@@ -135,3 +135,37 @@ def test_form_validates_previews_and_submits_through_the_magics_path(kernel_env)
     assert "type: tensorflow" in out[4] and "parameter_server_count: 1" in out[4]
     assert "chief_count: 1" in out[4] and "process_count_per_instance" not in out[4]
     assert WIDGET_MIME in nb.cells[6].outputs[0].data  # %distrun form shows the form
+
+
+def test_the_live_view_carries_the_inspector_columns(kernel_env):
+    """Who is who in the cell's view: ranks, master, role and each task's TF_CONFIG."""
+    nb = _run(
+        "%config DistrunMagics.view = 'widget'",
+        "%%distrun --type tensorflow --worker-count 2 --ps-count 1\nprint('ok')\n",
+        "import json\nfrom jupyter_dist.magics import DistrunMagics\n"
+        "print(json.dumps(DistrunMagics.last_view.processes))",
+        "%%distrun --nodes 2 --procs-per-node 2\nprint('ok')\n",
+        "print(json.dumps(DistrunMagics.last_view.processes))",
+    )
+    import json
+
+    tf_rows = json.loads(nb.cells[3].outputs[0].text)
+    assert [(r["process"], r["role"], r["state"]) for r in tf_rows] == [
+        ("worker-0", "worker", "succeeded"), ("worker-1", "worker", "succeeded"),
+        ("ps-0", "ps", "succeeded"),
+    ]  # fmt: skip
+    configs = [json.loads(r["tf_config"]) for r in tf_rows]
+    assert [c["task"] for c in configs] == [
+        {"type": "worker", "index": 0}, {"type": "worker", "index": 1}, {"type": "ps", "index": 0},
+    ]  # fmt: skip
+    assert len(configs[0]["cluster"]["ps"]) == 1
+    torch_rows = json.loads(nb.cells[5].outputs[0].text)
+    assert [r["rank"] for r in torch_rows] == ["0", "1", "2", "3"]
+    assert [(r["node_rank"], r["local_rank"]) for r in torch_rows] == [
+        (0, 0),
+        (0, 1),
+        (1, 0),
+        (1, 1),
+    ]
+    assert {r["world_size"] for r in torch_rows} == {4}
+    assert len({r["master"] for r in torch_rows}) == 1 and ":" in torch_rows[0]["master"]

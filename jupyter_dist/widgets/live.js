@@ -92,22 +92,53 @@ function render({ model, el }) {
     }));
   }
 
+  // The inspector: who is who (ranks, master, role) and how each process is doing.
+  const COLUMNS = [
+    ["process", "label"], ["role", "role"], ["host", "host"], ["node rank", "node_rank"],
+    ["local rank", "local_rank"], ["rank", "rank"], ["world size", "world_size"],
+    ["master", "master"], ["status", "state"], ["exit", "exit"],
+  ];
+
+  function cell(tag, text) {
+    const td = document.createElement(tag);
+    td.textContent = text === null || text === undefined ? "" : String(text);
+    td.style.cssText = "padding: 0 8px; text-align: left;";
+    return td;
+  }
+
+  function tfConfigCell(text) {
+    const td = cell("td", "");
+    if (!text) return td;
+    const details = document.createElement("details");
+    const summary = document.createElement("summary");
+    summary.textContent = "TF_CONFIG";
+    const pre = document.createElement("pre");
+    pre.className = "distrun-tf-config";
+    pre.style.margin = "0";
+    pre.textContent = JSON.stringify(JSON.parse(text), null, 2);
+    details.append(summary, pre);
+    td.appendChild(details);
+    return td;
+  }
+
   function drawStatus() {
     const state = model.get("state");
     header.textContent = `job ${model.get("job_id")}: ${state}` +
       (model.get("log_dir") ? ` — full logs: ${model.get("log_dir")}` : "");
-    const rows = model.get("processes").map((p) => {
+    const processes = model.get("processes");
+    const withTf = processes.some((p) => p.tf_config);
+    const head = document.createElement("tr");
+    for (const [title] of COLUMNS) head.appendChild(cell("th", title));
+    if (withTf) head.appendChild(cell("th", "TF_CONFIG"));
+    const rows = processes.map((p) => {
       const tr = document.createElement("tr");
-      for (const value of [p.label, p.node, p.host, p.state, p.exit ?? ""]) {
-        const td = document.createElement("td");
-        td.textContent = String(value);
-        td.style.padding = "0 8px";
-        tr.appendChild(td);
-      }
+      for (const [, field] of COLUMNS) tr.appendChild(cell("td", p[field]));
+      if (withTf) tr.appendChild(tfConfigCell(p.tf_config));
       tr.className = `distrun-process distrun-${p.state}`;
+      tr.dataset.process = p.name;
       return tr;
     });
-    statusTable.replaceChildren(...rows);
+    statusTable.replaceChildren(head, ...rows);
     cause.textContent = model.get("root_cause");
   }
 

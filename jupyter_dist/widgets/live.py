@@ -16,6 +16,7 @@ from pathlib import Path
 import anywidget
 from traitlets import Dict, Int, List, Unicode
 
+from jupyter_dist.describe import plan_rows
 from jupyter_dist.run.events import JobListener, JobResult, OutputLine, ProcessState
 
 MAX_LINES_PER_MESSAGE = 5000
@@ -34,9 +35,11 @@ class LiveView(anywidget.AnyWidget):
     max_lines = Int(2000).tag(sync=True)
 
     def __init__(self, job, **kwargs):
+        # Who is who (ranks, master, role, TF_CONFIG) is fixed by the plan; states change.
+        self._who = {row["process"]: row for row in plan_rows(job.plan)}
         super().__init__(
             job_id=job.job_id, log_dir=str(job.record.logs_dir),
-            processes=[_row(state) for state in job.processes.values()], **kwargs,
+            processes=[self._row(state) for state in job.processes.values()], **kwargs,
         )  # fmt: skip
         self.listener = _Collector()
         job.add_listener(self.listener)
@@ -55,7 +58,7 @@ class LiveView(anywidget.AnyWidget):
         if states:
             by_name = {row["name"]: row for row in self.processes}
             for state in states:
-                by_name[state.name] = _row(state)
+                by_name[state.name] = self._row(state)
             self.processes = list(by_name.values())
             if self.state == "starting":
                 self.state = "running"
@@ -94,11 +97,13 @@ class LiveView(anywidget.AnyWidget):
         return bundle
 
 
-def _row(state: ProcessState) -> dict:
-    return {
-        "name": state.name, "label": state.label, "node": state.node, "host": state.host,
-        "state": state.state, "exit": state.signal or state.exit_code,
-    }  # fmt: skip
+    def _row(self, state: ProcessState) -> dict:
+        """One inspector row: the plan's columns (see describe.plan_rows) and the state."""
+        return {
+            **self._who.get(state.name, {}),
+            "name": state.name, "label": state.label, "node": state.node, "host": state.host,
+            "state": state.state, "exit": state.signal or state.exit_code,
+        }  # fmt: skip
 
 
 class _Collector(JobListener):
