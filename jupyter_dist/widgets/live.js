@@ -1,6 +1,10 @@
 // The live view of a jupyter-dist job: status per process, an all-ranks view and one tab
 // per rank, the root cause when the job fails. Lines arrive as deltas (custom messages);
 // at most `max_lines` per tab stay in the browser, the full log stays on disk.
+//
+// Lines are kept by the model, not the view: the model exists from the moment the kernel
+// creates the widget, while a view may render later (the first widget of a page loads
+// its code first) or again (an output re-attached). Either way it draws what came before.
 
 const COLOURS = ["#0aa", "#b80", "#a3a", "#2a2", "#36c", "#c33", "#088", "#870"];
 const SGR = { 30: "#555", 31: "#c33", 32: "#2a2", 33: "#b80", 34: "#36c", 35: "#a3a",
@@ -32,9 +36,36 @@ export function ansiToNodes(text) {
   return nodes;
 }
 
+// Keyed by job id: anywidget hands initialize and render different proxies of one model.
+const LINES = new Map(); // job id -> { buffers: key -> [line], views: Set<callback> }
+
+function linesOf(model) {
+  const id = model.get("job_id");
+  if (!LINES.has(id)) LINES.set(id, { buffers: { all: [] }, views: new Set() });
+  return LINES.get(id);
+}
+
+function initialize({ model }) {
+  const held = linesOf(model);
+  model.on("msg:custom", (msg) => {
+    if (msg.type !== "lines") return;
+    const max = model.get("max_lines");
+    const lines = msg.lines.map(([key, label, stream, text]) => ({ key, label, stream, text }));
+    for (const line of lines) {
+      if (!(line.key in held.buffers)) held.buffers[line.key] = [];
+      for (const target of [held.buffers.all, held.buffers[line.key]]) {
+        target.push(line);
+        if (target.length > max) target.splice(0, target.length - max);
+      }
+    }
+    for (const view of held.views) view(lines);
+  });
+}
+
 function render({ model, el }) {
   const maxLines = () => model.get("max_lines");
-  const buffers = { all: [] };          // key -> [{key, label, stream, text}]
+  const held = linesOf(model);
+  const buffers = held.buffers;          // key -> [{key, label, stream, text}], shared
   const colourOf = {};
   let active = "all";
 
@@ -142,28 +173,26 @@ function render({ model, el }) {
     cause.textContent = model.get("root_cause");
   }
 
-  function append(lines) {
-    let newKey = false;
-    for (const [key, label, stream, text] of lines) {
-      const line = { key, label, stream, text };
-      if (!(key in buffers)) { buffers[key] = []; newKey = true; }
-      for (const target of [buffers.all, buffers[key]]) {
-        target.push(line);
-        if (target.length > maxLines()) target.splice(0, target.length - maxLines());
+  function append(lines) {  // already in the model's buffers: draw them
+    const known = Object.keys(buffers).length;  // tabs: "all" and one per key
+    for (const line of lines) {
+      if (active === "all" || active === line.key) {
+        pane.appendChild(lineNode(line, active === "all"));
       }
-      if (active === "all" || active === key) pane.appendChild(lineNode(line, active === "all"));
     }
     while (pane.childNodes.length > maxLines()) pane.removeChild(pane.firstChild);
     pane.scrollTop = pane.scrollHeight;
-    if (newKey) drawTabs();
+    if (known !== tabs.childElementCount) drawTabs();
   }
 
-  model.on("msg:custom", (msg) => { if (msg.type === "lines") append(msg.lines); });
+  held.views.add(append);
   model.on("change:processes", drawStatus);
   model.on("change:state", drawStatus);
   model.on("change:root_cause", drawStatus);
   drawStatus();
   drawTabs();
+  drawPane();
+  return () => held.views.delete(append);
 }
 
-export default { render };
+export default { initialize, render };

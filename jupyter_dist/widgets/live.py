@@ -96,7 +96,6 @@ class LiveView(anywidget.AnyWidget):
         bundle["text/plain"] = self.text()
         return bundle
 
-
     def _row(self, state: ProcessState) -> dict:
         """One inspector row: the plan's columns (see describe.plan_rows) and the state."""
         return {

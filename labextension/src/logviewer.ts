@@ -11,6 +11,7 @@ import { h } from './dom';
 import { keyLabel, LogModel, sortKeys } from './logmodel';
 
 const FIRST_LINES = 2000; // a tab opens on the newest lines of its log
+const PAGE_LINES = 5000; // lines asked for per request after that
 
 export class JobLogViewer extends Widget {
   readonly model: LogModel;
@@ -20,8 +21,8 @@ export class JobLogViewer extends Widget {
   private readonly output = h('pre', { class: 'jp-distrun-log-output' });
   private readonly poll: Poll;
   private selected: string | null = null;
-  private state = 'running';
-  private finalReadDone = false;
+  private ended = false;
+  private readonly complete = new Set<string>(); // tabs read to the end of an ended job
   private reading = false;
 
   constructor(
@@ -68,47 +69,48 @@ export class JobLogViewer extends Widget {
   }
 
   private async tick(): Promise<void> {
-    if (FINAL_STATES.includes(this.state) && this.finalReadDone) {
-      return; // nothing more will come
+    if (!this.ended) {
+      const detail = await this.api.job(this.jobId);
+      this.renderHeader(detail);
+      this.renderTabs(sortKeys(detail.log_keys));
+      // Known before the reads below: a read that starts after the end gets every line.
+      this.ended = FINAL_STATES.includes(detail.state);
     }
-    const detail = await this.api.job(this.jobId);
-    const ended = FINAL_STATES.includes(detail.state);
-    this.renderHeader(detail);
-    this.renderTabs(sortKeys(detail.log_keys));
-    if (this.selected) {
-      await this.follow(this.selected);
+    const key = this.selected;
+    if (key && !this.complete.has(key) && (await this.follow(key)) && this.ended) {
+      this.complete.add(key); // nothing more will come for this tab
     }
-    this.state = detail.state;
-    this.finalReadDone = ended; // the read after the end got every last line
   }
 
-  private async follow(key: string): Promise<void> {
+  /** Read what is new in one log; true once caught up with it. */
+  private async follow(key: string): Promise<boolean> {
     if (this.reading) {
-      return; // one reader at a time: two would append the same range twice
+      return false; // one reader at a time: two would append the same range twice
     }
     this.reading = true;
     try {
-      await this.readNew(key);
+      return await this.readNew(key);
     } finally {
       this.reading = false;
     }
   }
 
-  private async readNew(key: string): Promise<void> {
+  private async readNew(key: string): Promise<boolean> {
     const buffer = this.model.buffer(key);
     for (let round = 0; round < 5; round++) {
       const range =
         buffer.cursor === undefined
           ? await this.api.logs(this.jobId, key, { tail: FIRST_LINES })
-          : await this.api.logs(this.jobId, key, { offset: buffer.cursor });
+          : await this.api.logs(this.jobId, key, { offset: buffer.cursor, limit: PAGE_LINES });
       const added = buffer.append(range);
       if (key === this.selected) {
         this.render(added);
       }
-      if (range.lines.length < 5000) {
-        break; // caught up
+      if (buffer.cursor !== undefined && range.lines.length < PAGE_LINES) {
+        return true;
       }
     }
+    return false; // more to read: the next tick goes on
   }
 
   private render(lines: ILogLine[]): void {

@@ -1,0 +1,191 @@
+"""JupyterLab in the system's headless Chromium: a %%distrun cell with every rank's output
+and the inspector, the jobs sidebar, the log viewer, and cancelling a job from the sidebar.
+
+Screenshots of each step are kept in test-artifacts/lab/."""
+
+from __future__ import annotations
+
+import re
+
+import labserver
+import nbformat
+import pytest
+from helpers import ROOT, job_processes
+from playwright.sync_api import TimeoutError as PlaywrightTimeout
+
+pytestmark = pytest.mark.browser
+
+ARTIFACTS = ROOT / "test-artifacts" / "lab"
+
+DDP_CELL = """\
+%%distrun --type pytorch --nodes 2 --procs-per-node 2 --name lab-ddp
+import torch
+import torch.distributed as dist
+
+dist.init_process_group("gloo")
+total = torch.tensor([float(dist.get_rank())])
+dist.all_reduce(total)
+print(f"rank {dist.get_rank()} says the sum of ranks is {total.item():g}")
+dist.barrier()
+dist.destroy_process_group()"""
+
+LONG_CELL = """\
+%%distrun --nodes 2 --procs-per-node 2 --name lab-long
+import time
+print("started", flush=True)
+time.sleep(300)"""
+
+
+@pytest.fixture(scope="module")
+def lab(tmp_path_factory):
+    server = labserver.start(tmp_path_factory.mktemp("lab"))
+    nb = nbformat.v4.new_notebook()
+    nb.cells = [
+        nbformat.v4.new_code_cell(s) for s in ("%load_ext jupyter_dist", DDP_CELL, LONG_CELL)
+    ]
+    nb.metadata["kernelspec"] = {
+        "name": "python3",
+        "display_name": "Python 3",
+        "language": "python",
+    }
+    nbformat.write(nb, server.root / "distrun.ipynb")
+    yield server
+    labserver.stop(server)
+
+
+@pytest.fixture(scope="module")
+def lab_page(lab):
+    from playwright.sync_api import sync_playwright
+
+    ARTIFACTS.mkdir(parents=True, exist_ok=True)
+    with sync_playwright() as playwright:
+        browser = playwright.chromium.launch(
+            executable_path=labserver.chromium_path(), args=labserver.CHROMIUM_ARGS
+        )
+        page = browser.new_page(viewport={"width": 1400, "height": 1000})
+        page.set_default_timeout(60_000)
+        page.goto(lab.page_url("/lab/workspaces/distrun-test/tree/distrun.ipynb?reset"))
+        page.wait_for_selector(".jp-Notebook .jp-Cell")
+        # The kernel must really be ready before the first Shift+Enter: the status bar says
+        # so once the session is connected; the first cell is run until it really ran.
+        page.locator(".jp-StatusBar-Widget", has_text="| Idle").first.wait_for()
+        dialog = page.locator(".jp-Dialog")
+        if dialog.count():
+            _shot(page, "0-unexpected-dialog")
+            pytest.fail(f"JupyterLab opened a dialog: {dialog.inner_text()}")
+        yield page
+        browser.close()
+
+
+def _shot(page, name: str) -> None:
+    page.screenshot(path=str(ARTIFACTS / f"{name}.png"))
+
+
+def _run_cell(page, index: int, wait: bool = False) -> None:
+    """Run one cell; with `wait`, until it has its execution count (asking up to three
+    times: a Shift+Enter in the moment the kernel connects can be lost)."""
+    cell = page.locator(".jp-Notebook .jp-Cell").nth(index)
+    ran = cell.locator(".jp-InputPrompt", has_text=re.compile(r"\[\d+\]"))
+    for _ in range(3 if wait else 1):
+        cell.locator(".jp-InputArea-editor").click()
+        page.keyboard.press("Shift+Enter")
+        if not wait:
+            return
+        try:
+            ran.wait_for(timeout=15_000)
+            return
+        except PlaywrightTimeout:
+            continue  # ask again
+    pytest.fail(f"cell {index} did not run after three Shift+Enter")
+
+
+def _open_sidebar(page):
+    tab = page.locator(".lm-TabBar-tab[data-id='jupyter-dist-sidebar']")
+    if tab.get_attribute("aria-selected") != "true":
+        tab.click()
+    return page.locator("#jupyter-dist-sidebar")
+
+
+def test_a_cell_shows_every_rank_and_the_inspector(lab_page):
+    page = lab_page
+    _run_cell(page, 0, wait=True)
+    _run_cell(page, 1)
+    view = page.locator(".jp-Notebook .jp-Cell").nth(1).locator(".distrun-live")
+    header = view.locator("div").first
+    header.filter(has_text="succeeded").wait_for(timeout=120_000)
+    _shot(page, "1-ddp-cell")
+    lines = view.locator(".distrun-lines").inner_text()
+    for rank in range(4):
+        assert f"[rank {rank}] rank {rank} says the sum of ranks is 6" in lines
+    rows = view.locator("tr.distrun-process")
+    assert rows.count() == 4
+    cells = [rows.nth(i).locator("td").all_inner_texts() for i in range(4)]
+    assert [c[5] for c in cells] == ["0", "1", "2", "3"]  # the rank column
+    assert [(c[3], c[4]) for c in cells] == [("0", "0"), ("0", "1"), ("1", "0"), ("1", "1")]
+    assert {c[6] for c in cells} == {"4"} and {c[8] for c in cells} == {"succeeded"}
+    assert re.fullmatch(r"127\.0\.0\.1:\d+", cells[0][7])
+
+
+def test_the_sidebar_lists_the_job_and_opens_its_logs(lab_page, lab):
+    page = lab_page
+    sidebar = _open_sidebar(page)
+    job = sidebar.locator(".jp-distrun-job", has_text="lab-ddp")
+    job.and_(page.locator("[data-state='succeeded']")).wait_for()
+    assert "No node inventory" in sidebar.locator(".jp-distrun-nodes").inner_text()
+    _shot(page, "2-sidebar")
+    job.get_by_role("button", name="Logs").click()
+    viewer = page.locator(".jp-distrun-logviewer").last
+    viewer.locator(".jp-distrun-log-tab").nth(3).wait_for()
+    assert viewer.locator(".jp-distrun-log-tab").all_inner_texts() == [
+        "rank 0", "rank 1", "rank 2", "rank 3",
+    ]  # fmt: skip
+    output = viewer.locator(".jp-distrun-log-output")
+    output.filter(has_text="rank 0 says the sum of ranks is 6").wait_for()
+    viewer.locator(".jp-distrun-log-tab").nth(2).click()
+    output.filter(has_text="rank 2 says the sum of ranks is 6").wait_for()
+    assert "rank 0 says" not in output.inner_text()
+    _shot(page, "3-log-viewer")
+
+
+def test_cancel_from_the_sidebar_stops_every_rank(lab_page, lab):
+    page = lab_page
+    notebook_tab = page.locator(".lm-TabBar-tab", has_text="distrun.ipynb")
+    notebook_tab.click()
+    _run_cell(page, 2)
+    view = page.locator(".jp-Notebook .jp-Cell").nth(2).locator(".distrun-lines")
+    page.wait_for_function(
+        "el => (el.innerText.match(/started/g) || []).length >= 4", arg=view.element_handle()
+    )
+    sidebar = _open_sidebar(page)
+    job = sidebar.locator(".jp-distrun-job[data-state='running']", has_text="lab-long")
+    job.wait_for()
+    job_id = job.get_attribute("data-job-id")
+    assert len(job_processes(job_id)) >= 4
+    _shot(page, "4-running")
+    job.get_by_role("button", name="Cancel").click()
+    sidebar.locator(f".jp-distrun-job[data-job-id='{job_id}'][data-state='cancelled']").wait_for()
+    _shot(page, "5-cancelled")
+    assert job_processes(job_id) == []
+    cell_output = page.locator(".jp-Notebook .jp-Cell").nth(2).locator(".jp-OutputArea")
+    cell_output.filter(has_text="cancelled from JupyterLab").wait_for()
+    assert (lab.home / "jobs" / job_id / "status.json").is_file()
+
+
+def test_toolbar_and_palette_commands(lab_page):
+    page = lab_page
+    page.locator(".lm-TabBar-tab", has_text="distrun.ipynb").click()
+    cells = page.locator(".jp-Notebook .jp-Cell")
+    before = cells.count()
+    page.locator(".jp-distrun-toolbar-button").click()  # the notebook toolbar's %%distrun
+    page.wait_for_function(
+        f"() => document.querySelectorAll('.jp-Notebook .jp-Cell').length === {before + 1}"
+    )  # %load_ext is already in the notebook: only the template is added
+    inserted = cells.nth(before).locator(".jp-InputArea-editor").inner_text()
+    assert inserted.startswith("%%distrun --type pytorch --nodes 2 --procs-per-node 2")
+
+    page.keyboard.press("Control+Shift+C")  # the command palette
+    page.keyboard.type("Open Submission Form")
+    page.keyboard.press("Enter")
+    form = cells.nth(before + 1).locator(".jp-OutputArea")
+    form.get_by_role("button", name="Submit").wait_for()
+    _shot(page, "6-form")
