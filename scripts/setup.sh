@@ -12,14 +12,18 @@ want_tests=0
 as_root() { if [[ $(id -u) -eq 0 ]]; then "$@"; else sudo "$@"; fi; }
 
 # Open MPI runs the MPI examples and tests (mpi4py builds against its headers if it must);
-# the tests also start real sshd servers as nodes, in network namespaces (iproute2).
+# node and npm build the JupyterLab extension from source (a wheel carries it prebuilt).
+# The tests also start real sshd servers as nodes, in network namespaces (iproute2), and
+# drive JupyterLab in Debian's headless Chromium.
 packages=()
 command -v mpirun >/dev/null 2>&1 || packages+=(openmpi-bin)
 command -v mpicc >/dev/null 2>&1 || packages+=(libopenmpi-dev)
 command -v ssh >/dev/null 2>&1 || packages+=(openssh-client)
+command -v npm >/dev/null 2>&1 || packages+=(nodejs npm)
 if [[ $want_tests -eq 1 ]]; then
     [[ -x /usr/sbin/sshd ]] || packages+=(openssh-server)
     command -v ip >/dev/null 2>&1 || packages+=(iproute2)
+    command -v chromium >/dev/null 2>&1 || packages+=(chromium)
 fi
 if [[ ${#packages[@]} -gt 0 ]]; then
     as_root apt-get update -qq
@@ -38,6 +42,8 @@ pip() {  # quiet, without this machine's find-links noise; a failure still fails
 }
 
 pip install --upgrade pip
+# Building the package builds the lab extension (npm install, tsc, jupyter-builder) into
+# jupyter_dist/labextension when it is not there yet.
 # torch 2.13.0 is the CPU build; ask for it by version so pip never pulls a CUDA build.
 if [[ $want_tests -eq 1 ]]; then
     pip install "torch==2.13.0" mpi4py -e ".[test]"
@@ -45,3 +51,8 @@ else
     pip install "torch==2.13.0" mpi4py -e .
 fi
 .venv/bin/python -c "import torch, paramiko, jupyter_dist"  # fail loudly if an install went wrong
+# The lab extension and the server extension must both be installed and enabled.
+.venv/bin/jupyter labextension list 2>&1 | grep -q "jupyter-dist v.*enabled.*OK" || {
+    echo "setup: the jupyter-dist lab extension is not installed and enabled" >&2
+    exit 1
+}

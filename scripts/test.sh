@@ -6,4 +6,7 @@ cd "$(dirname "$0")/.."
 scripts/setup.sh --test
 .venv/bin/ruff check .
 .venv/bin/ruff format --check .
+# The lab extension's TypeScript units (Jest); node_modules came with the extension build.
+[[ -d node_modules ]] || npm ci --no-audit --no-fund
+npx --no-install jest --silent
 exec .venv/bin/python -m pytest "$@"
