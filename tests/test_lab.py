@@ -124,6 +124,14 @@ def test_a_cell_shows_every_rank_and_the_inspector(lab_page):
     assert [(c[3], c[4]) for c in cells] == [("0", "0"), ("0", "1"), ("1", "0"), ("1", "1")]
     assert {c[6] for c in cells} == {"4"} and {c[8] for c in cells} == {"succeeded"}
     assert re.fullmatch(r"127\.0\.0\.1:\d+", cells[0][7])
+    # "open full log" opens the lab log viewer on this job.
+    job_id = re.search(r"job (\S+):", header.inner_text()).group(1)
+    view.get_by_role("button", name="open full log").click()
+    viewer = page.locator(f"#jupyter-dist-logs-panel-{job_id}")
+    viewer.locator(
+        ".jp-distrun-log-output", has_text="rank 0 says the sum of ranks is 6"
+    ).wait_for()
+    page.locator(".lm-TabBar-tab", has_text="distrun.ipynb").click()
 
 
 def test_the_sidebar_lists_the_job_and_opens_its_logs(lab_page, lab):

@@ -73,6 +73,20 @@ function render({ model, el }) {
   root.className = "distrun-live";
   root.style.cssText = "font-family: var(--jp-code-font-family, monospace); font-size: 12px;";
   const header = document.createElement("div");
+  const headerText = document.createElement("span");
+  header.appendChild(headerText);
+  // In JupyterLab with our extension, the full log opens in its log viewer (the extension
+  // marks the page and listens for this event); elsewhere the log folder path is shown.
+  if (document.body.dataset.jupyterDistLogs === "1") {
+    const open = document.createElement("button");
+    open.className = "distrun-open-log";
+    open.textContent = "open full log";
+    open.style.marginLeft = "8px";
+    open.onclick = () => el.dispatchEvent(new CustomEvent("jupyter-dist:open-logs", {
+      bubbles: true, detail: { jobId: model.get("job_id") },
+    }));
+    header.appendChild(open);
+  }
   const statusTable = document.createElement("table");
   statusTable.className = "distrun-status";
   const tabs = document.createElement("div");
@@ -154,7 +168,7 @@ function render({ model, el }) {
 
   function drawStatus() {
     const state = model.get("state");
-    header.textContent = `job ${model.get("job_id")}: ${state}` +
+    headerText.textContent = `job ${model.get("job_id")}: ${state}` +
       (model.get("log_dir") ? ` — full logs: ${model.get("log_dir")}` : "");
     const processes = model.get("processes");
     const withTf = processes.some((p) => p.tf_config);

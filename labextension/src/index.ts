@@ -130,6 +130,16 @@ const plugin: JupyterFrontEndPlugin<void> = {
       }
     });
 
+    // The live view in a cell asks for a job's full log with a DOM event (it cannot reach
+    // the app's commands); the mark on the page tells it that someone listens.
+    document.body.dataset.jupyterDistLogs = '1';
+    document.addEventListener('jupyter-dist:open-logs', event => {
+      const jobId = (event as CustomEvent<{ jobId?: string }>).detail?.jobId;
+      if (jobId) {
+        void app.commands.execute(CommandIDs.openLogs, { jobId });
+      }
+    });
+
     const notebookOpen = () => tracker.currentWidget !== null;
 
     app.commands.addCommand(CommandIDs.insertCell, {
