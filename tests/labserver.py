@@ -43,7 +43,8 @@ def _free_port() -> int:
         return probe.getsockname()[1]
 
 
-def start(base: Path) -> LabServer:
+def start(base: Path, app: str = "jupyterlab") -> LabServer:
+    """JupyterLab (`app="jupyterlab"`) or Notebook 7 (`app="notebook"`) on a free port."""
     root, home, settings = base / "notebooks", base / "distrun", base / "settings"
     for folder in (root, home, settings / "@jupyterlab" / "apputils-extension"):
         folder.mkdir(parents=True, exist_ok=True)
@@ -55,24 +56,26 @@ def start(base: Path) -> LabServer:
     env.pop("DISTRUN_NODES_FILE", None)
     log = open(base / "lab.log", "w")  # noqa: SIM115 (closed with the server)
     process = subprocess.Popen(
-        [sys.executable, "-m", "jupyterlab", "--no-browser", "--allow-root",
+        [sys.executable, "-m", app, "--no-browser", "--allow-root",
          "--ip=127.0.0.1", f"--port={port}", f"--IdentityProvider.token={token}",
          f"--ServerApp.root_dir={root}", f"--LabApp.user_settings_dir={settings}",
-         f"--LabApp.workspaces_dir={base / 'workspaces'}"],
+         f"--LabApp.workspaces_dir={base / 'workspaces'}",
+         f"--JupyterNotebookApp.user_settings_dir={settings}",
+         f"--JupyterNotebookApp.workspaces_dir={base / 'workspaces'}"],
         env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
     )  # fmt: skip
     server = LabServer(f"http://127.0.0.1:{port}", token, root, home, process)
     deadline = time.monotonic() + 60
     while time.monotonic() < deadline:
         if process.poll() is not None:
-            raise RuntimeError(f"JupyterLab exited: {(base / 'lab.log').read_text()[-2000:]}")
+            raise RuntimeError(f"{app} exited: {(base / 'lab.log').read_text()[-2000:]}")
         try:
             urllib.request.urlopen(server.page_url("/api/status"), timeout=2).read()
             return server
         except OSError:
             time.sleep(0.3)
     stop(server)
-    raise RuntimeError("JupyterLab did not answer within 60 s")
+    raise RuntimeError(f"{app} did not answer within 60 s")
 
 
 def stop(server: LabServer) -> None:
