@@ -1,0 +1,103 @@
+/**
+ * The cell's live view (jupyter_dist/widgets/live.js, plain ESM loaded by anywidget):
+ * ANSI colours to DOM, and the bounded, model-held line buffers.
+ */
+// eslint-disable-next-line @typescript-eslint/ban-ts-comment
+// @ts-ignore: a plain JavaScript module without types
+import live, { ansiToNodes } from '../../../jupyter_dist/widgets/live.js';
+
+type Handler = (...args: any[]) => void;
+
+/** The part of an anywidget model the view uses: traits, events, custom messages. */
+class FakeModel {
+  private handlers: { [event: string]: Handler[] } = {};
+  constructor(private traits: { [name: string]: any }) {}
+  get(name: string): any {
+    return this.traits[name];
+  }
+  on(event: string, handler: Handler): void {
+    (this.handlers[event] ??= []).push(handler);
+  }
+  emit(event: string, ...args: any[]): void {
+    for (const handler of this.handlers[event] ?? []) {
+      handler(...args);
+    }
+  }
+}
+
+function model(jobId: string, maxLines = 5): FakeModel {
+  return new FakeModel({
+    job_id: jobId,
+    state: 'running',
+    processes: [],
+    root_cause: '',
+    log_dir: '/tmp/logs',
+    max_lines: maxLines
+  });
+}
+
+function lines(from: number, count: number, key = 'rank-0'): any {
+  const out = [];
+  for (let i = from; i < from + count; i++) {
+    out.push([key, key.replace('-', ' '), 'stdout', `line ${i}`]);
+  }
+  return { type: 'lines', lines: out };
+}
+
+describe('ansiToNodes', () => {
+  it('turns SGR colours and bold into styled spans, dropping other codes and resetting', () => {
+    const nodes = ansiToNodes('plain \x1b[1;31mred bold\x1b[0m back\x1b[2K');
+    const holder = document.createElement('div');
+    holder.append(...nodes);
+    expect(holder.textContent).toBe('plain red bold back');
+    const spans = Array.from(holder.querySelectorAll('span'));
+    expect(spans.map(s => s.textContent)).toEqual(['plain ', 'red bold', ' back']);
+    expect(spans.map(s => s.style.color)).toEqual(['', 'rgb(204, 51, 51)', '']);
+    expect(spans.map(s => s.style.fontWeight)).toEqual(['', 'bold', '']);
+  });
+
+  it('keeps text without codes as one node, as text', () => {
+    const nodes = ansiToNodes('no colours <b>here</b>');
+    expect(nodes).toHaveLength(1);
+    expect(nodes[0].textContent).toBe('no colours <b>here</b>'); // text, never HTML
+  });
+});
+
+describe('live view buffers', () => {
+  it('keeps lines that came before the view rendered, within max_lines', () => {
+    const m = model('job-early');
+    live.initialize({ model: m });
+    m.emit('msg:custom', lines(0, 8));
+    const el = document.createElement('div');
+    live.render({ model: m, el });
+    const shown = Array.from(el.querySelectorAll('pre.distrun-lines > div')).map(
+      d => d.textContent
+    );
+    expect(shown).toEqual(['[rank 0] line 3', '[rank 0] line 4', '[rank 0] line 5',
+      '[rank 0] line 6', '[rank 0] line 7']); // prettier-ignore
+  });
+
+  it('draws new lines in every view and bounds each pane', () => {
+    const m = model('job-two-views', 3);
+    live.initialize({ model: m });
+    const first = document.createElement('div');
+    const second = document.createElement('div');
+    live.render({ model: m, el: first });
+    const cleanup = live.render({ model: m, el: second });
+    m.emit('msg:custom', lines(0, 2, 'rank-1'));
+    m.emit('msg:custom', lines(2, 2, 'rank-0'));
+    for (const el of [first, second]) {
+      expect(el.querySelectorAll('pre.distrun-lines > div')).toHaveLength(3);
+      const tabs = Array.from(el.querySelectorAll('button.distrun-tab')).map(b => b.textContent);
+      expect(tabs).toEqual(['all ranks', 'rank-0', 'rank-1']);
+    }
+    cleanup(); // a removed view is no longer drawn into
+    m.emit('msg:custom', lines(4, 1, 'rank-0'));
+    expect(second.querySelector('pre.distrun-lines')?.lastElementChild?.textContent).toBe(
+      '[rank 0] line 3'
+    );
+    expect(first.querySelector('pre.distrun-lines')?.lastElementChild?.textContent).toBe(
+      '[rank 0] line 4'
+    );
+  });
+});
