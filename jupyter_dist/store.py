@@ -216,7 +216,11 @@ class JobStore:
 
     @staticmethod
     def new_job_id() -> str:
-        return time.strftime("%Y%m%d-%H%M%S") + "-" + secrets.token_hex(3)
+        """`YYYYmmdd-HHMMSS-mmm-xxxxxx`: sorts by start time to the millisecond (jobs list
+        newest first by name), and the random tail keeps ids of one millisecond apart."""
+        now = time.time()
+        stamp = time.strftime("%Y%m%d-%H%M%S", time.localtime(now))
+        return f"{stamp}-{int(now % 1 * 1000):03d}-{secrets.token_hex(3)}"
 
     def create(self, job_id: str, spec_yaml: str, plan: dict[str, Any]) -> JobRecord:
         path = self.root / job_id
