@@ -8,7 +8,9 @@ from helpers import EXAMPLES
 from nbclient import NotebookClient
 
 
-@pytest.mark.parametrize("name", ["pytorch_ddp.ipynb", "mpi_allreduce.ipynb"])
+@pytest.mark.parametrize(
+    "name", ["pytorch_ddp.ipynb", "mpi_allreduce.ipynb", "tensorflow_mwms.ipynb"]
+)
 def test_example_notebook_runs(name, tmp_path, monkeypatch):
     monkeypatch.setenv("DISTRUN_HOME", str(tmp_path))
     monkeypatch.delenv("DISTRUN_NODES_FILE", raising=False)
@@ -19,5 +21,8 @@ def test_example_notebook_runs(name, tmp_path, monkeypatch):
     text = "".join(out.get("text", "") for cell in nb.cells for out in cell.get("outputs", []))
     if name == "pytorch_ddp.ipynb":
         assert "4 ranks, identical weights:" in text and "[rank 0] epoch 2: loss" in text
+    elif name == "tensorflow_mwms.ipynb":
+        assert '"task": {"type": "worker", "index": 1}' in text  # the dry run's TF_CONFIG
+        assert "2 workers, identical weights:" in text and "[worker 1] step 40: loss" in text
     else:
         assert text.count("allreduce gives 10") == 4 and "127.0.0.1 slots=4" in text
