@@ -5,6 +5,7 @@ WORLD_SIZE, LOCAL_RANK, MASTER_ADDR, MASTER_PORT. gloo on CPU, nccl when GPUs ar
 """
 
 import argparse
+import gc
 import json
 import os
 import socket
@@ -69,7 +70,11 @@ def main() -> None:
             )
         },
     }
-    print("RESULT " + json.dumps(report))
+    print("RESULT " + json.dumps(report), flush=True)
+    # Drop DDP (its reducer holds gloo work objects) while Python is fully alive: gloo
+    # objects freed during interpreter shutdown can abort the process (pytorch#179291).
+    del model, optimizer, loss
+    gc.collect()
     dist.barrier()  # nobody tears down while others may still talk to it
     dist.destroy_process_group()
 
