@@ -126,20 +126,21 @@ class JobRecord:
         """Up to `limit` lines of `key` after `cursor`, stdout and stderr merged by time, and
         the cursor of what follows. A cursor is "<stdout bytes>.<stderr bytes>" read so far:
         exact however the two files grow. With `tail`, the last `tail` lines instead."""
-        starts = _parse_cursor(cursor)
-        per_stream = []
-        for index, stream in enumerate(STREAMS):
-            path = self.log_path(key, stream)
-            start = _tail_start(path, tail) if tail is not None else starts[index]
-            per_stream.append(_complete_lines(path, start, index, tail or limit))
-            if tail is not None:
-                starts[index] = start
+        paths = [self.log_path(key, stream) for stream in STREAMS]
+        if tail is None:
+            starts = _parse_cursor(cursor)
+        else:
+            starts, limit = [_tail_start(path, tail) for path in paths], tail
+        per_stream = [
+            _complete_lines(path, start, index, limit)
+            for index, (path, start) in enumerate(zip(paths, starts, strict=True))
+        ]
         merged = list(heapq.merge(*per_stream, key=lambda line: line[0]))
-        taken = merged[-tail:] if tail is not None else merged[:limit]
+        # A tail reads both files to their end; a page ends after its last line.
+        taken, consumed = (merged[-tail:], merged) if tail else (merged[:limit], merged[:limit])
         ends = list(starts)
-        for lines in per_stream if tail is not None else [taken]:
-            for _ts, index, _text, end in lines:
-                ends[index] = max(ends[index], end)
+        for _ts, index, _text, end in consumed:
+            ends[index] = max(ends[index], end)
         out = [{"ts": ts, "stream": STREAMS[index], "text": text} for ts, index, text, _ in taken]
         return out, f"{ends[0]}.{ends[1]}"
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -33,6 +34,18 @@ def job_processes(job_id: str) -> list[int]:
                     found.append(int(entry.name))
         except OSError:
             continue
+    return found
+
+
+def result_reports(store: JobStore, job_id: str) -> dict[int, dict]:
+    """What each rank of a job printed as its `RESULT {json}` line, by rank."""
+    record = store.get(job_id)
+    found = {}
+    for key in record.log_keys():
+        for line in record.iter_log(key, "stdout"):
+            if line.text.startswith("RESULT "):
+                report = json.loads(line.text.removeprefix("RESULT "))
+                found[report["rank"]] = report
     return found
 
 

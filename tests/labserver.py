@@ -5,6 +5,7 @@ off; Chromium is Debian's binary driven by Playwright (no browser download)."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import secrets
@@ -14,6 +15,7 @@ import subprocess
 import sys
 import time
 import urllib.request
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -95,3 +97,34 @@ def chromium_path() -> str:
     if not found:
         raise RuntimeError("no Chromium: install Debian's chromium (scripts/setup.sh --test does)")
     return found
+
+
+def write_notebook(server: LabServer, name: str, sources: list[str]) -> None:
+    """A notebook of code cells in the server's root, with its kernel named (no dialog)."""
+    import nbformat
+
+    nb = nbformat.v4.new_notebook()
+    nb.cells = [nbformat.v4.new_code_cell(source) for source in sources]
+    nb.metadata["kernelspec"] = {
+        "name": "python3",
+        "display_name": "Python 3",
+        "language": "python",
+    }
+    nbformat.write(nb, server.root / name)
+
+
+@contextlib.contextmanager
+def open_page(server: LabServer, path: str) -> Iterator:
+    """Headless Chromium on one of the server's pages, once its notebook cells are there."""
+    from playwright.sync_api import sync_playwright
+
+    with sync_playwright() as playwright:
+        browser = playwright.chromium.launch(executable_path=chromium_path(), args=CHROMIUM_ARGS)
+        try:
+            page = browser.new_page(viewport={"width": 1400, "height": 1000})
+            page.set_default_timeout(60_000)
+            page.goto(server.page_url(path))
+            page.wait_for_selector(".jp-Notebook .jp-Cell")
+            yield page
+        finally:
+            browser.close()

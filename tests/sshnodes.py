@@ -64,6 +64,12 @@ class SshNodes:
         path.write_text(yaml.safe_dump({"nodes": self.inventory_entries(**extra)}))
         return path
 
+    def load_inventory(self, folder: Path, **extra):
+        """The nodes as a job sees them: the inventory written to `folder`/nodes.yml, loaded."""
+        from jupyter_dist.nodes import load_inventory
+
+        return load_inventory(self.write_inventory(folder / "nodes.yml", **extra))
+
     def pids(self, node: TestNode) -> list[int]:
         """Processes running on a node, its sshd (and sshd's own sessions) left out."""
         if node.namespace:

@@ -8,7 +8,6 @@ from __future__ import annotations
 import re
 
 import labserver
-import nbformat
 import pytest
 from helpers import ROOT, job_processes
 from playwright.sync_api import TimeoutError as PlaywrightTimeout
@@ -39,33 +38,17 @@ time.sleep(300)"""
 @pytest.fixture(scope="module")
 def lab(tmp_path_factory):
     server = labserver.start(tmp_path_factory.mktemp("lab"))
-    nb = nbformat.v4.new_notebook()
-    nb.cells = [
-        nbformat.v4.new_code_cell(s) for s in ("%load_ext jupyter_dist", DDP_CELL, LONG_CELL)
-    ]
-    nb.metadata["kernelspec"] = {
-        "name": "python3",
-        "display_name": "Python 3",
-        "language": "python",
-    }
-    nbformat.write(nb, server.root / "distrun.ipynb")
+    labserver.write_notebook(
+        server, "distrun.ipynb", ["%load_ext jupyter_dist", DDP_CELL, LONG_CELL]
+    )
     yield server
     labserver.stop(server)
 
 
 @pytest.fixture(scope="module")
 def lab_page(lab):
-    from playwright.sync_api import sync_playwright
-
     ARTIFACTS.mkdir(parents=True, exist_ok=True)
-    with sync_playwright() as playwright:
-        browser = playwright.chromium.launch(
-            executable_path=labserver.chromium_path(), args=labserver.CHROMIUM_ARGS
-        )
-        page = browser.new_page(viewport={"width": 1400, "height": 1000})
-        page.set_default_timeout(60_000)
-        page.goto(lab.page_url("/lab/workspaces/distrun-test/tree/distrun.ipynb?reset"))
-        page.wait_for_selector(".jp-Notebook .jp-Cell")
+    with labserver.open_page(lab, "/lab/workspaces/distrun-test/tree/distrun.ipynb?reset") as page:
         # The kernel must really be ready before the first Shift+Enter: the status bar says
         # so once the session is connected; the first cell is run until it really ran.
         page.locator(".jp-StatusBar-Widget", has_text="| Idle").first.wait_for()
@@ -74,7 +57,6 @@ def lab_page(lab):
             _shot(page, "0-unexpected-dialog")
             pytest.fail(f"JupyterLab opened a dialog: {dialog.inner_text()}")
         yield page
-        browser.close()
 
 
 def _shot(page, name: str) -> None:

@@ -13,7 +13,7 @@ from pathlib import Path
 import paramiko
 import pytest
 import yaml
-from helpers import EXAMPLES, LONG_JOB, run_cli, start_cli_run
+from helpers import EXAMPLES, LONG_JOB, result_reports, run_cli, start_cli_run
 
 from jupyter_dist.errors import NodeError
 from jupyter_dist.nodes import load_inventory
@@ -29,22 +29,6 @@ def _spec(body: str, base_dir: Path | None = None):
     return parse_spec(textwrap.dedent(body), base_dir=base_dir)
 
 
-def _inventory(cluster, tmp_path: Path, **extra):
-    path = cluster.write_inventory(tmp_path / "nodes.yml", **extra)
-    return load_inventory(path)
-
-
-def _results(store, job_id: str) -> dict[int, dict]:
-    record = store.get(job_id)
-    out = {}
-    for key in record.log_keys():
-        for line in record.iter_log(key, "stdout"):
-            if line.text.startswith("RESULT "):
-                report = json.loads(line.text.removeprefix("RESULT "))
-                out[report["rank"]] = report
-    return out
-
-
 @pytest.mark.parametrize("launcher", ["per_process", "torchrun"])
 def test_ddp_across_two_ssh_nodes(launcher, ssh_nodes, store, tmp_path):
     spec = _spec(f"""\
@@ -54,9 +38,9 @@ def test_ddp_across_two_ssh_nodes(launcher, ssh_nodes, store, tmp_path):
         resources: {{instance_count: 2}}
         distribution: {{type: pytorch, process_count_per_instance: 2, launcher: {launcher}}}
     """)
-    result = run(spec, store=store, inventory=_inventory(ssh_nodes, tmp_path))
+    result = run(spec, store=store, inventory=ssh_nodes.load_inventory(tmp_path))
     assert result.ok, result.describe()
-    results = _results(store, result.job_id)
+    results = result_reports(store, result.job_id)
     assert sorted(results) == [0, 1, 2, 3]
     node0 = ssh_nodes.nodes[0].host
     for rank, report in results.items():
@@ -75,9 +59,9 @@ def test_mpi_across_two_ssh_nodes(ssh_nodes, store, tmp_path):
         resources: {{instance_count: 2}}
         distribution: {{type: mpi, process_count_per_instance: 2}}
     """)
-    result = run(spec, store=store, inventory=_inventory(ssh_nodes, tmp_path))
+    result = run(spec, store=store, inventory=ssh_nodes.load_inventory(tmp_path))
     assert result.ok, result.describe()
-    results = _results(store, result.job_id)
+    results = result_reports(store, result.job_id)
     hosts = [n.host for n in ssh_nodes.nodes]
     for rank, report in results.items():
         assert report["host"] == f"node{rank // 2}"
@@ -96,7 +80,12 @@ def test_a_failing_rank_on_node_1_stops_node_0(ssh_nodes, store, tmp_path):
         distribution: {{type: pytorch, process_count_per_instance: 2}}
     """)
     started = time.monotonic()
-    result = run(spec, store=store, inventory=_inventory(ssh_nodes, tmp_path), grace_period=3)
+    result = run(
+        spec,
+        store=store,
+        inventory=ssh_nodes.load_inventory(tmp_path),
+        grace_period=3,
+    )
     assert time.monotonic() - started < 90
     assert result.state == "failed"
     cause = result.root_cause
@@ -112,7 +101,12 @@ def test_cancel_stops_every_remote_process(ssh_nodes, store, tmp_path):
         resources: {instance_count: 2}
         distribution: {type: pytorch, process_count_per_instance: 2}
     """)
-    job = launch(spec, store=store, inventory=_inventory(ssh_nodes, tmp_path), grace_period=3)
+    job = launch(
+        spec,
+        store=store,
+        inventory=ssh_nodes.load_inventory(tmp_path),
+        grace_period=3,
+    )
     deadline = time.monotonic() + 30
     while len(ssh_nodes.job_processes(job.job_id)) < 12 and time.monotonic() < deadline:
         time.sleep(0.1)
@@ -149,7 +143,7 @@ def test_hostile_environment_values_arrive_byte_for_byte(ssh_nodes, store, tmp_p
             }
         )
     )
-    result = run(spec, store=store, inventory=_inventory(ssh_nodes, tmp_path))
+    result = run(spec, store=store, inventory=ssh_nodes.load_inventory(tmp_path))
     assert result.ok, result.describe()
     record = store.get(result.job_id)
     for rank in (0, 1):
@@ -159,7 +153,7 @@ def test_hostile_environment_values_arrive_byte_for_byte(ssh_nodes, store, tmp_p
 
 
 def test_code_is_shipped_once_and_synced_by_change(ssh_nodes, tmp_path):
-    node = load_inventory(ssh_nodes.write_inventory(tmp_path / "n.yml")).nodes[0]
+    node = ssh_nodes.load_inventory(tmp_path).nodes[0]
     code = tmp_path / "code"
     (code / "pkg").mkdir(parents=True)
     for i in range(5):
@@ -249,7 +243,12 @@ def test_a_dropped_connection_stops_that_nodes_processes(ssh_nodes, store, tmp_p
         resources: {instance_count: 2}
         distribution: {type: pytorch, process_count_per_instance: 2}
     """)
-    job = launch(spec, store=store, inventory=_inventory(ssh_nodes, tmp_path), grace_period=3)
+    job = launch(
+        spec,
+        store=store,
+        inventory=ssh_nodes.load_inventory(tmp_path),
+        grace_period=3,
+    )
     deadline = time.monotonic() + 30
     while len(ssh_nodes.job_processes(job.job_id)) < 12 and time.monotonic() < deadline:
         time.sleep(0.1)  # every rank up: its agent, its shell, its sleep

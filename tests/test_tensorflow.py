@@ -4,33 +4,16 @@ from __future__ import annotations
 
 import json
 import textwrap
-from pathlib import Path
 
 import pytest
-from helpers import EXAMPLES, run_cli
+from helpers import EXAMPLES, result_reports, run_cli
 
 from jupyter_dist.describe import tf_configs
-from jupyter_dist.nodes import load_inventory
 from jupyter_dist.plan import LaunchPlan
 from jupyter_dist.run.launch import run
 from jupyter_dist.spec import parse_spec
 
 pytestmark = pytest.mark.tensorflow
-
-
-def _inventory(cluster, tmp_path: Path):
-    return load_inventory(cluster.write_inventory(tmp_path / "nodes.yml"))
-
-
-def _results(store, job_id: str) -> dict[int, dict]:
-    record = store.get(job_id)
-    found = {}
-    for key in record.log_keys():
-        for line in record.iter_log(key, "stdout"):
-            if line.text.startswith("RESULT "):
-                report = json.loads(line.text.removeprefix("RESULT "))
-                found[report["rank"]] = report
-    return found
 
 
 @pytest.mark.ssh
@@ -44,9 +27,9 @@ def test_multi_worker_mirrored_custom_loop_across_two_ssh_nodes(ssh_nodes, store
         distribution: {{type: tensorflow, worker_count: 2}}
         """)
     )
-    result = run(spec, store=store, inventory=_inventory(ssh_nodes, tmp_path))
+    result = run(spec, store=store, inventory=ssh_nodes.load_inventory(tmp_path))
     assert result.ok, result.describe()
-    reports = _results(store, result.job_id)
+    reports = result_reports(store, result.job_id)
     assert sorted(reports) == [0, 1]
     assert [reports[i]["host"] for i in (0, 1)] == ["node0", "node1"]  # one worker a node
     assert {r["workers"] for r in reports.values()} == {2}
@@ -82,7 +65,12 @@ def test_a_failing_tensorflow_worker_stops_the_job_with_the_root_cause(ssh_nodes
         distribution: {{type: tensorflow, worker_count: 2}}
         """)
     )
-    result = run(spec, store=store, inventory=_inventory(ssh_nodes, tmp_path), grace_period=3)
+    result = run(
+        spec,
+        store=store,
+        inventory=ssh_nodes.load_inventory(tmp_path),
+        grace_period=3,
+    )
     assert result.state == "failed"
     cause = result.root_cause
     assert cause.label == "worker 1" and cause.node == ssh_nodes.nodes[1].name
@@ -94,6 +82,6 @@ def test_a_failing_tensorflow_worker_stops_the_job_with_the_root_cause(ssh_nodes
 def test_the_tensorflow_example_runs_as_it_is_on_local_nodes(store):
     done = run_cli("run", str(EXAMPLES / "tensorflow_mwms.yml"), store=store, timeout=300)
     assert done.returncode == 0, done.stderr[-3000:]
-    reports = _results(store, store.jobs()[0].job_id)
+    reports = result_reports(store, store.jobs()[0].job_id)
     assert sorted(reports) == [0, 1]
     assert len({json.dumps(r["weights"]) for r in reports.values()}) == 1

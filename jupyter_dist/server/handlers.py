@@ -101,13 +101,12 @@ class JobHandler(DistrunHandler):
     async def get(self, job_id: str) -> None:
         def detail():
             record = self.store.get(job_id)
-            status = record.status()
-            plan = LaunchPlan.from_dict(record.plan())
+            status, plan = record.status(), record.plan()
             return {
                 **job_summary(status),
                 "spec": record.spec_yaml(),
-                "plan": record.plan(),
-                "processes": inspect_rows(plan, status),
+                "plan": plan,
+                "processes": inspect_rows(LaunchPlan.from_dict(plan), status),
                 "log_keys": record.log_keys(),
                 "store_path": str(record.path),
             }
