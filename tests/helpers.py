@@ -37,15 +37,16 @@ def job_processes(job_id: str) -> list[int]:
     return found
 
 
-def result_reports(store: JobStore, job_id: str) -> dict[int, dict]:
-    """What each rank of a job printed as its `RESULT {json}` line, by rank."""
+def result_reports(store: JobStore, job_id: str) -> dict[int | str, dict]:
+    """What each rank of a job printed as its `RESULT {json}` line, by rank (or by role,
+    for a report that has no rank: a TensorFlow chief)."""
     record = store.get(job_id)
     found = {}
     for key in record.log_keys():
         for line in record.iter_log(key, "stdout"):
             if line.text.startswith("RESULT "):
                 report = json.loads(line.text.removeprefix("RESULT "))
-                found[report["rank"]] = report
+                found[report.get("rank", report.get("role"))] = report
     return found
 
 

@@ -142,6 +142,23 @@ def test_tensorflow_table_with_every_role():
     assert evaluator["cluster"]["evaluator"][0] not in addresses
 
 
+@pytest.mark.parametrize(
+    ("roles", "serving"),
+    [
+        ("chief_count: 1, worker_count: 2, parameter_server_count: 1",
+         {"worker-0", "worker-1", "ps-0"}),
+        ("worker_count: 2, parameter_server_count: 1", {"ps-0"}),
+        ("chief_count: 1, worker_count: 2", set()),
+    ],
+)  # fmt: skip
+def test_tensorflow_tasks_that_serve_until_the_job_ends(roles, serving):
+    """Parameter servers never exit; under ParameterServerStrategy (chief + ps) workers
+    serve too, so the chief's end ends the job. MultiWorkerMirrored workers all exit."""
+    p = _plan(f"command: x\nresources: {{instance_count: 2}}\n"
+              f"distribution: {{type: tensorflow, {roles}, evaluator_count: 1}}")  # fmt: skip
+    assert {proc.name for proc in p.processes if proc.service} == serving
+
+
 def test_tensorflow_defaults_to_one_worker_per_node_and_base_port():
     p = _plan(
         "command: x\nresources: {instance_count: 3}\n"

@@ -199,3 +199,49 @@ def test_a_fast_failure_during_start_up_still_fails_the_job(store):
         result = run(_spec('[ "$RANK" = 7 ] && exit 3; exit 0', nodes=2, per_node=4), store=store)
         assert result.state == "failed" and result.root_cause.rank == 7
         assert result.root_cause.exit_code == 3
+
+
+def _tf_roles_spec(chief_does: str, others_do: str, chief: bool = True):
+    """A TensorFlow job whose tasks run shell commands by role (no TensorFlow needed)."""
+    role = 'case "$TF_CONFIG" in *\'"type": "chief"\'*) ROLE=chief;; *) ROLE=other;; esac'
+    command = f"{role}; if [ $ROLE = chief ]; then {chief_does}; else {others_do}; fi"
+    chief_count = ", chief_count: 1" if chief else ""
+    return parse_spec(
+        f"command: {json.dumps(command)}\nresources: {{instance_count: 2}}\n"
+        "distribution: {type: tensorflow, worker_count: 2, parameter_server_count: 1"
+        f"{chief_count}}}\n"
+    )
+
+
+def test_serving_tasks_are_stopped_when_the_chief_is_done(store):
+    """ParameterServerStrategy: workers and ps serve forever; the chief's end ends the job."""
+    spec = _tf_roles_spec("sleep 1; echo trained", "echo serving; exec sleep 300")
+    result = run(spec, store=store, grace_period=2)
+    assert result.ok, result.describe()
+    by_name = {p.name: p for p in result.processes}
+    assert by_name["chief-0"].state == "succeeded"
+    for name in ("worker-0", "worker-1", "ps-0"):
+        assert by_name[name].state == "stopped" and by_name[name].signal == "SIGTERM"
+    assert job_processes(result.job_id) == []
+
+
+def test_a_serving_task_that_fails_fails_the_job(store):
+    spec = _tf_roles_spec("exec sleep 300", "exit 4")
+    result = run(spec, store=store, grace_period=2)
+    assert result.state == "failed"
+    assert result.root_cause.exit_code == 4 and result.root_cause.role in ("worker", "ps")
+    assert job_processes(result.job_id) == []
+
+
+def test_a_serving_task_that_ends_cleanly_does_not_end_the_job(store):
+    """A parameter server whose script just returns (a smoke-test cell) is not a failure;
+    the workers still run to their end."""
+    spec = _tf_roles_spec(":", 'case "$TF_CONFIG" in *\'"type": "ps"\'*) exit 0;; esac; '
+                          "sleep 1; echo worked", chief=False)  # fmt: skip
+    collector = Collector()
+    result = run(spec, store=store, listeners=[collector])
+    assert result.ok, result.describe()
+    assert [line.text for line in collector.lines].count("worked") == 2
+    assert {p.name: p.state for p in result.processes} == {
+        "worker-0": "succeeded", "worker-1": "succeeded", "ps-0": "succeeded",
+    }  # fmt: skip

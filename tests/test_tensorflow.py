@@ -11,7 +11,7 @@ from helpers import EXAMPLES, result_reports, run_cli
 from jupyter_dist.describe import tf_configs
 from jupyter_dist.plan import LaunchPlan
 from jupyter_dist.run.launch import run
-from jupyter_dist.spec import parse_spec
+from jupyter_dist.spec import load_spec, parse_spec
 
 pytestmark = pytest.mark.tensorflow
 
@@ -40,6 +40,35 @@ def test_multi_worker_mirrored_custom_loop_across_two_ssh_nodes(ssh_nodes, store
     plan = LaunchPlan.from_dict(store.get(result.job_id).plan())
     shown = tf_configs(plan)
     assert "TF_CONFIG of worker 0" in shown and "TF_CONFIG of worker 1" in shown
+    assert ssh_nodes.job_processes(result.job_id) == []
+
+
+@pytest.mark.ssh
+def test_parameter_server_strategy_across_two_ssh_nodes(ssh_nodes, store, tmp_path):
+    """A chief coordinator, 2 workers and 1 ps (the example YAML, on the sshd nodes): the
+    variables live on the ps, both workers run steps, and the serving tasks are stopped
+    once the chief is done."""
+    spec = load_spec(EXAMPLES / "tensorflow_ps.yml")
+    result = run(spec, store=store, inventory=ssh_nodes.load_inventory(tmp_path))
+    assert result.ok, result.describe()
+    chief = result_reports(store, result.job_id)["chief"]
+    assert chief["host"] == "node0" and (chief["workers"], chief["ps"]) == (2, 1)
+    assert chief["variable_device"].startswith("/job:ps/replica:0/task:0")
+    assert sum(chief["steps_per_worker"]) == 40
+    assert min(chief["steps_per_worker"]) > 0, chief  # both workers took steps
+    assert chief["last_loss"] < chief["first_loss"]
+    states = {p.name: (p.state, p.signal) for p in result.processes}
+    assert states == {
+        "chief-0": ("succeeded", None), "worker-0": ("stopped", "SIGTERM"),
+        "worker-1": ("stopped", "SIGTERM"), "ps-0": ("stopped", "SIGTERM"),
+    }  # fmt: skip
+    serving = {line.text for key in ("worker-0", "worker-1", "ps-0")
+               for line in store.get(result.job_id).iter_log(key, "stdout")}  # fmt: skip
+    assert serving == {"worker 0 serving on node1", "worker 1 serving on node0",
+                       "ps 0 serving on node1"}  # fmt: skip
+    shown = tf_configs(LaunchPlan.from_dict(store.get(result.job_id).plan()))
+    for task in ("chief", "worker 0", "worker 1", "ps 0"):
+        assert f"TF_CONFIG of {task}" in shown
     assert ssh_nodes.job_processes(result.job_id) == []
 
 

@@ -30,7 +30,9 @@ class ProcessPlan:
     local_rank: int | None = None
     ranks: tuple[int, ...] = ()  # ranks whose output comes through this process
     output: str = "plain"
-    service: bool = False  # runs until the job's other processes finish (Dask scheduler, workers)
+    # Runs until the job's other processes finish, then is stopped (Dask scheduler and
+    # workers, TensorFlow parameter servers): its SIGTERM then is no failure.
+    service: bool = False
     tf_config: dict[str, Any] | None = None
 
     def to_dict(self) -> dict[str, Any]:

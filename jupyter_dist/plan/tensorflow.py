@@ -51,8 +51,18 @@ def _port(ctx: PlanContext, dist: TensorFlowDistribution, task: Task) -> int:
     return dist.base_port + task.slot if dist.base_port is not None else ctx.ports[task.key]
 
 
+def serving_roles(dist: TensorFlowDistribution) -> set[str]:
+    """Task types that serve until stopped. Parameter servers never exit on their own; with
+    a chief and parameter servers (ParameterServerStrategy) the chief is the coordinator and
+    the workers serve too, so the job ends when the chief (and any evaluator) is done."""
+    if not dist.parameter_server_count:
+        return set()
+    return {"ps", "worker"} if dist.chief_count else {"ps"}
+
+
 def build(ctx: PlanContext, dist: TensorFlowDistribution) -> list[ProcessPlan]:
     all_tasks = tasks(dist, ctx.num_nodes)
+    serving = serving_roles(dist)
     address = {t: f"{ctx.nodes[t.node_rank].host}:{_port(ctx, dist, t)}" for t in all_tasks}
     cluster: dict[str, list[str]] = {}
     for t in all_tasks:
@@ -83,6 +93,7 @@ def build(ctx: PlanContext, dist: TensorFlowDistribution) -> list[ProcessPlan]:
                 cwd=ctx.cwd(node),
                 world_size=world,
                 tf_config=tf_config,
+                service=t.type in serving,
             )
         )
     return procs

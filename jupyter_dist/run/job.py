@@ -301,15 +301,16 @@ class Job:
             if self._stopping:
                 state.stopped_by_us = failed
                 state.state = "stopped" if failed else "succeeded"
-            elif failed or proc.service:
-                # A service (Dask scheduler or worker) ending on its own is a failure too.
+            elif failed:
                 state.state = "failed"
                 self._root_cause = self._root_cause_for(proc, state)
                 self._stop_all("failed")  # under the lock: a second failure is not the cause
             else:
+                # A service that ends cleanly on its own (a Dask scheduler told to shut
+                # down) is fine; the job goes on while anything else runs.
                 state.state = "succeeded"
                 if self._only_services_left():
-                    self._stop_all("succeeded")  # the Dask client finished: stop the cluster
+                    self._stop_all("succeeded")  # the client or chief is done: stop the rest
         self._emit_process(state)
         self._write_status()
         self._finish_when_all_gone()
