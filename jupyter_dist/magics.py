@@ -35,7 +35,7 @@ from jupyter_dist.run.job import Job
 from jupyter_dist.spec import JobSpec, load_spec, spec_from_dict
 from jupyter_dist.store import JobStore
 
-LINE_COMMANDS = ("jobs", "logs", "inspect", "cancel", "nodes", "run", "form")
+LINE_COMMANDS = ("jobs", "logs", "inspect", "cancel", "nodes", "run", "form", "dask")
 CELL_RUNNER = Path(__file__).with_name("cell_runner.py")
 
 
@@ -92,11 +92,15 @@ class QueuedPrinter(JobListener):
             sys.stderr.flush()
 
 
-_TF_FLAGS = {
-    "worker_count": "--worker-count",
-    "parameter_server_count": "--ps-count",
-    "chief_count": "--chief",
-    "evaluator_count": "--evaluator",
+# Distribution keys set by options that only one job type has: key -> (type, flag).
+_TYPE_FLAGS = {
+    "worker_count": ("tensorflow", "--worker-count"),
+    "parameter_server_count": ("tensorflow", "--ps-count"),
+    "chief_count": ("tensorflow", "--chief"),
+    "evaluator_count": ("tensorflow", "--evaluator"),
+    "threads_per_process": ("dask", "--threads"),
+    "scheduler_port": ("dask", "--scheduler-port"),
+    "dashboard_port": ("dask", "--dashboard-port"),
 }
 
 
@@ -119,21 +123,21 @@ def build_spec(args: Any, script: str, base_dir: Path | str) -> JobSpec:
         dist["process_count_per_instance"] = args.procs_per_node
     if args.launcher:
         dist["launcher"] = args.launcher
-    tf_options = {
+    typed_options = {
         "worker_count": args.worker_count, "parameter_server_count": args.ps_count,
         "chief_count": 1 if args.chief else None, "evaluator_count": 1 if args.evaluator else None,
+        "threads_per_process": args.threads, "scheduler_port": args.scheduler_port,
+        "dashboard_port": args.dashboard_port,
     }  # fmt: skip
-    for key, value in tf_options.items():
+    for key, value in typed_options.items():
         if value is not None:
-            if args.type != "tensorflow":
-                flag = _TF_FLAGS[key]
-                raise SpecError(f"{flag} applies to tensorflow jobs only (this is {args.type})")
+            job_type, flag = _TYPE_FLAGS[key]
+            if args.type != job_type:
+                raise SpecError(f"{flag} applies to {job_type} jobs only (this is {args.type})")
             dist[key] = value
-    data: dict[str, Any] = {
-        "script": script,
-        "resources": {"instance_count": args.nodes},
-        "distribution": dist,
-    }
+    data: dict[str, Any] = {"resources": {"instance_count": args.nodes}, "distribution": dist}
+    if _has_code(script) or args.type != "dask":  # an empty dask cell: an interactive cluster
+        data["script"] = script
     env = _env_pairs(args.env)
     if env:
         data["environment_variables"] = env
@@ -158,6 +162,14 @@ def _options(func: Callable) -> Callable:
         argument("--ps-count", type=int, help="tensorflow parameter servers"),
         argument("--chief", action="store_true", help="tensorflow: add a chief"),
         argument("--evaluator", action="store_true", help="tensorflow: add an evaluator"),
+        argument("--threads", type=int, help="dask: threads per worker process"),
+        argument("--scheduler-port", type=int, help="dask: the scheduler's port (default: free)"),
+        argument("--dashboard-port", type=int, help="dask: the dashboard's port (default: free)"),
+        argument("--client-name", metavar="NAME",
+                 help="interactive dask cluster: the notebook variable for its Client "
+                      "(default: client)"),
+        argument("--start-timeout", type=float, metavar="SECONDS",
+                 help="interactive dask cluster: how long to wait for every worker (default: 60)"),
         argument("-e", "--env", action="append", metavar="NAME=VALUE",
                  help="environment variable for every process (repeatable)"),
         argument("--code", metavar="DIR", help="folder shipped to every node; the cwd"),
@@ -203,7 +215,10 @@ class DistrunMagics(Magics):
 
         As a line magic: `%distrun jobs`, `%distrun logs JOB [--rank R]`,
         `%distrun inspect JOB`, `%distrun cancel JOB`, `%distrun nodes`,
-        `%distrun run SPEC.yml`, `%distrun form`."""
+        `%distrun run SPEC.yml`, `%distrun form`, `%distrun dask start|stop`.
+
+        An empty `%%distrun --type dask` cell starts an interactive Dask cluster and puts
+        its `distributed.Client` in the notebook (`--client-name`)."""
         if cell is None:
             return self._line_command(line)
         try:
@@ -215,6 +230,17 @@ class DistrunMagics(Magics):
         if args.procs_per_node is None and self.procs_per_node:
             args.procs_per_node = self.procs_per_node
         with _one_line_errors():
+            interactive = args.type == "dask" and not _has_code(cell)
+            if not interactive:
+                for flag, value in (("--client-name", args.client_name),
+                                    ("--start-timeout", args.start_timeout)):  # fmt: skip
+                    if value is not None:
+                        raise SpecError(
+                            f"{flag} applies to an interactive Dask cluster only (an empty "
+                            "`%%distrun --type dask` cell, or `%distrun dask start`)"
+                        )
+            elif args.push or args.out:
+                raise SpecError("--push and --out need code in the cell (this cell is empty)")
             outs = _names(args.out, "--out")
             if args.out_all and not outs:
                 raise SpecError("--out-all needs --out NAMES")
@@ -236,6 +262,9 @@ class DistrunMagics(Magics):
             if args.dry_run:
                 self._dry_run(spec, inventory)
                 return
+            if interactive:
+                self._start_dask(spec, inventory, args)
+                return
             job = self._run(spec, inventory, extra)
             if outs:
                 self._bring_back(job, outs, args.out_all)
@@ -250,6 +279,62 @@ class DistrunMagics(Magics):
         if not result.ok:
             raise JobFailed(result)
         return job
+
+    def _start_dask(self, spec: JobSpec, inventory, args: Any) -> None:
+        """Start an interactive Dask cluster; its client goes into the notebook."""
+        from IPython.display import display
+
+        from jupyter_dist.dask_cluster import DaskCluster
+        from jupyter_dist.run.launch import prepare_job
+
+        name = args.client_name or "client"
+        if not name.isidentifier():
+            raise SpecError(f"--client-name: {name!r} is not a Python variable name")
+        job = prepare_job(spec, inventory=inventory)
+        workers = len(job.plan.processes) - 1
+        print(f"Starting a Dask cluster (job {job.job_id}): a scheduler on "
+              f"{job.plan.processes[0].node}, {workers} worker(s) on {len(job.plan.nodes)} "
+              "node(s)...", flush=True)  # fmt: skip
+        cluster = DaskCluster(job, client_name=name).start(
+            timeout=args.start_timeout or DaskCluster.default_timeout
+        )
+        self.shell.user_ns[name] = cluster.client
+        display(cluster)
+
+    def _dask_command(self, words: list[str]) -> None:
+        """`%distrun dask start [OPTIONS]`, `%distrun dask stop [NAME]`, `%distrun dask`."""
+        from IPython.display import display
+
+        from jupyter_dist.dask_cluster import running_clusters
+
+        action, rest = (words[0], words[1:]) if words else ("status", [])
+        if action == "start":
+            self.distrun(" ".join(["--type", "dask", *map(shlex.quote, rest)]), "")
+            return
+        clusters = running_clusters()
+        if action == "status" and not rest:
+            for cluster in clusters.values():
+                display(cluster)
+            if not clusters:
+                print("No Dask cluster is running (start one with %distrun dask start).")
+            return
+        if action != "stop" or len(rest) > 1:
+            raise _user_error(
+                "%distrun dask: use `%distrun dask start [OPTIONS]`, `%distrun dask stop "
+                "[CLIENT_NAME]` or `%distrun dask` (what runs)"
+            )
+        if rest and rest[0] not in clusters:
+            known = ", ".join(clusters) or "none is running"
+            raise _user_error(f"%distrun dask stop: no Dask cluster named {rest[0]!r} ({known})")
+        chosen = [clusters[rest[0]]] if rest else list(clusters.values())
+        if not chosen:
+            print("No Dask cluster is running.")
+        for cluster in chosen:
+            result = cluster.stop("stopped with %distrun dask stop")
+            if self.shell.user_ns.get(cluster.client_name) is cluster.client:
+                del self.shell.user_ns[cluster.client_name]
+            print(f"Dask cluster {result.job_id} stopped: {len(result.processes)} process(es) "
+                  f"on {len(cluster.job.plan.nodes)} node(s) ended.")  # fmt: skip
 
     def _pushed(self, names: list[str]) -> str | None:
         """The named notebook variables, pickled for the ranks (base64 text), or None."""
@@ -301,6 +386,10 @@ class DistrunMagics(Magics):
             from jupyter_dist.widgets.form import SubmitForm
 
             display(SubmitForm(nodes_file=self.nodes_file or None))
+            return
+        if words[0] == "dask":
+            with _one_line_errors():
+                self._dask_command(words[1:])
             return
         if words[0] == "run":
             if len(words) != 2:
@@ -388,8 +477,24 @@ def run_in_cell(
         printer.flush()
 
 
+def _has_code(cell: str) -> bool:
+    """Whether a cell has anything to run (blank lines and comments are nothing)."""
+    return any(line.strip() and not line.strip().startswith("#") for line in cell.splitlines())
+
+
+def keep_empty_distrun_cells(lines: list[str]) -> list[str]:
+    """IPython refuses a cell magic whose body is empty before the magic is called; an
+    empty `%%distrun --type dask` cell starts an interactive cluster, so it gets a blank
+    body instead (an input transformer, run before IPython reads cell magics)."""
+    if lines and lines[0].startswith("%%distrun") and not "".join(lines[1:]).strip():
+        return [lines[0].rstrip("\n") + "\n", "\n"]
+    return lines
+
+
 def load(ipython) -> None:
     ipython.register_magics(DistrunMagics)
+    if keep_empty_distrun_cells not in ipython.input_transformers_cleanup:
+        ipython.input_transformers_cleanup.append(keep_empty_distrun_cells)
 
 
 __all__ = ["DistrunMagics", "JobFailed", "build_spec", "load", "run_in_cell"]

@@ -46,7 +46,7 @@ pip install --upgrade pip
 # jupyter_dist/labextension when it is not there yet.
 # torch 2.13.0 is the CPU build; ask for it by version so pip never pulls a CUDA build.
 if [[ $want_tests -eq 1 ]]; then
-    pip install "torch==2.13.0" mpi4py -e ".[test,tensorflow]"
+    pip install "torch==2.13.0" mpi4py -e ".[test,tensorflow,dask]"
 else
     pip install "torch==2.13.0" mpi4py -e .
 fi

@@ -14,6 +14,16 @@ def store(tmp_path: Path) -> JobStore:
     return JobStore(tmp_path / "jobs")
 
 
+@pytest.fixture
+def kernel_env(tmp_path, monkeypatch) -> Path:
+    """Kernels started by the test inherit this: their jobs go to a store of the test's own
+    (returned), local nodes, and the plain-text view (no Jupyter server around)."""
+    monkeypatch.setenv("DISTRUN_HOME", str(tmp_path / "home"))
+    monkeypatch.delenv("DISTRUN_NODES_FILE", raising=False)
+    monkeypatch.delenv("JPY_SESSION_NAME", raising=False)
+    return tmp_path / "home" / "jobs"
+
+
 @pytest.fixture(scope="session")
 def ssh_cluster(tmp_path_factory):
     """Two real sshd nodes (network namespaces with their own IPs and hostnames)."""

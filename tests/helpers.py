@@ -76,3 +76,19 @@ def start_cli_run(spec: Path, store: JobStore, *extra: str, ranks: int = 4, stde
             seen += 1
     assert seen == ranks, f"only {seen} of {ranks} ranks started"
     return proc, store.jobs()[0].job_id
+
+
+def execute_notebook(*sources: str, allow_errors: bool = False, timeout: int = 180):
+    """A notebook of `%load_ext jupyter_dist` and these cells, run in a real kernel."""
+    import nbformat
+    from nbclient import NotebookClient
+
+    nb = nbformat.v4.new_notebook()
+    nb.cells = [nbformat.v4.new_code_cell(s) for s in ("%load_ext jupyter_dist", *sources)]
+    NotebookClient(nb, timeout=timeout, kernel_name="python3", allow_errors=allow_errors).execute()
+    return nb
+
+
+def stream_text(cell) -> str:
+    """What a cell printed (stdout and stderr)."""
+    return "".join(o.get("text", "") for o in cell.outputs if o.output_type == "stream")

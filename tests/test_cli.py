@@ -69,14 +69,15 @@ def test_run_a_tensorflow_job_prefixes_lines_by_role(tmp_path: Path, store):
         command: python show.py
         code: .
         resources: {instance_count: 2}
-        distribution: {type: tensorflow, worker_count: 2, parameter_server_count: 1, chief_count: 1}
+        distribution: {type: tensorflow, worker_count: 2, parameter_server_count: 1,
+                       evaluator_count: 1}
     """,
-    )
+    )  # (no chief: with a chief and a ps, the workers would be stopped once the chief ends)
     done = run_cli("run", str(spec), store=store)
     assert done.returncode == 0, done.stderr
     lines = sorted(done.stdout.splitlines())
     assert lines == [
-        "[chief] chief 0 2",
+        "[evaluator] evaluator 0 0",
         "[ps 0] ps 0 2",
         "[worker 0] worker 0 2",
         "[worker 1] worker 1 2",

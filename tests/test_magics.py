@@ -7,42 +7,20 @@ import queue
 import re
 import time
 
-import nbformat
 import pytest
-from helpers import job_processes
+from helpers import execute_notebook, job_processes, stream_text
 from jupyter_client.manager import start_new_kernel
-from nbclient import NotebookClient
 from nbclient.exceptions import CellExecutionError
 
 
-@pytest.fixture
-def kernel_env(tmp_path, monkeypatch):
-    """Kernels inherit this: their jobs go to a store of the test's own."""
-    monkeypatch.setenv("DISTRUN_HOME", str(tmp_path / "home"))
-    monkeypatch.delenv("DISTRUN_NODES_FILE", raising=False)
-    return tmp_path / "home" / "jobs"
-
-
-def _execute(*sources: str, allow_errors: bool = False) -> nbformat.NotebookNode:
-    nb = nbformat.v4.new_notebook()
-    nb.cells = [nbformat.v4.new_code_cell("%load_ext jupyter_dist")]
-    nb.cells += [nbformat.v4.new_code_cell(source) for source in sources]
-    NotebookClient(nb, timeout=180, kernel_name="python3", allow_errors=allow_errors).execute()
-    return nb
-
-
-def _text(cell) -> str:
-    return "".join(o.get("text", "") for o in cell.outputs if o.output_type == "stream")
-
-
 def test_a_pytorch_job_from_a_cell(kernel_env):
-    nb = _execute(
+    nb = execute_notebook(
         "%%distrun --nodes 2 --procs-per-node 2 --env GREETING=hi\n"
         "import os\n"
         "print(os.environ['GREETING'], 'from rank', os.environ['RANK'],\n"
         "      'of', os.environ['WORLD_SIZE'], 'node', os.environ['NODE_RANK'])\n"
     )
-    text = _text(nb.cells[1])
+    text = stream_text(nb.cells[1])
     for rank in range(4):
         assert f"[rank {rank}] hi from rank {rank} of 4 node {rank // 2}" in text
     # The saved notebook keeps the lines; the store has them too.
@@ -55,7 +33,7 @@ def test_a_pytorch_job_from_a_cell(kernel_env):
 
 
 def test_real_ddp_in_a_cell(kernel_env):
-    nb = _execute(
+    nb = execute_notebook(
         "%%distrun --nodes 2 --procs-per-node 2 --env OMP_NUM_THREADS=1\n"
         "import torch, torch.distributed as dist\n"
         "dist.init_process_group('gloo')\n"
@@ -64,12 +42,12 @@ def test_real_ddp_in_a_cell(kernel_env):
         "print('sum', t.item())\n"
         "dist.destroy_process_group()\n"
     )
-    assert _text(nb.cells[1]).count("sum 10.0") == 4
+    assert stream_text(nb.cells[1]).count("sum 10.0") == 4
 
 
 def test_a_failing_rank_fails_the_cell_with_the_root_cause(kernel_env):
     with pytest.raises(CellExecutionError) as info:
-        _execute(
+        execute_notebook(
             "%%distrun --nodes 2 --procs-per-node 2\n"
             "import os, time\n"
             "if os.environ['RANK'] == '3':\n"
@@ -84,11 +62,11 @@ def test_a_failing_rank_fails_the_cell_with_the_root_cause(kernel_env):
 
 
 def test_dry_run_shows_spec_plan_and_tf_config(kernel_env):
-    nb = _execute(
+    nb = execute_notebook(
         "%%distrun --type tensorflow --nodes 2 --worker-count 2 --ps-count 1 --chief --dry-run\n"
         "print('never runs')\n"
     )
-    text = _text(nb.cells[1])
+    text = stream_text(nb.cells[1])
     assert "type: tensorflow" in text and "parameter_server_count: 1" in text
     assert re.search(r"ps-0\s+ps\s+local1", text)
     assert '"task": {\n    "type": "ps",\n    "index": 0\n  }' in text  # pretty-printed
@@ -109,7 +87,7 @@ def test_dry_run_shows_spec_plan_and_tf_config(kernel_env):
 )
 def test_bad_options_give_one_line(kernel_env, line, message):
     with pytest.raises(CellExecutionError) as info:
-        _execute(f"%%distrun {line}\nprint(1)\n")
+        execute_notebook(f"%%distrun {line}\nprint(1)\n")
     assert info.value.ename == "DistrunError"
     assert message in info.value.evalue and "\n" not in info.value.evalue.strip()
 
@@ -117,14 +95,14 @@ def test_bad_options_give_one_line(kernel_env, line, message):
 def test_line_commands(kernel_env, tmp_path):
     spec = tmp_path / "job.yml"
     spec.write_text("command: echo from $RANK\nresources: {instance_count: 2}\n")
-    nb = _execute(f"%distrun run {spec}", "%distrun jobs", allow_errors=True)
-    assert "[rank 1] from 1" in _text(nb.cells[1])
+    nb = execute_notebook(f"%distrun run {spec}", "%distrun jobs", allow_errors=True)
+    assert "[rank 1] from 1" in stream_text(nb.cells[1])
     (job,) = os.listdir(kernel_env)
-    nb = _execute(
+    nb = execute_notebook(
         f"%distrun logs {job} --rank 1", "%distrun bogus", f"%distrun inspect {job}",
         allow_errors=True,
     )  # fmt: skip
-    assert _text(nb.cells[1]) == "from 1\n"
+    assert stream_text(nb.cells[1]) == "from 1\n"
     assert nb.cells[2].outputs[0].ename == "DistrunError"
     assert "unknown command 'bogus'" in nb.cells[2].outputs[0].evalue
     assert nb.cells[3].outputs and all(o.output_type != "error" for o in nb.cells[3].outputs)
@@ -167,7 +145,7 @@ def test_interrupt_cancels_every_rank_and_the_kernel_lives_on(kernel_env):
 
 
 def test_push_variables_in_and_values_out(kernel_env):
-    nb = _execute(
+    nb = execute_notebook(
         "import numpy as np\nscale = 3\nweights = np.arange(4.0)\ndouble = lambda x: x * 2",
         "%%distrun --nodes 2 --procs-per-node 2 -i scale,weights,double -o result,rank "
         "--out-all\nimport os\nrank = int(os.environ['RANK'])\n"
@@ -176,15 +154,15 @@ def test_push_variables_in_and_values_out(kernel_env):
         "%%distrun --nodes 2 -o first\nimport os\nfirst = {'rank': int(os.environ['RANK'])}",
         "print(first)",
     )
-    assert _text(nb.cells[3]) == (
+    assert stream_text(nb.cells[3]) == (
         "[0, 1, 2, 3] [[0.0, 6.0, 12.0, 18.0], [2.0, 8.0, 14.0, 20.0], "
         "[4.0, 10.0, 16.0, 22.0], [6.0, 12.0, 18.0, 24.0]]\n"
     )
-    assert _text(nb.cells[5]) == "{'rank': 0}\n"  # -o alone: rank 0's value
+    assert stream_text(nb.cells[5]) == "{'rank': 0}\n"  # -o alone: rank 0's value
 
 
 def test_push_and_out_errors_name_the_variable(kernel_env):
-    nb = _execute(
+    nb = execute_notebook(
         "import threading\nlock = threading.Lock()",
         "%%distrun -i lock\nprint(1)",
         "%%distrun -i undefined_thing\nprint(1)",
@@ -202,10 +180,10 @@ def test_push_and_out_errors_name_the_variable(kernel_env):
 
 def test_out_from_ssh_nodes(kernel_env, ssh_nodes, tmp_path):
     inventory = ssh_nodes.write_inventory(tmp_path / "nodes.yml")
-    nb = _execute(
+    nb = execute_notebook(
         "offset = 100",
         f"%%distrun --nodes 2 --nodes-file {inventory} -i offset -o where --out-all\n"
         "import os, socket\nwhere = (socket.gethostname(), int(os.environ['RANK']) + offset)",
         "print(where)",
     )
-    assert _text(nb.cells[3]) == "[('node0', 100), ('node1', 101)]\n"
+    assert stream_text(nb.cells[3]) == "[('node0', 100), ('node1', 101)]\n"

@@ -64,9 +64,10 @@ def test_pytorch_per_process_table():
     assert [p.node for p in p.processes] == ["gpu0"] * 3 + ["gpu1"] * 3
 
 
-def test_pytorch_fixed_master_port_needs_no_free_port():
+def test_pytorch_fixed_master_port_is_checked_not_chosen():
     spec = parse_spec("command: x\ndistribution: {type: pytorch, master_port: 6105}")
-    assert port_requests(spec, NODES[:1]) == []
+    (request,) = port_requests(spec, NODES[:1])
+    assert (request.fixed, request.setting) == (6105, "master_port")
     p = plan(spec, NODES[:1], "job1", {})
     assert p.processes[0].env["MASTER_PORT"] == "6105"
     # One process per node: no OMP_NUM_THREADS imposed.
@@ -261,7 +262,13 @@ def test_dask_table():
         assert w.argv[w.argv.index("--nthreads") + 1] == "3"
     assert client.node == "gpu0" and not client.service
     assert client.env["DASK_SCHEDULER_ADDRESS"] == address
-    assert client.argv == ["/bin/sh", "-c", "python analyse.py"]
+    # The command runs once every worker has registered (dask_wait.py, shipped to node 0).
+    wait = "/scratch/distrun/job1/dask_wait.py"
+    assert client.argv == ["/bin/sh", "-c", f"{NODES[0].python} {wait} && python analyse.py"]
+    assert client.env["DISTRUN_DASK_WORKER_NAMES"] == "gpu0-0,gpu0-1,gpu1-0,gpu1-1"
+    assert [f.path for f in p.files if f.node_rank == 0] == [wait]
+    # Two worker processes a node: each gets half of its memory, not all of it.
+    assert {w.argv[w.argv.index("--memory-limit") + 1] for w in workers} == {"0.5000"}
 
 
 def test_dask_without_command_is_an_interactive_cluster():

@@ -7,27 +7,12 @@ import shutil
 import subprocess
 from pathlib import Path
 
-import nbformat
 import pytest
-from nbclient import NotebookClient
+from helpers import execute_notebook
 
 import jupyter_dist.widgets.live as live
 
 WIDGET_MIME = "application/vnd.jupyter.widget-view+json"
-
-
-@pytest.fixture
-def kernel_env(tmp_path, monkeypatch):
-    monkeypatch.setenv("DISTRUN_HOME", str(tmp_path / "home"))
-    monkeypatch.delenv("DISTRUN_NODES_FILE", raising=False)
-    monkeypatch.delenv("JPY_SESSION_NAME", raising=False)
-
-
-def _run(*sources: str) -> nbformat.NotebookNode:
-    nb = nbformat.v4.new_notebook()
-    nb.cells = [nbformat.v4.new_code_cell(s) for s in ("%load_ext jupyter_dist", *sources)]
-    NotebookClient(nb, timeout=180, kernel_name="python3", allow_errors=True).execute()
-    return nb
 
 
 STATE = (
@@ -39,7 +24,7 @@ STATE = (
 
 
 def test_live_view_state_messages_and_text_form(kernel_env):
-    nb = _run(
+    nb = execute_notebook(
         "%config DistrunMagics.view = 'widget'",
         "%%distrun --nodes 2 --procs-per-node 4\n"
         "import os, time\n"
@@ -62,7 +47,7 @@ def test_live_view_state_messages_and_text_form(kernel_env):
 
 
 def test_messages_are_rate_bounded(kernel_env):
-    nb = _run(
+    nb = execute_notebook(
         "%config DistrunMagics.view = 'widget'",
         "import time\nstarted = time.monotonic()",
         "%%distrun --nodes 1 --procs-per-node 4\n"
@@ -75,11 +60,12 @@ def test_messages_are_rate_bounded(kernel_env):
 
 
 def test_failed_job_shows_the_root_cause_in_the_view(kernel_env):
-    nb = _run(
+    nb = execute_notebook(
         "%config DistrunMagics.view = 'widget'",
         "%%distrun --nodes 2\nimport os\nif os.environ['RANK'] == '1':\n"
         "    raise SystemExit('rank 1 is out of memory')\n",
         "from jupyter_dist.magics import DistrunMagics\nprint(DistrunMagics.last_view.root_cause)",
+        allow_errors=True,
     )
     display, error = nb.cells[2].outputs
     assert "Root cause: rank 1 on local1" in display.data["text/plain"]
@@ -95,10 +81,10 @@ def test_failed_job_shows_the_root_cause_in_the_view(kernel_env):
 
 def test_auto_picks_the_widget_under_a_jupyter_server(kernel_env, monkeypatch):
     monkeypatch.setenv("JPY_SESSION_NAME", "/work/analysis.ipynb")  # set by Jupyter Server
-    nb = _run("%%distrun\nprint('hello')")
+    nb = execute_notebook("%%distrun\nprint('hello')")
     assert WIDGET_MIME in nb.cells[1].outputs[0].data
     monkeypatch.delenv("JPY_SESSION_NAME")
-    nb = _run("%%distrun\nprint('hello')")  # nbclient / papermill: plain text
+    nb = execute_notebook("%%distrun\nprint('hello')")  # nbclient / papermill: plain text
     assert "[rank 0] hello" in "".join(o.get("text", "") for o in nb.cells[1].outputs)
 
 
@@ -110,7 +96,7 @@ def test_front_end_module_parses():
 
 
 def test_form_validates_previews_and_submits_through_the_magics_path(kernel_env):
-    nb = _run(
+    nb = execute_notebook(
         "from jupyter_dist.widgets.form import SubmitForm\nf = SubmitForm()\n"
         "print(f.problem.value)\nprint(f.submit_button.disabled)",
         "f.script.value = \"import os\\nprint(os.environ['GREETING'], os.environ['RANK'])\"\n"
@@ -139,7 +125,7 @@ def test_form_validates_previews_and_submits_through_the_magics_path(kernel_env)
 
 def test_the_live_view_carries_the_inspector_columns(kernel_env):
     """Who is who in the cell's view: ranks, master, role and each task's TF_CONFIG."""
-    nb = _run(
+    nb = execute_notebook(
         "%config DistrunMagics.view = 'widget'",
         "%%distrun --type tensorflow --worker-count 2 --ps-count 1\nprint('ok')\n",
         "import json\nfrom jupyter_dist.magics import DistrunMagics\n"

@@ -18,7 +18,8 @@ _PLANNERS = {"pytorch": pytorch, "tensorflow": tensorflow, "mpi": mpi, "dask": d
 
 
 def port_requests(spec: JobSpec, nodes: list[Node]) -> list[PortRequest]:
-    """The ports a job needs found free before it is planned (none when all are fixed)."""
+    """The ports a job needs: free ones to find, and the spec's own to check, before it is
+    planned."""
     return _PLANNERS[spec.job_type].port_requests(spec.distribution, len(nodes))
 
 
@@ -35,7 +36,9 @@ def plan(
         raise SpecError(
             f"resources.instance_count is {spec.instance_count} but {len(nodes)} node(s) were given"
         )
-    missing = [r.key for r in port_requests(spec, nodes) if r.key not in ports]
+    requests = port_requests(spec, nodes)
+    ports = {**ports, **{r.key: r.fixed for r in requests if r.fixed is not None}}
+    missing = [r.key for r in requests if r.key not in ports]
     if missing:
         raise ValueError(f"ports not chosen for: {', '.join(missing)}")
     ctx = PlanContext(spec=spec, nodes=list(nodes), job_id=job_id, ports=ports)

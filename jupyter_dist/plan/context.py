@@ -14,10 +14,20 @@ SHELL = "/bin/sh"
 
 @dataclass(frozen=True)
 class PortRequest:
-    """A port the job needs on one node; the runner finds a free one before planning."""
+    """A port the job needs on one node: a free one the runner finds before planning, or
+    the spec's own (`fixed`, from the spec key `setting`), checked free so that a taken
+    port fails at once with a clear error instead of a hang."""
 
     key: str
     node_rank: int
+    fixed: int | None = None
+    setting: str = ""
+
+    def taken_message(self, node: Node, reason: str) -> str:
+        return (
+            f"{self.setting}: port {self.fixed} on node {node.name} ({node.host}) is {reason}; "
+            f"choose another port, or leave {self.setting} out for a free one"
+        )
 
 
 @dataclass(frozen=True)
@@ -39,8 +49,8 @@ class PlanContext:
     def command(self) -> str | None:
         return self.spec.resolved_command()
 
-    def port(self, key: str, fixed: int | None = None) -> int:
-        return fixed if fixed is not None else self.ports[key]
+    def port(self, key: str) -> int:
+        return self.ports[key]
 
     def job_dir(self, node: Node) -> str:
         """The job's scratch folder on a node (generated files, launcher logs)."""

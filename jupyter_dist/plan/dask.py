@@ -2,28 +2,55 @@
 
 from __future__ import annotations
 
+import posixpath
+import shlex
+from collections import Counter
+from pathlib import Path
+
 from jupyter_dist.plan.context import PlanContext, PortRequest
-from jupyter_dist.plan.model import ProcessPlan
+from jupyter_dist.plan.model import PlannedFile, ProcessPlan
 from jupyter_dist.spec import DaskDistribution
+
+# Run on node 0 before the command: it waits until every worker has registered.
+WAIT_SOURCE = Path(__file__).parents[1] / "run" / "dask_wait.py"
+WAIT_FILE = "dask_wait.py"
+READY_TIMEOUT_S = 60
+# Dask's INFO chatter (every connection, every worker) would drown the user's own lines;
+# warnings and errors still come. So would the nanny's "leaked semaphore" warning at every
+# stop. `environment_variables` can set either back.
+QUIET = {
+    "DASK_LOGGING__DISTRIBUTED": "warning",
+    "PYTHONWARNINGS": "ignore:resource_tracker:UserWarning",
+}
 
 
 def port_requests(dist: DaskDistribution, num_nodes: int) -> list[PortRequest]:
-    wanted = [("dask-scheduler", dist.scheduler_port), ("dask-dashboard", dist.dashboard_port)]
-    return [PortRequest(key, 0) for key, fixed in wanted if fixed is None]
+    wanted = [
+        ("dask-scheduler", "scheduler_port", dist.scheduler_port),
+        ("dask-dashboard", "dashboard_port", dist.dashboard_port),
+    ]
+    return [PortRequest(key, 0, fixed=fixed, setting=setting) for key, setting, fixed in wanted]
 
 
 def scheduler_address(ctx: PlanContext, dist: DaskDistribution) -> str:
-    return f"tcp://{ctx.master_addr}:{ctx.port('dask-scheduler', dist.scheduler_port)}"
+    return f"tcp://{ctx.master_addr}:{ctx.port('dask-scheduler')}"
 
 
-def build(ctx: PlanContext, dist: DaskDistribution) -> list[ProcessPlan]:
+def worker_name(node_name: str, local: int) -> str:
+    """The name a worker registers under: its node and its index there."""
+    return f"{node_name}-{local}"
+
+
+def build(ctx: PlanContext, dist: DaskDistribution) -> tuple[list[ProcessPlan], list[PlannedFile]]:
     address = scheduler_address(ctx, dist)
     per_node = dist.process_count_per_instance
     workers = ctx.num_nodes * per_node
     node0 = ctx.nodes[0]
-    sched_port = ctx.port("dask-scheduler", dist.scheduler_port)
-    dash_port = ctx.port("dask-dashboard", dist.dashboard_port)
     extra = {"DASK_SCHEDULER_ADDRESS": address, "DISTRUN_DASK_WORKERS": str(workers)}
+
+    def env(node_rank: int) -> dict[str, str]:
+        return {**QUIET, **ctx.base_env(node_rank), **extra}
+
     procs = [
         ProcessPlan(
             name="scheduler",
@@ -39,18 +66,23 @@ def build(ctx: PlanContext, dist: DaskDistribution) -> list[ProcessPlan]:
                 "--host",
                 node0.host,
                 "--port",
-                str(sched_port),
+                str(ctx.port("dask-scheduler")),
                 "--dashboard-address",
-                f"{node0.host}:{dash_port}",
+                f"{node0.host}:{ctx.port('dask-dashboard')}",
             ],
-            env={**ctx.base_env(0), **extra},
+            env=env(0),
             cwd=ctx.cwd(node0),
             world_size=workers,
             service=True,
         )
     ]
+    # Worker processes per machine (local nodes share one): each gets its share of memory.
+    sharing = Counter(node.host for node in ctx.nodes)
+    names = []
     for n, node in enumerate(ctx.nodes):
         for local in range(per_node):
+            name = worker_name(node.name, local)
+            names.append(name)
             argv = [
                 node.python,
                 "-m",
@@ -59,12 +91,15 @@ def build(ctx: PlanContext, dist: DaskDistribution) -> list[ProcessPlan]:
                 "--host",
                 node.host,
                 "--name",
-                f"{node.name}-{local}",
+                name,
                 "--nworkers",
                 "1",
             ]
             if dist.threads_per_process:
                 argv += ["--nthreads", str(dist.threads_per_process)]
+            on_host = per_node * sharing[node.host]
+            if on_host > 1:  # each process would otherwise claim all of the machine's memory
+                argv += ["--memory-limit", f"{1 / on_host:.4f}"]
             index = n * per_node + local
             procs.append(
                 ProcessPlan(
@@ -75,14 +110,18 @@ def build(ctx: PlanContext, dist: DaskDistribution) -> list[ProcessPlan]:
                     node_rank=n,
                     host=node.host,
                     argv=argv,
-                    env={**ctx.base_env(n), **extra},
+                    env=env(n),
                     cwd=ctx.cwd(node),
                     world_size=workers,
                     local_rank=local,
                     service=True,
                 )
             )
+    files = []
     if ctx.command:
+        wait = posixpath.join(ctx.job_dir(node0), WAIT_FILE)
+        files.append(PlannedFile(0, wait, WAIT_SOURCE.read_text()))
+        ready = f"{shlex.quote(node0.python)} {shlex.quote(wait)}"
         procs.append(
             ProcessPlan(
                 name="client",
@@ -91,10 +130,14 @@ def build(ctx: PlanContext, dist: DaskDistribution) -> list[ProcessPlan]:
                 node=node0.name,
                 node_rank=0,
                 host=node0.host,
-                argv=ctx.shell(ctx.command),
-                env={**ctx.base_env(0), **extra},
+                argv=ctx.shell(f"{ready} && {ctx.command}"),
+                env={
+                    **env(0),
+                    "DISTRUN_DASK_WORKER_NAMES": ",".join(names),
+                    "DISTRUN_DASK_READY_TIMEOUT": str(READY_TIMEOUT_S),
+                },
                 cwd=ctx.cwd(node0),
                 world_size=workers,
             )
         )
-    return procs
+    return procs, files

@@ -10,7 +10,7 @@ from jupyter_dist.spec import PyTorchDistribution
 
 
 def port_requests(dist: PyTorchDistribution, num_nodes: int) -> list[PortRequest]:
-    return [] if dist.master_port else [PortRequest("master", 0)]
+    return [PortRequest("master", 0, fixed=dist.master_port, setting="master_port")]
 
 
 def _master_env(ctx: PlanContext, port: int, node_rank: int) -> dict[str, str]:
@@ -20,7 +20,7 @@ def _master_env(ctx: PlanContext, port: int, node_rank: int) -> dict[str, str]:
 def build(ctx: PlanContext, dist: PyTorchDistribution) -> list[ProcessPlan]:
     per_node = dist.process_count_per_instance
     world = ctx.num_nodes * per_node
-    port = ctx.port("master", dist.master_port)
+    port = ctx.port("master")
     procs: list[ProcessPlan] = []
     for n, node in enumerate(ctx.nodes):
         if dist.launcher == "torchrun":

@@ -42,13 +42,16 @@ def tasks(dist: TensorFlowDistribution, num_nodes: int) -> list[Task]:
 
 
 def port_requests(dist: TensorFlowDistribution, num_nodes: int) -> list[PortRequest]:
-    if dist.base_port is not None:
-        return []
-    return [PortRequest(t.key, t.node_rank) for t in tasks(dist, num_nodes)]
-
-
-def _port(ctx: PlanContext, dist: TensorFlowDistribution, task: Task) -> int:
-    return dist.base_port + task.slot if dist.base_port is not None else ctx.ports[task.key]
+    """A port per task: free ones, or with `base_port` that port plus the task's slot."""
+    return [
+        PortRequest(
+            t.key,
+            t.node_rank,
+            fixed=None if dist.base_port is None else dist.base_port + t.slot,
+            setting="base_port",
+        )
+        for t in tasks(dist, num_nodes)
+    ]
 
 
 def serving_roles(dist: TensorFlowDistribution) -> set[str]:
@@ -63,7 +66,7 @@ def serving_roles(dist: TensorFlowDistribution) -> set[str]:
 def build(ctx: PlanContext, dist: TensorFlowDistribution) -> list[ProcessPlan]:
     all_tasks = tasks(dist, ctx.num_nodes)
     serving = serving_roles(dist)
-    address = {t: f"{ctx.nodes[t.node_rank].host}:{_port(ctx, dist, t)}" for t in all_tasks}
+    address = {t: f"{ctx.nodes[t.node_rank].host}:{ctx.port(t.key)}" for t in all_tasks}
     cluster: dict[str, list[str]] = {}
     for t in all_tasks:
         if t.type != "evaluator":

@@ -182,6 +182,15 @@ class Job:
             self._message = reason
         self._stop_all("cancelled")
 
+    def end(self, reason: str) -> None:
+        """Stop every process as the normal end of a job that serves until told to stop (an
+        interactive Dask cluster): like `cancel`, but the job has succeeded."""
+        with self._state_lock:
+            if self.state in FINAL_STATES or self._stopping:
+                return
+            self._message = reason
+        self._stop_all("succeeded")
+
     def collect(self, folder: str) -> dict[str, bytes]:
         """The files in `folder` of the job's directory on every node (name -> content)."""
         found: dict[str, bytes] = {}

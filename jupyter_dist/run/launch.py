@@ -108,7 +108,7 @@ def start_and_wait(job: Job, on_tick: Callable[[], None] | None = None) -> JobRe
     cancels every process before it propagates. `on_tick` runs in the calling thread
     about ten times a second while the job runs (a view's chance to draw)."""
     try:
-        with _interrupts_deferred():
+        with interrupts_deferred():
             job.start()
         while True:
             result = job.wait(0.1)  # short waits keep KeyboardInterrupt deliverable
@@ -123,7 +123,7 @@ def start_and_wait(job: Job, on_tick: Callable[[], None] | None = None) -> JobRe
 
 
 @contextlib.contextmanager
-def _interrupts_deferred():
+def interrupts_deferred():
     """Hold back SIGINT while processes start (a half-started process would have nobody
     watching it), then raise KeyboardInterrupt if one came meanwhile."""
     current = signal.getsignal(signal.SIGINT)

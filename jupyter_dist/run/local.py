@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import os
-import socket
 import subprocess
 import sys
 import threading
@@ -16,6 +15,7 @@ from jupyter_dist.plan.context import PortRequest
 from jupyter_dist.plan.model import LaunchPlan, ProcessPlan
 from jupyter_dist.run import agent
 from jupyter_dist.run.agent_client import AGENT_SOURCE, AgentProcess, agent_argv
+from jupyter_dist.run.ports import free_ports, why_taken
 
 _CHUNK = 65536
 # Ports handed out recently by this process, so two jobs started together never share one.
@@ -24,7 +24,7 @@ _ports_lock = threading.Lock()
 _PORT_MEMORY_S = 120.0
 
 
-def free_port(host: str = "") -> int:
+def free_port() -> int:
     """A port nothing listens on now and that this process has not handed out lately."""
     with _ports_lock:
         now = time.monotonic()
@@ -32,9 +32,7 @@ def free_port(host: str = "") -> int:
             if now - when > _PORT_MEMORY_S:
                 del _recent_ports[port]
         for _ in range(100):
-            with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-                sock.bind((host, 0))
-                port = sock.getsockname()[1]
+            (port,) = free_ports(1)
             if port not in _recent_ports:
                 _recent_ports[port] = now
                 return port
@@ -73,7 +71,16 @@ class LocalTransport:
     name = "local"
 
     def choose_ports(self, requests: list[PortRequest], nodes: list[Node]) -> dict[str, int]:
-        return {request.key: free_port() for request in requests}
+        chosen = {}
+        for request in requests:
+            if request.fixed is None:
+                chosen[request.key] = free_port()
+                continue
+            reason = why_taken(request.fixed)
+            if reason:
+                raise DistrunError(request.taken_message(nodes[request.node_rank], reason))
+            chosen[request.key] = request.fixed
+        return chosen
 
     def prepare(self, plan: LaunchPlan, nodes: list[Node]) -> None:
         """Write the plan's generated files (an MPI hostfile) before anything starts."""

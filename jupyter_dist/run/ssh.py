@@ -28,6 +28,7 @@ from jupyter_dist.nodes import Node
 from jupyter_dist.plan.context import PortRequest
 from jupyter_dist.plan.model import LaunchPlan, ProcessPlan
 from jupyter_dist.run.agent_client import AGENT_SOURCE, AgentProcess, agent_argv
+from jupyter_dist.run.ports import __file__ as _ports_file
 
 CONNECT_TIMEOUT = 10.0
 _CHUNK = 65536
@@ -47,15 +48,7 @@ if shutil.which("nvidia-smi"):
 print(json.dumps({"python": platform.python_version(), "workdir": work,
                   "hostname": platform.node(), "gpus": gpus, "executable": sys.executable}))
 """
-
-# Free ports on a node: bind them all at once so they differ, then let them go.
-_PORTS = r"""
-import socket, sys
-socks = []
-for _ in range(int(sys.argv[1])):
-    s = socket.socket(); s.bind(("", 0)); socks.append(s)
-print(" ".join(str(s.getsockname()[1]) for s in socks))
-"""
+PORTS_SOURCE = Path(_ports_file).read_text()  # run as it is on the nodes
 
 
 @dataclass(frozen=True)
@@ -342,16 +335,24 @@ class SshTransport:
         return resolved
 
     def choose_ports(self, requests: list[PortRequest], nodes: list[Node]) -> dict[str, int]:
+        """Free ports found on each node, and the spec's own ports checked free there."""
         chosen: dict[str, int] = {}
         for rank, node in enumerate(nodes):
-            keys = [r.key for r in requests if r.node_rank == rank]
-            if not keys:
+            wanted = [r for r in requests if r.node_rank == rank]
+            if not wanted:
                 continue
-            client = self.connections.get(node)
-            code, out, err = run_command(client, [node.python, "-c", _PORTS, str(len(keys))])
+            free = [r for r in wanted if r.fixed is None]
+            fixed = {r.fixed: r for r in wanted if r.fixed is not None}
+            argv = [node.python, "-c", PORTS_SOURCE, str(len(free)), *map(str, fixed)]
+            code, out, err = run_command(self.connections.get(node), argv)
             if code != 0:
                 raise NodeError(f"node {node.name}: could not find free ports: {err.strip()}")
-            chosen.update(zip(keys, (int(p) for p in out.split()), strict=True))
+            found, *taken = out.splitlines() or [""]
+            for line in taken:
+                port, _, reason = line.partition(" ")
+                raise DistrunError(fixed[int(port)].taken_message(node, reason))
+            chosen.update(zip((r.key for r in free), map(int, found.split()), strict=True))
+            chosen.update({r.key: port for port, r in fixed.items()})
         return chosen
 
     def prepare(self, plan: LaunchPlan, nodes: list[Node]) -> None:

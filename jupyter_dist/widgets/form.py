@@ -97,6 +97,7 @@ class SubmitForm(w.VBox):
             chief=tf and self.chief.value, evaluator=tf and self.evaluator.value,
             env=env, code=self.code.value.strip() or None, timeout=self.timeout.value or None,
             name=self.name.value.strip() or None,
+            threads=None, scheduler_port=None, dashboard_port=None,  # dask: the spec's defaults
         )  # fmt: skip
 
     def spec(self) -> JobSpec:
