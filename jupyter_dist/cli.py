@@ -284,7 +284,7 @@ def cmd_inspect(args: argparse.Namespace, store: JobStore) -> int:
     record = store.get(args.job)
     plan = LaunchPlan.from_dict(record.plan())
     status = record.status()
-    title = f"job {record.job_id} ({plan.job_type}, {status.get('state', 'unknown')})"
+    title = f"job {record.job_id} ({plan.job_type}, {effective_state(status)})"
     _print_table(inspect_rows(plan, status), INSPECT_COLUMNS, title=title)
     configs = tf_configs(plan)
     if configs:

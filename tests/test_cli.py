@@ -144,6 +144,7 @@ def test_killing_the_launcher_stops_every_rank(tmp_path: Path, store):
     # Its status still says running, but nobody owns it: it is shown as lost, not cancellable.
     listed = json.loads(run_cli("jobs", "--json", store=store).stdout)
     assert [j["state"] for j in listed if j["job_id"] == job_id] == ["lost"]
+    assert f"job {job_id} (pytorch, lost)" in run_cli("inspect", job_id, store=store).stdout
     refused = run_cli("cancel", job_id, store=store)
     assert refused.returncode == 2
     assert "has no owner any more" in refused.stderr
