@@ -238,3 +238,38 @@ def test_a_scheduler_port_in_use_on_an_ssh_node_is_a_clear_error(ssh_nodes, stor
         job.cancel()
         job.wait()
     assert [r.job_id for r in store.jobs()] == [job.job_id]  # the dask job was never recorded
+
+
+@pytest.mark.ssh
+def test_a_node_python_that_never_answers_does_not_hang_the_start(ssh_nodes, store, tmp_path):
+    """node1's `python` prints something else and hangs instead of running the agent: the
+    start fails with its line, does not wait for it, and the sweep leaves nothing behind."""
+    broken = tmp_path / "python-that-hangs"
+    broken.write_text(
+        "#!/bin/sh\n"
+        'case "$*" in *dask_worker*) echo "no such interpreter (on purpose)" >&2; '
+        "exec sleep 100000;; esac\n"
+        f'exec {sys.executable} "$@"\n'
+    )
+    broken.chmod(broken.stat().st_mode | stat.S_IXUSR)
+    entries = ssh_nodes.inventory_entries()
+    entries[1]["python"] = str(broken)
+    (tmp_path / "nodes.yml").write_text(yaml.safe_dump({"nodes": entries}))
+    spec = parse_spec("resources: {instance_count: 2}\ndistribution: {type: dask}")
+    job = prepare_job(
+        spec, store=store, inventory=load_inventory(tmp_path / "nodes.yml"), grace_period=1
+    )
+    errors = []
+
+    def start():
+        try:
+            DaskCluster(job, client_name="broken").start(timeout=30)
+        except DistrunError as exc:
+            errors.append(str(exc))
+
+    starter = threading.Thread(target=start, daemon=True)
+    starter.start()
+    starter.join(90)  # a hang detector, not a speed target: unfixed, it waits for the sleep
+    assert not starter.is_alive(), "the start hung on a process that is not an agent"
+    assert errors and "on node1: no such interpreter (on purpose)" in errors[0]
+    assert ssh_nodes.job_processes(job.job_id) == []

@@ -160,13 +160,27 @@ class Job:
     def _abort_start(self, started: list[tuple[ProcessPlan, ProcessHandle]]) -> None:
         """Stop whatever started before a start failed elsewhere."""
         self._stop_all("failed")
+        waiters = []
         for proc, handle in started:
             if proc.name in self._handles:
                 continue  # attached: its watcher sees it end
             with contextlib.suppress(Exception):
                 handle.kill()
-                handle.wait()
+            waiter = threading.Thread(target=self._quiet_wait, args=(handle,), daemon=True)
+            waiter.start()
+            waiters.append(waiter)
             self.processes[proc.name].state = "stopped"
+        # Something that never answered as an agent (a node's `python` that is not Python)
+        # cannot hear the kill: wait a bounded time, then the sweep takes it, as its exit
+        # code is unknown.
+        deadline = time.monotonic() + self.grace_period + 5
+        for waiter in waiters:
+            waiter.join(max(0.0, deadline - time.monotonic()))
+
+    @staticmethod
+    def _quiet_wait(handle: ProcessHandle) -> None:
+        with contextlib.suppress(Exception):
+            handle.wait()
 
     def wait(self, timeout: float | None = None) -> JobResult | None:
         """The result once every process is gone; None if `timeout` passes first."""
