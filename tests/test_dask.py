@@ -42,6 +42,21 @@ WHERE_TASKS_RAN = textwrap.dedent("""\
 """)
 
 
+DASK_ON_TWO_NODES = parse_spec("resources: {instance_count: 2}\ndistribution: {type: dask}")
+
+
+def _node1_python_that(ssh_nodes, tmp_path, shell: str):
+    """The sshd nodes, with node1's `python` a shell script that runs `shell` first and the
+    real Python after (when `shell` lets it)."""
+    wrapper = tmp_path / "node1-python"
+    wrapper.write_text(f'#!/bin/sh\n{shell}exec {sys.executable} "$@"\n')
+    wrapper.chmod(wrapper.stat().st_mode | stat.S_IXUSR)
+    entries = ssh_nodes.inventory_entries()
+    entries[1]["python"] = str(wrapper)
+    (tmp_path / "nodes.yml").write_text(yaml.safe_dump({"nodes": entries}))
+    return load_inventory(tmp_path / "nodes.yml")
+
+
 def _job_id(text: str) -> str:
     return next(line.split()[1] for line in text.splitlines() if line.startswith("JOB "))
 
@@ -82,20 +97,14 @@ def test_interactive_cluster_over_ssh_nodes_from_a_notebook(ssh_nodes, kernel_en
 def test_a_worker_that_never_registers_fails_the_start_naming_its_node(ssh_nodes, store, tmp_path):
     """node1's workers hang before connecting: the start times out, names node1 with the
     worker's stderr, and stops everything on both nodes."""
-    hanging = tmp_path / "python-hangs-for-dask-workers"
-    hanging.write_text(
-        "#!/bin/sh\n"
+    inventory = _node1_python_that(
+        ssh_nodes,
+        tmp_path,
         'if [ "$1 $2" = "-m distributed.cli.dask_worker" ]; then\n'  # the worker, not its agent
         '  echo "cannot reach the scheduler: no route (on purpose)" >&2; exec sleep 300\n'
-        "fi\n"
-        f'exec {sys.executable} "$@"\n'
+        "fi\n",
     )
-    hanging.chmod(hanging.stat().st_mode | stat.S_IXUSR)
-    entries = ssh_nodes.inventory_entries()
-    entries[1]["python"] = str(hanging)
-    (tmp_path / "nodes.yml").write_text(yaml.safe_dump({"nodes": entries}))
-    spec = parse_spec("resources: {instance_count: 2}\ndistribution: {type: dask}")
-    job = prepare_job(spec, store=store, inventory=load_inventory(tmp_path / "nodes.yml"))
+    job = prepare_job(DASK_ON_TWO_NODES, store=store, inventory=inventory)
     with pytest.raises(DistrunError) as info:
         DaskCluster(job, client_name="hangs").start(timeout=8)
     message = str(info.value)
@@ -244,21 +253,13 @@ def test_a_scheduler_port_in_use_on_an_ssh_node_is_a_clear_error(ssh_nodes, stor
 def test_a_node_python_that_never_answers_does_not_hang_the_start(ssh_nodes, store, tmp_path):
     """node1's `python` prints something else and hangs instead of running the agent: the
     start fails with its line, does not wait for it, and the sweep leaves nothing behind."""
-    broken = tmp_path / "python-that-hangs"
-    broken.write_text(
-        "#!/bin/sh\n"
+    inventory = _node1_python_that(
+        ssh_nodes,
+        tmp_path,
         'case "$*" in *dask_worker*) echo "no such interpreter (on purpose)" >&2; '
-        "exec sleep 100000;; esac\n"
-        f'exec {sys.executable} "$@"\n'
+        "exec sleep 100000;; esac\n",  # the agent itself never starts
     )
-    broken.chmod(broken.stat().st_mode | stat.S_IXUSR)
-    entries = ssh_nodes.inventory_entries()
-    entries[1]["python"] = str(broken)
-    (tmp_path / "nodes.yml").write_text(yaml.safe_dump({"nodes": entries}))
-    spec = parse_spec("resources: {instance_count: 2}\ndistribution: {type: dask}")
-    job = prepare_job(
-        spec, store=store, inventory=load_inventory(tmp_path / "nodes.yml"), grace_period=1
-    )
+    job = prepare_job(DASK_ON_TWO_NODES, store=store, inventory=inventory, grace_period=1)
     errors = []
 
     def start():
