@@ -20,7 +20,7 @@ from typing import Any
 
 from jupyter_dist.describe import format_table
 from jupyter_dist.errors import DistrunError
-from jupyter_dist.plan.dask import READY_TIMEOUT_S
+from jupyter_dist.plan.dask import READY_TIMEOUT_S, worker_name
 from jupyter_dist.run.dask_wait import missing_workers
 from jupyter_dist.run.events import JobResult
 from jupyter_dist.run.job import Job
@@ -28,6 +28,7 @@ from jupyter_dist.run.launch import interrupts_deferred
 
 STDERR_TAIL = 10  # lines of a missing worker's stderr shown in the error
 CONNECT_ATTEMPT_S = 2.0
+_FAILED_START = "the Dask cluster did not start"
 
 _running: dict[str, DaskCluster] = {}  # client name -> cluster, in this process
 _running_lock = threading.Lock()
@@ -65,9 +66,9 @@ class DaskCluster:
         self.client = None
         scheduler = job.plan.process("scheduler")
         self.address = scheduler.env["DASK_SCHEDULER_ADDRESS"]
-        # Registered worker name -> the process that runs it (name from its `--name`).
+        # Registered worker name -> the process that runs it.
         self._workers = {
-            p.argv[p.argv.index("--name") + 1]: p
+            worker_name(p.node, p.local_rank): p
             for p in job.plan.processes
             if p.role == "dask-worker"
         }
@@ -90,20 +91,26 @@ class DaskCluster:
             deadline = time.monotonic() + timeout
             with interrupts_deferred():  # a half-started process would have nobody watching
                 self.job.start()
-            self.client = self._connect(deadline, timeout)
-            missing = missing_workers(
-                self.client,
-                self._workers,
-                max(0.0, deadline - time.monotonic()),
-                still_starting=lambda: not self.job.done,
-            )
+            self.client = self._connect(deadline)
+            missing = set()
+            if self.client is not None:
+                missing = missing_workers(
+                    self.client,
+                    self._workers,
+                    max(0.0, deadline - time.monotonic()),
+                    still_starting=lambda: not self.job.done,
+                )
             self._raise_if_ended()
-            if missing:
-                self._stop("the Dask cluster did not start")
-                raise DistrunError(self._missing_message(missing, timeout))
         except BaseException:
-            self._stop("the Dask cluster did not start")
+            self._stop(_FAILED_START)
             raise
+        if self.client is None or missing:
+            self._stop(_FAILED_START)  # first: the stderr tails below are then complete
+            raise DistrunError(
+                self._scheduler_message(timeout)
+                if self.client is None
+                else self._missing_message(missing, timeout)
+            )
         return self
 
     def stop(self, reason: str = "Dask cluster stopped") -> JobResult:
@@ -126,8 +133,9 @@ class DaskCluster:
                 del _running[self.client_name]
         return result
 
-    def _connect(self, deadline: float, timeout: float):
-        """A client connected to the scheduler, retried until it listens (or has died)."""
+    def _connect(self, deadline: float):
+        """A client connected to the scheduler, retried until it listens; None if it did
+        not by `deadline` (DistrunError if the job has ended meanwhile)."""
         from distributed import Client
 
         while True:
@@ -136,8 +144,7 @@ class DaskCluster:
                 return Client(self.address, timeout=CONNECT_ATTEMPT_S)
             except (OSError, TimeoutError):
                 if time.monotonic() >= deadline:
-                    self._stop("the Dask cluster did not start")
-                    raise DistrunError(self._scheduler_message(timeout)) from None
+                    return None
 
     def _raise_if_ended(self) -> None:
         if self.job.done:

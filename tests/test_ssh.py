@@ -29,6 +29,20 @@ def _spec(body: str, base_dir: Path | None = None):
     return parse_spec(textwrap.dedent(body), base_dir=base_dir)
 
 
+def _launch_two_by_two(ssh_nodes, store, tmp_path, command: str):
+    """`command` as 2 nodes x 2 ranks on the sshd nodes (grace 3 s), returned once every
+    rank is up (at least its agent, its shell and one more process each) or after 30 s."""
+    spec = parse_spec(
+        f"command: {json.dumps(command)}\nresources: {{instance_count: 2}}\n"
+        "distribution: {type: pytorch, process_count_per_instance: 2}"
+    )
+    job = launch(spec, store=store, inventory=ssh_nodes.load_inventory(tmp_path), grace_period=3)
+    deadline = time.monotonic() + 30
+    while len(ssh_nodes.job_processes(job.job_id)) < 12 and time.monotonic() < deadline:
+        time.sleep(0.1)
+    return job
+
+
 @pytest.mark.parametrize("launcher", ["per_process", "torchrun"])
 def test_ddp_across_two_ssh_nodes(launcher, ssh_nodes, store, tmp_path):
     spec = _spec(f"""\
@@ -96,20 +110,9 @@ def test_a_failing_rank_on_node_1_stops_node_0(ssh_nodes, store, tmp_path):
 
 
 def test_cancel_stops_every_remote_process(ssh_nodes, store, tmp_path):
-    spec = _spec("""\
-        command: setsid sleep 300 & echo started; sleep 300
-        resources: {instance_count: 2}
-        distribution: {type: pytorch, process_count_per_instance: 2}
-    """)
-    job = launch(
-        spec,
-        store=store,
-        inventory=ssh_nodes.load_inventory(tmp_path),
-        grace_period=3,
+    job = _launch_two_by_two(
+        ssh_nodes, store, tmp_path, "setsid sleep 300 & echo started; sleep 300"
     )
-    deadline = time.monotonic() + 30
-    while len(ssh_nodes.job_processes(job.job_id)) < 12 and time.monotonic() < deadline:
-        time.sleep(0.1)
     assert len(ssh_nodes.job_processes(job.job_id)) >= 12  # agents, shells, sleeps
     job.cancel()
     result = job.wait(30)
@@ -238,20 +241,7 @@ def test_nodes_health_and_missing_python(ssh_nodes, tmp_path):
 def test_a_dropped_connection_stops_that_nodes_processes(ssh_nodes, store, tmp_path):
     """Kill node1's sshd sessions (not its listener): the link is gone, so the agents there
     must stop their ranks, and the job fails instead of hanging."""
-    spec = _spec("""\
-        command: echo started; sleep 300
-        resources: {instance_count: 2}
-        distribution: {type: pytorch, process_count_per_instance: 2}
-    """)
-    job = launch(
-        spec,
-        store=store,
-        inventory=ssh_nodes.load_inventory(tmp_path),
-        grace_period=3,
-    )
-    deadline = time.monotonic() + 30
-    while len(ssh_nodes.job_processes(job.job_id)) < 12 and time.monotonic() < deadline:
-        time.sleep(0.1)  # every rank up: its agent, its shell, its sleep
+    job = _launch_two_by_two(ssh_nodes, store, tmp_path, "echo started; sleep 300")
     node1 = ssh_nodes.nodes[1]
     on_node1 = [p for p in ssh_nodes.job_processes(job.job_id) if p in ssh_nodes.pids(node1)]
     assert on_node1

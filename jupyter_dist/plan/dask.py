@@ -32,7 +32,7 @@ def port_requests(dist: DaskDistribution, num_nodes: int) -> list[PortRequest]:
     return [PortRequest(key, 0, fixed=fixed, setting=setting) for key, setting, fixed in wanted]
 
 
-def scheduler_address(ctx: PlanContext, dist: DaskDistribution) -> str:
+def scheduler_address(ctx: PlanContext) -> str:
     return f"tcp://{ctx.master_addr}:{ctx.port('dask-scheduler')}"
 
 
@@ -42,7 +42,7 @@ def worker_name(node_name: str, local: int) -> str:
 
 
 def build(ctx: PlanContext, dist: DaskDistribution) -> tuple[list[ProcessPlan], list[PlannedFile]]:
-    address = scheduler_address(ctx, dist)
+    address = scheduler_address(ctx)
     per_node = dist.process_count_per_instance
     workers = ctx.num_nodes * per_node
     node0 = ctx.nodes[0]

@@ -71,16 +71,13 @@ class LocalTransport:
     name = "local"
 
     def choose_ports(self, requests: list[PortRequest], nodes: list[Node]) -> dict[str, int]:
-        chosen = {}
-        for request in requests:
-            if request.fixed is None:
-                chosen[request.key] = free_port()
-                continue
+        """Free ports for the requests that need one; the spec's own ports checked free
+        (the planner takes those from the requests)."""
+        for request in (r for r in requests if r.fixed is not None):
             reason = why_taken(request.fixed)
             if reason:
                 raise DistrunError(request.taken_message(nodes[request.node_rank], reason))
-            chosen[request.key] = request.fixed
-        return chosen
+        return {r.key: free_port() for r in requests if r.fixed is None}
 
     def prepare(self, plan: LaunchPlan, nodes: list[Node]) -> None:
         """Write the plan's generated files (an MPI hostfile) before anything starts."""

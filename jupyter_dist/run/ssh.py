@@ -335,7 +335,8 @@ class SshTransport:
         return resolved
 
     def choose_ports(self, requests: list[PortRequest], nodes: list[Node]) -> dict[str, int]:
-        """Free ports found on each node, and the spec's own ports checked free there."""
+        """Free ports found on each node for the requests that need one, and the spec's own
+        ports checked free there (the planner takes those from the requests)."""
         chosen: dict[str, int] = {}
         for rank, node in enumerate(nodes):
             wanted = [r for r in requests if r.node_rank == rank]
@@ -352,7 +353,6 @@ class SshTransport:
                 port, _, reason = line.partition(" ")
                 raise DistrunError(fixed[int(port)].taken_message(node, reason))
             chosen.update(zip((r.key for r in free), map(int, found.split()), strict=True))
-            chosen.update({r.key: port for port, r in fixed.items()})
         return chosen
 
     def prepare(self, plan: LaunchPlan, nodes: list[Node]) -> None:
