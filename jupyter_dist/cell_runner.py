@@ -1,19 +1,33 @@
-"""Runs a notebook cell on a rank: pushed variables in, the cell, requested values out.
+"""Runs a job's inline script (a notebook cell) on a rank: pushed variables in, the
+script, requested values out.
 
 Standard library only (cloudpickle is used when the node has it), Python 3.8+: it is
-shipped to every node beside the cell as a plain file. Usage::
+shipped to every node beside the script as a plain file. Usage::
 
-    python cell_runner.py OUT_NAMES     (comma-separated; may be empty)
+    python cell_runner.py [OUT_NAMES]     (comma-separated)
 
-Reads `$DISTRUN_JOB_DIR/script.py` (the cell) and `$DISTRUN_JOB_DIR/push.b64` (pickled
-variables, base64), writes `$DISTRUN_JOB_DIR/out/<rank>.pkl`: {"values": {...}, "missing": [...]}.
+Runs `$DISTRUN_JOB_DIR/script.py` as `__main__` (as `python script.py` would: `__file__`,
+`sys.argv[0]`, a real `__main__` module for multiprocessing), with the variables pickled in
+`$DISTRUN_JOB_DIR/push.b64` (base64) as its starting globals when that file exists; writes
+the OUT_NAMES to `$DISTRUN_JOB_DIR/out/<rank>.pkl`: {"values": {...}, "missing": [...]}.
+
+A script that finished leaves through `finish`, not through interpreter finalization: native
+libraries can abort while the interpreter tears itself down after the work is done (torch's
+gloo threads under a DDP model that outlives `destroy_process_group` end in "terminate called
+without an active exception" now and then), and a rank that did its work has not failed.
 """
 
+import atexit
 import base64
+import contextlib
+import gc
 import json
 import os
 import pickle
 import sys
+import threading
+import traceback
+import types
 
 try:
     import cloudpickle as _pickler
@@ -36,15 +50,28 @@ def rank_key():
 def main():
     job_dir = os.environ["DISTRUN_JOB_DIR"]
     names = [n for n in (sys.argv[1] if len(sys.argv) > 1 else "").split(",") if n]
-    namespace = {"__name__": "__main__"}
+    pushed = {}
     push = os.path.join(job_dir, "push.b64")
     if os.path.exists(push):
         with open(push) as handle:
-            namespace.update(pickle.loads(base64.b64decode(handle.read())))
-    cell = os.path.join(job_dir, "script.py")
-    with open(cell) as handle:
+            pushed = pickle.loads(base64.b64decode(handle.read()))
+    script = os.path.join(job_dir, "script.py")
+    with open(script) as handle:
         source = handle.read()
-    exec(compile(source, cell, "exec"), namespace)  # the user's own cell, on their node
+    # The script becomes __main__, as under `python script.py` (multiprocessing's spawn
+    # finds it there); its globals stay reachable for the outputs and for `finish`.
+    main_module = types.ModuleType("__main__")
+    main_module.__file__ = script
+    main_module.__dict__.update(pushed)
+    sys.modules["__main__"] = main_module
+    sys.argv = [script]
+    namespace = main_module.__dict__
+    try:
+        exec(compile(source, script, "exec"), namespace)  # the user's own script, on their node
+    except Exception as error:
+        # The traceback Python would print for the script itself, without this runner's frame.
+        traceback.print_exception(type(error), error, error.__traceback__.tb_next)
+        finish(namespace, 1)
     if names:
         values = {n: namespace[n] for n in names if n in namespace}
         missing = [n for n in names if n not in namespace]
@@ -53,6 +80,33 @@ def main():
         with open(path + ".tmp", "wb") as handle:
             _pickler.dump({"values": values, "missing": missing}, handle)
         os.replace(path + ".tmp", path)
+    finish(namespace)
+
+
+def finish(namespace, code=0):
+    """Exit with `code` as Python would, less the teardown native libraries can crash in.
+
+    Threads the script left running are waited for and exit handlers run while its globals
+    still exist (both as in a normal exit); then the globals are dropped and collected
+    while the interpreter is whole, so files the script left open are flushed and
+    native objects stop their threads; MPI is finalized (mpi4py does that at interpreter
+    teardown, and mpirun fails a rank that leaves without it); the standard streams are
+    flushed (C's are unbuffered: every rank runs with PYTHONUNBUFFERED); then the process
+    leaves without finalizing the interpreter.
+    """
+    for thread in threading.enumerate():
+        if thread is not threading.main_thread() and not thread.daemon:
+            thread.join()
+    atexit._run_exitfuncs()
+    namespace.clear()
+    gc.collect()
+    mpi = sys.modules.get("mpi4py.MPI")
+    if mpi is not None and mpi.Is_initialized() and not mpi.Is_finalized():
+        mpi.Finalize()
+    for stream in (sys.stdout, sys.stderr):
+        with contextlib.suppress(OSError, ValueError):  # closed or gone: nothing to lose
+            stream.flush()
+    os._exit(code)
 
 
 if __name__ == "__main__":

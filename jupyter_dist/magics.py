@@ -32,11 +32,10 @@ from jupyter_dist.errors import DistrunError, SpecError
 from jupyter_dist.nodes import load_inventory
 from jupyter_dist.run.events import JobListener, JobResult, OutputLine
 from jupyter_dist.run.job import Job
-from jupyter_dist.spec import JobSpec, load_spec, spec_from_dict
+from jupyter_dist.spec import JobSpec, load_spec, script_command, spec_from_dict
 from jupyter_dist.store import JobStore
 
 LINE_COMMANDS = ("jobs", "logs", "inspect", "cancel", "nodes", "run", "form", "dask")
-CELL_RUNNER = Path(__file__).with_name("cell_runner.py")
 
 
 class JobFailed(DistrunError):
@@ -247,15 +246,13 @@ class DistrunMagics(Magics):
             pushed = self._pushed(_names(args.push, "--push"))
             spec = build_spec(args, cell, base_dir=os.getcwd())
             extra: dict[str, str] = {}
-            if pushed is not None or outs:
-                # The cell runs under a runner that loads pushed variables and saves outputs.
+            if outs:  # the runner that runs the cell also saves the values asked for
                 spec = spec_from_dict(
-                    {**spec.to_dict(), "command": cell_runner_command(outs)},
+                    {**spec.to_dict(), "command": script_command(outs)},
                     base_dir=os.getcwd(), source="%%distrun",
                 )  # fmt: skip
-                extra["cell_runner.py"] = CELL_RUNNER.read_text()
-                if pushed is not None:
-                    extra["push.b64"] = pushed
+            if pushed is not None:  # the runner starts the cell with these globals
+                extra["push.b64"] = pushed
             if args.save:
                 Path(args.save).write_text(spec.to_yaml())
             inventory = load_inventory(args.nodes_file or self.nodes_file or None)
@@ -445,10 +442,6 @@ def run_with_view(spec: JobSpec, inventory, store: JobStore | None = None, extra
         view.tick(force=True)
         handle.update(view)  # the final text form, for notebooks saved without widgets
     return job, result, view
-
-
-def cell_runner_command(outs: list[str]) -> str:
-    return f'python "$DISTRUN_JOB_DIR/cell_runner.py" {shlex.quote(",".join(outs))}'
 
 
 def _names(text: str | None, flag: str) -> list[str]:

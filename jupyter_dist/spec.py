@@ -26,7 +26,7 @@ from jupyter_dist.validation import Port, StrictSection, count, fail, one_line
 
 JOB_TYPES = ("pytorch", "tensorflow", "mpi", "dask")
 SCRIPT_NAME = "script.py"
-SCRIPT_COMMAND = f'python "$DISTRUN_JOB_DIR/{SCRIPT_NAME}"'
+SCRIPT_RUNNER_NAME = "cell_runner.py"  # shipped beside every inline script; runs it
 
 # Names jupyter-dist sets for every process; a spec may not set them itself.
 RESERVED_ENV: dict[str, str] = {
@@ -304,7 +304,7 @@ class JobSpec(StrictSection):
         `script`, the command runs it."""
         if self.command:
             return _substitute(self.command, self.inputs)
-        return SCRIPT_COMMAND if self.script is not None else None
+        return script_command() if self.script is not None else None
 
     def code_dir(self) -> Path | None:
         """The `code` folder as an absolute path (relative to the YAML file's folder)."""
@@ -346,6 +346,13 @@ class JobSpec(StrictSection):
 
 class _SpecDumper(yaml.SafeDumper):
     """Multi-line strings (a notebook cell as `script`) as readable `|` blocks."""
+
+
+def script_command(outs: list[str] | tuple[str, ...] = ()) -> str:
+    """The command that runs a job's inline `script` on a rank (through the runner, which
+    also saves the `outs` a notebook cell asked for)."""
+    names = f" {shlex.quote(','.join(outs))}" if outs else ""
+    return f'python "$DISTRUN_JOB_DIR/{SCRIPT_RUNNER_NAME}"{names}'
 
 
 def _block_strings(dumper: yaml.SafeDumper, value: str) -> yaml.ScalarNode:

@@ -32,6 +32,54 @@ def test_a_pytorch_job_from_a_cell(kernel_env):
     )
 
 
+def test_a_finished_cell_ends_like_python_without_finalization_crashes(kernel_env, tmp_path):
+    # What a normal exit does still happens: threads are waited for, exit handlers run with
+    # the cell's globals, files the cell left open are flushed, C's stdout is not lost
+    # (MPI_Finalize: the MPI example notebook). A native crash during interpreter teardown
+    # (here an object that aborts when its module is finalized) does not turn a cell that
+    # did its work into a failed rank.
+    nb = execute_notebook(
+        "%%distrun --nodes 2\n"
+        "import atexit, ctypes, os, sys, threading, time, types\n"
+        "rank = os.environ['RANK']\n"
+        "ctypes.CDLL(None).printf(b'native line %s\\n', rank.encode())\n"
+        f"folder = {str(tmp_path)!r}\n"
+        "left_open = open(f'{folder}/open-{rank}.txt', 'w')\n"
+        "left_open.write('buffered, never closed')\n"
+        "late = lambda: (time.sleep(0.5), open(f'{folder}/thread-{rank}.txt', 'w').write('x'))\n"
+        "threading.Thread(target=late).start()\n"
+        "atexit.register(lambda: print('exit handler sees rank', rank))\n"
+        "class AbortsWhenFinalized:\n"
+        "    def __del__(self):\n"
+        "        os.abort()\n"
+        "sys.modules['bomb'] = bomb = types.ModuleType('bomb')\n"
+        "bomb.it = AbortsWhenFinalized()\n"
+    )
+    text = stream_text(nb.cells[1])
+    for rank in (0, 1):
+        assert f"[rank {rank}] exit handler sees rank {rank}" in text
+        assert f"[rank {rank}] native line {rank}" in text
+        assert (tmp_path / f"open-{rank}.txt").read_text() == "buffered, never closed"
+        assert (tmp_path / f"thread-{rank}.txt").read_text() == "x"
+
+
+def test_a_cell_runs_as_python_would_run_it_as_a_script(kernel_env):
+    # __file__, argv and a real __main__ module: spawned processes find the cell's functions.
+    nb = execute_notebook(
+        "%%distrun --nodes 1\n"
+        "import multiprocessing, os, sys\n"
+        "def square(x):\n"
+        "    return x * x\n"
+        "if __name__ == '__main__':\n"
+        "    print('file', os.path.basename(__file__), 'argv', [a[-9:] for a in sys.argv])\n"
+        "    with multiprocessing.get_context('spawn').Pool(2) as pool:\n"
+        "        print('squares', pool.map(square, [1, 2, 3]))\n"
+    )
+    text = stream_text(nb.cells[1])
+    assert "file script.py argv ['script.py']" in text
+    assert "squares [1, 4, 9]" in text
+
+
 def test_real_ddp_in_a_cell(kernel_env):
     nb = execute_notebook(
         "%%distrun --nodes 2 --procs-per-node 2 --env OMP_NUM_THREADS=1\n"
@@ -58,7 +106,9 @@ def test_a_failing_rank_fails_the_cell_with_the_root_cause(kernel_env):
     assert error.ename == "JobFailed"
     assert "Root cause: rank 3 on local1 (127.0.0.1) exited with code 1" in error.evalue
     assert "KeyError: 'missing shard'" in error.evalue
+    assert 'script.py", line 3, in <module>' in error.evalue  # the cell's own traceback
     assert "jupyter_dist/" not in str(error)  # no traceback through our internals
+    assert "cell_runner" not in str(error)
 
 
 def test_dry_run_shows_spec_plan_and_tf_config(kernel_env):

@@ -64,6 +64,16 @@ def test_pytorch_per_process_table():
     assert [p.node for p in p.processes] == ["gpu0"] * 3 + ["gpu1"] * 3
 
 
+def test_an_inline_script_runs_through_the_runner_shipped_beside_it():
+    p = _plan("script: print('hi')\nresources: {instance_count: 2}")
+    for proc in p.processes:
+        assert proc.argv == ["/bin/sh", "-c", 'python "$DISTRUN_JOB_DIR/cell_runner.py"']
+    files = {(f.node_rank, f.path.rsplit("/", 1)[1]): f.content for f in p.files}
+    for node in (0, 1):
+        assert files[node, "script.py"] == "print('hi')"
+        assert "def finish(" in files[node, "cell_runner.py"]
+
+
 def test_pytorch_fixed_master_port_is_checked_not_chosen():
     spec = parse_spec("command: x\ndistribution: {type: pytorch, master_port: 6105}")
     (request,) = port_requests(spec, NODES[:1])

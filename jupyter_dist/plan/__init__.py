@@ -4,16 +4,19 @@ from __future__ import annotations
 
 import posixpath
 from collections.abc import Mapping
+from pathlib import Path
 
 from jupyter_dist.errors import SpecError
 from jupyter_dist.nodes import Node
 from jupyter_dist.plan import dask, mpi, pytorch, tensorflow
 from jupyter_dist.plan.context import PlanContext, PortRequest
 from jupyter_dist.plan.model import LaunchPlan, PlannedFile, ProcessPlan
-from jupyter_dist.spec import SCRIPT_NAME, JobSpec
+from jupyter_dist.spec import SCRIPT_NAME, SCRIPT_RUNNER_NAME, JobSpec
 
 __all__ = ["LaunchPlan", "PlannedFile", "PortRequest", "ProcessPlan", "plan", "port_requests"]
 
+# Read once at import, so that planning stays free of I/O.
+_SCRIPT_RUNNER_SOURCE = (Path(__file__).parents[1] / SCRIPT_RUNNER_NAME).read_text()
 _PLANNERS = {"pytorch": pytorch, "tensorflow": tensorflow, "mpi": mpi, "dask": dask}
 
 
@@ -47,6 +50,7 @@ def plan(
     per_node = dict(extra_files or {})
     if spec.script is not None:  # the notebook cell (or inline script), on every node
         per_node[SCRIPT_NAME] = spec.script
+        per_node[SCRIPT_RUNNER_NAME] = _SCRIPT_RUNNER_SOURCE
     files = [
         *files,
         *(PlannedFile(n, posixpath.join(ctx.job_dir(node), name), text)
