@@ -184,6 +184,19 @@ def test_tensorflow_defaults_to_one_worker_per_node_and_base_port():
     )
     cfg = json.loads(p.processes[0].env["TF_CONFIG"])
     assert cfg["cluster"]["worker"] == ["10.0.0.5:2222", "10.0.0.5:2223"]
+    # Nodes on one machine (local nodes) share its ports: slots count per host.
+    local = [Node(name=f"local{i}", host="127.0.0.1", transport="local") for i in range(2)]
+    p = _plan(
+        "command: x\nresources: {instance_count: 2}\n"
+        "distribution: {type: tensorflow, worker_count: 3, parameter_server_count: 1, "
+        "base_port: 2222}",
+        nodes=local,
+    )
+    cfg = json.loads(p.processes[0].env["TF_CONFIG"])
+    assert cfg["cluster"] == {
+        "worker": ["127.0.0.1:2222", "127.0.0.1:2223", "127.0.0.1:2224"],
+        "ps": ["127.0.0.1:2225"],
+    }
 
 
 def test_mpi_table():

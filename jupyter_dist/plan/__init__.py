@@ -23,7 +23,7 @@ _PLANNERS = {"pytorch": pytorch, "tensorflow": tensorflow, "mpi": mpi, "dask": d
 def port_requests(spec: JobSpec, nodes: list[Node]) -> list[PortRequest]:
     """The ports a job needs: free ones to find, and the spec's own to check, before it is
     planned."""
-    return _PLANNERS[spec.job_type].port_requests(spec.distribution, len(nodes))
+    return _PLANNERS[spec.job_type].port_requests(spec.distribution, nodes)
 
 
 def plan(

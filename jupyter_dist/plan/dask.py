@@ -7,6 +7,7 @@ import shlex
 from collections import Counter
 from pathlib import Path
 
+from jupyter_dist.nodes import Node
 from jupyter_dist.plan.context import PlanContext, PortRequest
 from jupyter_dist.plan.model import PlannedFile, ProcessPlan
 from jupyter_dist.spec import DaskDistribution
@@ -24,7 +25,7 @@ QUIET = {
 }
 
 
-def port_requests(dist: DaskDistribution, num_nodes: int) -> list[PortRequest]:
+def port_requests(dist: DaskDistribution, nodes: list[Node]) -> list[PortRequest]:
     wanted = [
         ("dask-scheduler", "scheduler_port", dist.scheduler_port),
         ("dask-dashboard", "dashboard_port", dist.dashboard_port),

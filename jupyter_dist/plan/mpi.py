@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import posixpath
 
+from jupyter_dist.nodes import Node
 from jupyter_dist.plan.context import PlanContext, PortRequest
 from jupyter_dist.plan.model import PlannedFile, ProcessPlan
 from jupyter_dist.spec import MpiDistribution
@@ -12,7 +13,7 @@ from jupyter_dist.spec import MpiDistribution
 _NOT_FORWARDED = ("OMPI_",)
 
 
-def port_requests(dist: MpiDistribution, num_nodes: int) -> list[PortRequest]:
+def port_requests(dist: MpiDistribution, nodes: list[Node]) -> list[PortRequest]:
     return [PortRequest("master", 0)]
 
 

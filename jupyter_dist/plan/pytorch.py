@@ -4,12 +4,13 @@ from __future__ import annotations
 
 import posixpath
 
+from jupyter_dist.nodes import Node
 from jupyter_dist.plan.context import PlanContext, PortRequest
 from jupyter_dist.plan.model import ProcessPlan
 from jupyter_dist.spec import PyTorchDistribution
 
 
-def port_requests(dist: PyTorchDistribution, num_nodes: int) -> list[PortRequest]:
+def port_requests(dist: PyTorchDistribution, nodes: list[Node]) -> list[PortRequest]:
     return [PortRequest("master", 0, fixed=dist.master_port, setting="master_port")]
 
 

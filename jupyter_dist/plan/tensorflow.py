@@ -6,6 +6,7 @@ import json
 from collections import Counter
 from dataclasses import dataclass
 
+from jupyter_dist.nodes import Node
 from jupyter_dist.plan.context import PlanContext, PortRequest
 from jupyter_dist.plan.model import ProcessPlan
 from jupyter_dist.spec import TensorFlowDistribution
@@ -16,15 +17,17 @@ class Task:
     type: str  # chief, worker, ps, evaluator
     index: int
     node_rank: int
-    slot: int  # how many tasks were placed on this node before this one
+    slot: int  # how many tasks were placed on this node's host before this one
 
     @property
     def key(self) -> str:
         return f"tf-{self.type}-{self.index}"
 
 
-def tasks(dist: TensorFlowDistribution, num_nodes: int) -> list[Task]:
-    """chief?, workers, ps, evaluator?, in that order, round-robin over the nodes."""
+def tasks(dist: TensorFlowDistribution, hosts: list[str]) -> list[Task]:
+    """chief?, workers, ps, evaluator?, in that order, round-robin over the nodes (`hosts`,
+    one per node). Slots count per host: local nodes share one machine and its ports."""
+    num_nodes = len(hosts)
     workers = dist.worker_count if dist.worker_count is not None else num_nodes
     kinds = (
         [("chief", i) for i in range(dist.chief_count)]
@@ -32,16 +35,16 @@ def tasks(dist: TensorFlowDistribution, num_nodes: int) -> list[Task]:
         + [("ps", i) for i in range(dist.parameter_server_count)]
         + [("evaluator", i) for i in range(dist.evaluator_count)]
     )
-    placed: Counter[int] = Counter()
+    placed: Counter[str] = Counter()
     out = []
     for k, (kind, index) in enumerate(kinds):
         node_rank = k % num_nodes
-        out.append(Task(kind, index, node_rank, placed[node_rank]))
-        placed[node_rank] += 1
+        out.append(Task(kind, index, node_rank, placed[hosts[node_rank]]))
+        placed[hosts[node_rank]] += 1
     return out
 
 
-def port_requests(dist: TensorFlowDistribution, num_nodes: int) -> list[PortRequest]:
+def port_requests(dist: TensorFlowDistribution, nodes: list[Node]) -> list[PortRequest]:
     """A port per task: free ones, or with `base_port` that port plus the task's slot."""
     return [
         PortRequest(
@@ -50,7 +53,7 @@ def port_requests(dist: TensorFlowDistribution, num_nodes: int) -> list[PortRequ
             fixed=None if dist.base_port is None else dist.base_port + t.slot,
             setting="base_port",
         )
-        for t in tasks(dist, num_nodes)
+        for t in tasks(dist, [n.host for n in nodes])
     ]
 
 
@@ -64,7 +67,7 @@ def serving_roles(dist: TensorFlowDistribution) -> set[str]:
 
 
 def build(ctx: PlanContext, dist: TensorFlowDistribution) -> list[ProcessPlan]:
-    all_tasks = tasks(dist, ctx.num_nodes)
+    all_tasks = tasks(dist, [n.host for n in ctx.nodes])
     serving = serving_roles(dist)
     address = {t: f"{ctx.nodes[t.node_rank].host}:{ctx.port(t.key)}" for t in all_tasks}
     cluster: dict[str, list[str]] = {}
