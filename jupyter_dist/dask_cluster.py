@@ -27,7 +27,7 @@ from jupyter_dist.run.job import Job
 from jupyter_dist.run.launch import interrupts_deferred
 
 STDERR_TAIL = 10  # lines of a missing worker's stderr shown in the error
-CONNECT_ATTEMPT_S = 2.0
+CONNECT_ATTEMPT_S = 2.0  # also bounds how long the client tries to reconnect to a dead scheduler
 _FAILED_START = "the Dask cluster did not start"
 
 _running: dict[str, DaskCluster] = {}  # client name -> cluster, in this process

@@ -4,11 +4,14 @@ code, over the real sshd nodes and on local nodes."""
 from __future__ import annotations
 
 import json
+import os
+import signal
 import socket
 import stat
 import sys
 import textwrap
 import threading
+from pathlib import Path
 
 import pytest
 import yaml
@@ -18,6 +21,7 @@ from jupyter_client.manager import start_new_kernel
 from jupyter_dist.dask_cluster import DaskCluster, running_clusters
 from jupyter_dist.errors import DistrunError
 from jupyter_dist.nodes import load_inventory
+from jupyter_dist.run.control import wait_until_ended
 from jupyter_dist.run.events import JobListener
 from jupyter_dist.run.launch import prepare_job, run
 from jupyter_dist.spec import parse_spec
@@ -176,6 +180,51 @@ def test_kernel_shutdown_stops_the_cluster(kernel_env):
     assert job_processes(job_id) == []
     status = JobStore(kernel_env).get(job_id).status()
     assert status["state"] == "succeeded" and status["message"] == "the kernel exited"
+
+
+def test_a_cluster_whose_scheduler_dies_closes_its_client(kernel_env):
+    """The scheduler killed (as the OOM killer would): the job fails and stops the workers;
+    the kernel's client gives up within seconds (it was made with a short connect timeout,
+    which bounds its reconnect attempts too) and the cluster is off the running list."""
+    km, kc = start_new_kernel(kernel_name="python3")
+    try:
+        lines = []
+        for code in ("%load_ext jupyter_dist\n", "%%distrun --type dask --nodes 2 --threads 1\n"):
+            reply = kc.execute_interactive(
+                code,
+                timeout=120,
+                output_hook=lambda msg: lines.append(msg["content"].get("text", "")),
+            )
+            assert reply["content"]["status"] == "ok", reply["content"]
+        job_id = "".join(lines).split("(job ")[1].split(")")[0]
+        (scheduler,) = [
+            pid
+            for pid in job_processes(job_id)
+            if Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")[1:3]
+            == [b"-m", b"distributed.cli.dask_scheduler"]  # the scheduler, not its agent
+        ]
+        os.kill(scheduler, signal.SIGKILL)
+        record = JobStore(kernel_env).get(job_id)
+        assert wait_until_ended(record, timeout=60) == "failed"
+        assert job_processes(job_id) == []
+        lines.clear()
+        reply = kc.execute_interactive(
+            "import time\n"
+            "deadline = time.monotonic() + 10\n"
+            "while client.status != 'closed' and time.monotonic() < deadline:\n"
+            "    time.sleep(0.2)\n"
+            "print('client', client.status)\n"
+            "%distrun dask\n",
+            timeout=60,
+            output_hook=lambda msg: lines.append(msg["content"].get("text", "")),
+        )
+        assert reply["content"]["status"] == "ok", reply["content"]
+        text = "".join(lines)
+        assert "client closed" in text
+        assert "No Dask cluster is running" in text
+    finally:
+        km.shutdown_kernel(now=False)
+        kc.stop_channels()
 
 
 def test_magic_errors_are_one_line(kernel_env):
