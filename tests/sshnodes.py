@@ -178,7 +178,7 @@ def start(count: int, root: Path, use_namespaces: bool | None = None) -> SshNode
                 f"AuthorizedKeysFile {authorized}\nPidFile {root / node.name / 'sshd.pid'}\n"
                 "PermitRootLogin prohibit-password\nPubkeyAuthentication yes\n"
                 "PasswordAuthentication no\nKbdInteractiveAuthentication no\nUsePAM no\n"
-                "StrictModes no\nUseDNS no\nMaxStartups 100:30:200\nMaxSessions 100\n"
+                "StrictModes no\nUseDNS no\nMaxStartups 100:30:200\n"
                 "LogLevel ERROR\nSubsystem sftp internal-sftp\n"
             )
             if node.namespace:

@@ -86,6 +86,24 @@ def test_mpi_across_two_ssh_nodes(ssh_nodes, store, tmp_path):
     assert sorted(results) == [0, 1, 2, 3]
 
 
+def test_more_processes_on_a_node_than_one_connection_has_sessions(ssh_nodes, store, tmp_path):
+    """The test nodes keep OpenSSH's default of 10 sessions per connection; 12 processes run
+    on one node at once (each holds a session until it ends), so a second connection opens."""
+    spec = _spec("""\
+        command: sleep 3 && echo rank $RANK of $WORLD_SIZE
+        resources: {instance_count: 1}
+        distribution: {type: pytorch, process_count_per_instance: 12}
+    """)
+    result = run(spec, store=store, inventory=ssh_nodes.load_inventory(tmp_path))
+    assert result.ok, result.describe()
+    record = store.get(result.job_id)
+    for rank in range(12):
+        assert [line.text for line in record.iter_log(f"rank-{rank}", "stdout")] == [
+            f"rank {rank} of 12"
+        ]
+    assert ssh_nodes.job_processes(result.job_id) == []
+
+
 def test_a_failing_rank_on_node_1_stops_node_0(ssh_nodes, store, tmp_path):
     spec = _spec(f"""\
         command: python {SCRIPTS / "ddp_fail.py"}

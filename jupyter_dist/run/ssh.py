@@ -31,6 +31,7 @@ from jupyter_dist.run.agent_client import AGENT_SOURCE, AgentProcess, agent_argv
 from jupyter_dist.run.ports import __file__ as _ports_file
 
 CONNECT_TIMEOUT = 10.0
+SESSIONS_PER_CONNECTION = 10  # OpenSSH's default MaxSessions
 _CHUNK = 65536
 
 # What a node tells about itself: python version, home, workdir (made), hostname, GPUs.
@@ -155,10 +156,10 @@ def trust(node: Node) -> str:
 
 
 def run_command(
-    client: paramiko.SSHClient, argv: list[str], timeout: float = 60
+    channel: paramiko.Channel, argv: list[str], timeout: float = 60
 ) -> tuple[int, str, str]:
-    """Run argv on the node (every word quoted); returns exit code, stdout, stderr."""
-    channel = client.get_transport().open_session(timeout=timeout)
+    """Run argv on a fresh session `channel` (every word quoted); returns exit code, stdout,
+    stderr."""
     channel.settimeout(timeout)
     channel.exec_command(shlex.join(argv))
     out, err = bytearray(), bytearray()
@@ -181,10 +182,15 @@ def run_command(
 
 
 class Connections:
-    """One kept connection per node, opened in parallel, reused across jobs."""
+    """Kept connections per node, reused across jobs. sshd caps the sessions one connection
+    may have open (MaxSessions, 10 by default; every process, command and SFTP client holds
+    one), so a node with more at once gets more connections: a new one when the kept ones
+    have that many open, or when sshd refuses a session (a lower cap)."""
 
     def __init__(self) -> None:
-        self._clients: dict[tuple, paramiko.SSHClient] = {}
+        self._clients: dict[tuple, list[paramiko.SSHClient]] = {}
+        self._sessions: dict[paramiko.SSHClient, list[paramiko.Channel]] = {}
+        self._opening: dict[tuple, threading.Lock] = {}
         self._infos: dict[tuple, tuple[int, NodeInfo]] = {}
         self._lock = threading.Lock()
 
@@ -192,16 +198,66 @@ class Connections:
     def _key(node: Node) -> tuple:
         return (node.host, node.port, node.user, node.key_file)
 
-    def get(self, node: Node) -> paramiko.SSHClient:
+    def _live(self, node: Node) -> list[paramiko.SSHClient]:
         key = self._key(node)
         with self._lock:
-            client = self._clients.get(key)
-        if client is not None and client.get_transport() and client.get_transport().is_active():
-            return client
+            clients = self._clients.get(key, [])
+            live = [c for c in clients if c.get_transport() and c.get_transport().is_active()]
+            for dead in (c for c in clients if c not in live):
+                self._sessions.pop(dead, None)
+                dead.close()
+            self._clients[key] = live
+        return live
+
+    def _add(self, node: Node) -> paramiko.SSHClient:
         client = connect(node)
         with self._lock:
-            self._clients[key] = client
+            self._clients.setdefault(self._key(node), []).append(client)
         return client
+
+    def _has_room(self, client: paramiko.SSHClient) -> bool:
+        with self._lock:
+            open_now = [c for c in self._sessions.get(client, []) if not c.closed]
+            self._sessions[client] = open_now
+            return len(open_now) < SESSIONS_PER_CONNECTION
+
+    def get(self, node: Node) -> paramiko.SSHClient:
+        """The node's first kept connection (opened if there is none)."""
+        live = self._live(node)
+        return live[0] if live else self._add(node)
+
+    def open_session(self, node: Node, timeout: float = CONNECT_TIMEOUT) -> paramiko.Channel:
+        """A new session on the first kept connection with room for it, or on a new one.
+        One at a time per node: the count stays right, and paramiko keeps a failed open's
+        reason in one place per connection, so concurrent opens could swap theirs."""
+        with self._opening_lock(node):
+            for client in (c for c in self._live(node) if self._has_room(c)):
+                try:
+                    return self._opened(client, timeout)
+                except paramiko.SSHException:
+                    # Refused: sshd allows fewer sessions than we assumed, or still counts
+                    # ones that were just closed. Another connection takes it.
+                    continue
+            return self._opened(self._add(node), timeout)
+
+    def _opening_lock(self, node: Node) -> threading.Lock:
+        with self._lock:
+            return self._opening.setdefault(self._key(node), threading.Lock())
+
+    def _opened(self, client: paramiko.SSHClient, timeout: float) -> paramiko.Channel:
+        channel = client.get_transport().open_session(timeout=timeout)
+        with self._lock:
+            self._sessions.setdefault(client, []).append(channel)
+        return channel
+
+    def open_sftp(self, node: Node) -> paramiko.SFTPClient:
+        channel = self.open_session(node)
+        channel.invoke_subsystem("sftp")
+        return paramiko.SFTPClient(channel)
+
+    def run(self, node: Node, argv: list[str], timeout: float = 60) -> tuple[int, str, str]:
+        """`run_command` on the node."""
+        return run_command(self.open_session(node, timeout), argv, timeout)
 
     def info(self, node: Node) -> NodeInfo:
         """The node's probe, done once per kept connection (a new connection probes again)."""
@@ -211,15 +267,16 @@ class Connections:
             cached = self._infos.get(key)
         if cached and cached[0] == id(client):
             return cached[1]
-        info = probe(node, client)
+        info = probe(node, self)
         with self._lock:
             self._infos[key] = (id(client), info)
         return info
 
     def close_all(self) -> None:
         with self._lock:
-            clients, self._clients = list(self._clients.values()), {}
-        for client in clients:
+            pools, self._clients = list(self._clients.values()), {}
+            self._sessions.clear()
+        for client in (c for pool in pools for c in pool):
             client.close()
 
 
@@ -251,11 +308,13 @@ def _on_node(work: Callable[[Node], object], node: Node) -> object:
 CONNECTIONS = Connections()
 
 
-def probe(node: Node, client: paramiko.SSHClient | None = None) -> NodeInfo:
+def probe(node: Node, connections: Connections | None = None) -> NodeInfo:
     """Check a node: reachable, authenticated, python found; resolve its workdir."""
     start = time.perf_counter()
-    client = client or CONNECTIONS.get(node)
-    code, out, err = run_command(client, [node.python, "-c", _PROBE, node.workdir or "~/.distrun"])
+    connections = connections or CONNECTIONS
+    code, out, err = connections.run(
+        node, [node.python, "-c", _PROBE, node.workdir or "~/.distrun"]
+    )
     latency = (time.perf_counter() - start) * 1000
     if code == 127:
         raise NodeError(
@@ -345,7 +404,7 @@ class SshTransport:
             free = [r for r in wanted if r.fixed is None]
             fixed = {r.fixed: r for r in wanted if r.fixed is not None}
             argv = [node.python, "-c", PORTS_SOURCE, str(len(free)), *map(str, fixed)]
-            code, out, err = run_command(self.connections.get(node), argv)
+            code, out, err = self.connections.run(node, argv)
             if code != 0:
                 raise NodeError(f"node {node.name}: could not find free ports: {err.strip()}")
             found, *taken = out.splitlines() or [""]
@@ -361,9 +420,8 @@ class SshTransport:
         code = Path(plan.code_dir) if plan.code_dir else None
 
         def ship(node: Node) -> None:
-            client = self.connections.get(node)
             job_dir = posixpath.join(node.workdir, plan.job_id)
-            with client.open_sftp() as sftp:
+            with self.connections.open_sftp(node) as sftp:
                 _makedirs(sftp, job_dir)
                 agent = posixpath.join(node.workdir, agent_file_name())
                 if not _exists(sftp, agent):
@@ -376,7 +434,7 @@ class SshTransport:
                         with sftp.open(planned.path, "w") as handle:
                             handle.write(planned.content)
             if code is not None:  # a snapshot per job: later syncs replace files, not edit them
-                run_checked(client, node, ["cp", "-al", cache, posixpath.join(job_dir, "code")])
+                self._run_checked(node, ["cp", "-al", cache, posixpath.join(job_dir, "code")])
 
         parallel(nodes, ship)
 
@@ -385,7 +443,7 @@ class SshTransport:
 
         def fetch(node: Node) -> dict[str, bytes]:
             found: dict[str, bytes] = {}
-            with self.connections.get(node).open_sftp() as sftp:
+            with self.connections.open_sftp(node) as sftp:
                 try:
                     entries = sftp.listdir_attr(folder)
                 except OSError:
@@ -405,15 +463,19 @@ class SshTransport:
             agent = posixpath.join(node.workdir, agent_file_name())
             env_words = [f"{name}={value}" for name, value in proc.env.items()]
             command = agent_argv(node.python, agent, proc.cwd, proc.argv, grace)
-            channel = (
-                self.connections.get(node).get_transport().open_session(timeout=CONNECT_TIMEOUT)
-            )
+            channel = self.connections.open_session(node)
             # `env NAME=VALUE ...`: sshd rarely accepts variables (AcceptEnv), so they go in
             # the command line, each word quoted.
             channel.exec_command(shlex.join(["exec", "env", *env_words, *command]))
             return SshProcess(channel, f"{proc.label} on {node.name}")
 
         return _on_node(open_channel, node)
+
+    def _run_checked(self, node: Node, argv: list[str]) -> str:
+        code, out, err = self.connections.run(node, argv)
+        if code != 0:
+            raise NodeError(f"node {node.name}: {argv[0]} failed: {err.strip() or code}")
+        return out
 
     def sweep(self, job_id: str, node_names: set[str]) -> list[int]:
         """Kill anything of the job still running on the named nodes: those where an agent
@@ -422,20 +484,14 @@ class SshTransport:
         def sweep_node(node: Node) -> list[int]:
             agent = posixpath.join(node.workdir, agent_file_name())
             with contextlib.suppress(Exception):
-                client = self.connections.get(node)
-                code, out, _ = run_command(client, [node.python, agent, "--sweep", job_id], 30)
+                code, out, _ = self.connections.run(
+                    node, [node.python, agent, "--sweep", job_id], 30
+                )
                 return [int(p) for p in out.split()] if code == 0 else []
             return []
 
         nodes = [n for n in self._nodes.values() if n.name in node_names]
         return [pid for pids in parallel(nodes, sweep_node) for pid in pids]
-
-
-def run_checked(client: paramiko.SSHClient, node: Node, argv: list[str]) -> str:
-    code, out, err = run_command(client, argv)
-    if code != 0:
-        raise NodeError(f"node {node.name}: {argv[0]} failed: {err.strip() or code}")
-    return out
 
 
 def _code_key(folder: Path) -> str:
