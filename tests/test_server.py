@@ -103,6 +103,8 @@ async def test_jobs_job_and_logs_of_real_jobs(jp_fetch, home, tmp_path):
     assert jobs[0]["root_cause"].startswith("rank 1 on local0 (127.0.0.1) exited with code 3")
     assert jobs[1]["processes"] == 4 and jobs[1]["nodes"] == ["local0", "local1"]
     assert jobs[1]["root_cause"] is None and jobs[1]["ended"] >= jobs[1]["started"]
+    code, newest = await _json(jp_fetch, "distrun", "jobs", params={"limit": "1"})
+    assert [j["job_id"] for j in newest] == [bad_result.job_id]
 
     code, job = await _json(jp_fetch, "distrun", "jobs", ok_result.job_id[:-2])  # a prefix
     assert job["job_id"] == ok_result.job_id
@@ -154,6 +156,8 @@ async def test_jobs_job_and_logs_of_real_jobs(jp_fetch, home, tmp_path):
         jp_fetch, "distrun", "jobs", ok_result.job_id, "logs", params={"rank": "0", "limit": "0"}
     )
     assert code == 400 and "limit='0' is not valid" in message
+    code, message = await _error(jp_fetch, "distrun", "jobs", params={"limit": "many"})
+    assert code == 400 and "limit='many' is not valid; give a number 1-20000" in message
 
 
 async def test_cancel_reaches_the_process_that_owns_the_job(jp_fetch, home, tmp_path):

@@ -80,6 +80,14 @@ class DistrunHandler(APIHandler):
         self.set_status(status)
         self.finish(json.dumps(value))
 
+    def _int_argument(self, name: str, default: int | None, low: int, high: int) -> int | None:
+        raw = self.get_query_argument(name, None)
+        if raw is None:
+            return default
+        if not raw.isdigit() or not low <= int(raw) <= high:
+            raise web.HTTPError(400, f"{name}={raw!r} is not valid; give a number {low}-{high}")
+        return int(raw)
+
 
 class NodesHandler(DistrunHandler):
     @web.authenticated
@@ -90,8 +98,11 @@ class NodesHandler(DistrunHandler):
 class JobsHandler(DistrunHandler):
     @web.authenticated
     async def get(self) -> None:
+        limit = self._int_argument("limit", None, 1, MAX_LIMIT)
+
         def jobs():
-            return [job_summary(record.status()) for record in self.store.jobs()]
+            # Only the jobs asked for are read: a store holds a job for every cell ever run.
+            return [job_summary(record.status()) for record in self.store.jobs()[:limit]]
 
         self.reply(await self.blocking(jobs))
 
@@ -137,14 +148,6 @@ class LogsHandler(DistrunHandler):
             return {"key": key, "lines": lines, "next": cursor, "state": state}
 
         self.reply(await self.blocking(read))
-
-    def _int_argument(self, name: str, default: int | None, low: int, high: int) -> int | None:
-        raw = self.get_query_argument(name, None)
-        if raw is None:
-            return default
-        if not raw.isdigit() or not low <= int(raw) <= high:
-            raise web.HTTPError(400, f"{name}={raw!r} is not valid; give a number {low}-{high}")
-        return int(raw)
 
 
 class CancelHandler(DistrunHandler):

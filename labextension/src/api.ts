@@ -93,8 +93,9 @@ export class ApiError extends Error {
 export class DistrunApi {
   constructor(private readonly request: Requester) {}
 
-  jobs(): Promise<IJobSummary[]> {
-    return this.get('jobs');
+  /** Jobs, newest first: all of them, or the newest `limit`. */
+  jobs(limit?: number): Promise<IJobSummary[]> {
+    return this.get(limit === undefined ? 'jobs' : `jobs?limit=${limit}`);
   }
 
   job(jobId: string): Promise<IJobDetail> {

@@ -15,6 +15,7 @@ export interface ISidebarOptions {
   openLogs: (jobId: string) => void;
   jobsInterval?: number; // ms
   nodesInterval?: number; // ms
+  jobsShown?: number; // the newest jobs listed; older ones are left to the CLI
 }
 
 export class DistrunSidebar extends Widget {
@@ -25,12 +26,14 @@ export class DistrunSidebar extends Widget {
   private readonly errorBox = h('div', { class: 'jp-distrun-error' });
   private readonly jobsPoll: Poll;
   private readonly nodesPoll: Poll;
+  private readonly jobsShown: number;
   private cancelling = new Set<string>();
 
   constructor(options: ISidebarOptions) {
     super();
     this.api = options.api;
     this.openLogs = options.openLogs;
+    this.jobsShown = options.jobsShown ?? 100;
     this.id = 'jupyter-dist-sidebar';
     this.addClass('jp-distrun-sidebar');
     this.node.append(
@@ -74,7 +77,7 @@ export class DistrunSidebar extends Widget {
 
   private async refreshJobs(): Promise<void> {
     try {
-      const jobs = await this.api.jobs();
+      const jobs = await this.api.jobs(this.jobsShown + 1); // one more: are there older ones?
       this.errorBox.textContent = '';
       this.renderJobs(jobs);
     } catch (error) {
@@ -117,7 +120,17 @@ export class DistrunSidebar extends Widget {
       );
       return;
     }
-    this.jobsBox.replaceChildren(...jobs.map(job => this.jobRow(job)));
+    const rows = jobs.slice(0, this.jobsShown).map(job => this.jobRow(job));
+    if (jobs.length > this.jobsShown) {
+      rows.push(
+        h(
+          'div',
+          { class: 'jp-distrun-muted jp-distrun-older' },
+          `Only the newest ${this.jobsShown} jobs are shown; \`jupyter distrun jobs\` lists them all.`
+        )
+      );
+    }
+    this.jobsBox.replaceChildren(...rows);
   }
 
   private jobRow(job: IJobSummary): HTMLElement {

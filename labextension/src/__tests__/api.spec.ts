@@ -21,9 +21,11 @@ describe('DistrunApi', () => {
       'jobs/a%2Fb': { status: 200, body: { job_id: 'a/b' } }
     });
     expect(await api.jobs()).toEqual([{ job_id: 'a' }]);
+    await expect(api.jobs(101)).rejects.toThrow('no route jobs?limit=101');
     expect((await api.job('a/b')).job_id).toBe('a/b');
     expect(calls).toEqual([
       { path: 'jobs', method: 'GET' },
+      { path: 'jobs?limit=101', method: 'GET' },
       { path: 'jobs/a%2Fb', method: 'GET' }
     ]);
   });
