@@ -158,21 +158,30 @@ def test_a_dask_job_with_code_runs_it_against_the_cluster_then_stops_it(store):
     assert job_processes(result.job_id) == []
 
 
+def _run_in_kernel(kc, code: str, timeout: float = 120) -> str:
+    """Run `code` in the kernel; it must succeed. Returns what it printed."""
+    lines = []
+    reply = kc.execute_interactive(
+        code,
+        timeout=timeout,
+        output_hook=lambda msg: lines.append(msg["content"].get("text", "")),
+    )
+    assert reply["content"]["status"] == "ok", reply["content"]
+    return "".join(lines)
+
+
+def _start_cluster_in_kernel(kc) -> str:
+    """An interactive cluster on 2 local nodes, started from the kernel; its job id."""
+    # %load_ext installs the transformer that lets an empty %%distrun cell through.
+    _run_in_kernel(kc, "%load_ext jupyter_dist\n", timeout=60)
+    text = _run_in_kernel(kc, "%%distrun --type dask --nodes 2 --threads 1\n")
+    return text.split("(job ")[1].split(")")[0]
+
+
 def test_kernel_shutdown_stops_the_cluster(kernel_env):
     km, kc = start_new_kernel(kernel_name="python3")
     try:
-        reply = kc.execute_interactive(
-            "%load_ext jupyter_dist\n", timeout=60
-        )  # the transformer that lets an empty %%distrun cell through is installed here
-        assert reply["content"]["status"] == "ok"
-        lines = []
-        reply = kc.execute_interactive(
-            "%%distrun --type dask --nodes 2 --threads 1\n",
-            timeout=120,
-            output_hook=lambda msg: lines.append(msg["content"].get("text", "")),
-        )
-        assert reply["content"]["status"] == "ok", reply["content"]
-        job_id = "".join(lines).split("(job ")[1].split(")")[0]
+        job_id = _start_cluster_in_kernel(kc)
         assert len(job_processes(job_id)) >= 3  # scheduler and two workers, with nannies
     finally:
         km.shutdown_kernel(now=False)  # a polite shutdown, as JupyterLab asks for one
@@ -188,15 +197,7 @@ def test_a_cluster_whose_scheduler_dies_closes_its_client(kernel_env):
     which bounds its reconnect attempts too) and the cluster is off the running list."""
     km, kc = start_new_kernel(kernel_name="python3")
     try:
-        lines = []
-        for code in ("%load_ext jupyter_dist\n", "%%distrun --type dask --nodes 2 --threads 1\n"):
-            reply = kc.execute_interactive(
-                code,
-                timeout=120,
-                output_hook=lambda msg: lines.append(msg["content"].get("text", "")),
-            )
-            assert reply["content"]["status"] == "ok", reply["content"]
-        job_id = "".join(lines).split("(job ")[1].split(")")[0]
+        job_id = _start_cluster_in_kernel(kc)
         (scheduler,) = [
             pid
             for pid in job_processes(job_id)
@@ -207,8 +208,8 @@ def test_a_cluster_whose_scheduler_dies_closes_its_client(kernel_env):
         record = JobStore(kernel_env).get(job_id)
         assert wait_until_ended(record, timeout=60) == "failed"
         assert job_processes(job_id) == []
-        lines.clear()
-        reply = kc.execute_interactive(
+        text = _run_in_kernel(
+            kc,
             "import time\n"
             "deadline = time.monotonic() + 10\n"
             "while client.status != 'closed' and time.monotonic() < deadline:\n"
@@ -216,10 +217,7 @@ def test_a_cluster_whose_scheduler_dies_closes_its_client(kernel_env):
             "print('client', client.status)\n"
             "%distrun dask\n",
             timeout=60,
-            output_hook=lambda msg: lines.append(msg["content"].get("text", "")),
         )
-        assert reply["content"]["status"] == "ok", reply["content"]
-        text = "".join(lines)
         assert "client closed" in text
         assert "No Dask cluster is running" in text
     finally:
