@@ -7,6 +7,7 @@ against known_hosts; an unknown host is refused unless the node says `accept-new
 from __future__ import annotations
 
 import contextlib
+import functools
 import getpass
 import hashlib
 import json
@@ -371,6 +372,7 @@ class SshProcess(AgentProcess):
         return 255 if code == -1 else code  # -1: no status at all, the link died
 
 
+@functools.cache  # once per process: every start, prepare and sweep names the agent
 def agent_file_name() -> str:
     digest = hashlib.sha256(AGENT_SOURCE.read_bytes()).hexdigest()[:12]
     return f"agent-{digest}.py"
