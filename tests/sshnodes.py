@@ -91,6 +91,14 @@ class SshNodes:
                         found.append(pid)
         return found
 
+    def drop_sessions(self, node: TestNode) -> None:
+        """SIGKILL a node's sshd sessions, not its listener: its links drop. Sessions may
+        end while we look (a killed parent takes its child), so one gone is fine."""
+        for pid in _children_of(node.sshd.pid):
+            if _is_running_sshd(pid):
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(pid, signal.SIGKILL)
+
     def stop_sshd(self, node: TestNode) -> None:
         if node.sshd and node.sshd.poll() is None:
             node.sshd.terminate()
@@ -98,10 +106,20 @@ class SshNodes:
 
 
 def _is_sshd(pid: int) -> bool:
+    """An sshd process, or one already gone (either way not a node's own process)."""
+    return _process_name(pid) in ("sshd", "sshd-session", None)
+
+
+def _is_running_sshd(pid: int) -> bool:
+    return _process_name(pid) in ("sshd", "sshd-session")
+
+
+def _process_name(pid: int) -> str | None:
+    """None once the process is gone."""
     try:
-        return Path(f"/proc/{pid}/comm").read_text().strip() in ("sshd", "sshd-session")
+        return Path(f"/proc/{pid}/comm").read_text().strip()
     except OSError:
-        return True  # gone
+        return None
 
 
 def _children_of(root: int) -> list[int]:

@@ -5,7 +5,6 @@ from __future__ import annotations
 import json
 import os
 import signal
-import subprocess
 import textwrap
 import time
 from pathlib import Path
@@ -263,11 +262,7 @@ def test_a_dropped_connection_stops_that_nodes_processes(ssh_nodes, store, tmp_p
     node1 = ssh_nodes.nodes[1]
     on_node1 = [p for p in ssh_nodes.job_processes(job.job_id) if p in ssh_nodes.pids(node1)]
     assert on_node1
-    sessions = subprocess.run(["ip", "netns", "pids", node1.namespace], capture_output=True,
-                              text=True).stdout.split()  # fmt: skip
-    for pid in map(int, sessions):
-        if pid != node1.sshd.pid and Path(f"/proc/{pid}/comm").read_text().startswith("sshd"):
-            os.kill(pid, signal.SIGKILL)
+    ssh_nodes.drop_sessions(node1)
     result = job.wait(60)
     assert result is not None and result.state == "failed"
     assert result.root_cause.node == "node1"
