@@ -179,3 +179,26 @@ def test_toolbar_and_palette_commands(lab_page):
     form = cells.nth(before + 1).locator(".jp-OutputArea")
     form.get_by_role("button", name="Submit").wait_for()
     _shot(page, "6-form")
+
+
+def test_a_page_loaded_again_draws_the_lines_it_missed(lab_page, lab):
+    """A second tab on the saved notebook (as after a reload) restores the live view from
+    the kernel: the inspector from the widget's state, the lines by asking the kernel."""
+    lab_page.locator(".lm-TabBar-tab", has_text="distrun.ipynb").click()
+    lab_page.keyboard.press("Control+s")
+    lab_page.locator(".jp-mod-dirty").first.wait_for(state="detached")
+    page = lab_page.context.browser.new_page(viewport={"width": 1400, "height": 1000})
+    try:
+        page.goto(lab.page_url("/lab/workspaces/distrun-again/tree/distrun.ipynb?reset"))
+        view = page.locator(".jp-Notebook .jp-Cell").nth(1).locator(".distrun-live")
+        view.locator("tr.distrun-process").nth(3).wait_for()
+        lines = view.locator(".distrun-lines")
+        lines.filter(has_text="rank 3 says the sum of ranks is 6").wait_for(timeout=30_000)
+        _shot(page, "7-page-loaded-again")
+        text = lines.inner_text()
+        assert all(f"[rank {r}] rank {r} says the sum of ranks is 6" in text for r in range(4))
+        view.get_by_role("button", name="rank-2").click()
+        rank_2 = lines.inner_text()
+        assert "rank 2 says the sum of ranks is 6" in rank_2 and "rank 0" not in rank_2
+    finally:
+        page.close()

@@ -19,7 +19,7 @@ STATE = (
     "from jupyter_dist.magics import DistrunMagics\n"
     "v = DistrunMagics.last_view\n"
     "print(v.state, sorted(p['state'] for p in v.processes), v.messages_sent, v.lines_sent,\n"
-    "      v.lines_skipped, sep='|')"
+    "      v.lines_skipped, v.lines_total, sep='|')"
 )
 
 
@@ -40,9 +40,10 @@ def test_live_view_state_messages_and_text_form(kernel_env):
     assert text.startswith("job ") and ": succeeded (full logs: " in text
     assert text.count(": succeeded (0)") == 8  # every process, with its exit code
     assert "step\x1b[0m 4999 of rank" in text  # the last lines, prefixed by rank
-    state, statuses, messages, sent, skipped = nb.cells[3].outputs[0].text.strip().split("|")
+    state, statuses, messages, sent, skipped, total = nb.cells[3].outputs[0].text.strip().split("|")
     assert state == "succeeded" and statuses == str(["succeeded"] * 8)
     assert int(sent) + int(skipped) == 8 * 5000  # every line, or counted as left to the store
+    assert int(total) == 8 * 5000  # what a page loaded again knows it missed
     assert 1 <= int(messages) <= 8 * 5000 / 100  # deltas in batches, not a message per line
 
 

@@ -5,6 +5,8 @@
 // Lines are kept by the model, not the view: the model exists from the moment the kernel
 // creates the widget, while a view may render later (the first widget of a page loads
 // its code first) or again (an output re-attached). Either way it draws what came before.
+// A page loaded again (reload, another browser) starts with none: the model's lines_total
+// says how many the job printed, so it asks the kernel once for what it keeps.
 
 const COLOURS = ["#0aa", "#b80", "#a3a", "#2a2", "#36c", "#c33", "#088", "#870"];
 const SGR = { 30: "#555", 31: "#c33", 32: "#2a2", 33: "#b80", 34: "#36c", 35: "#a3a",
@@ -37,20 +39,21 @@ export function ansiToNodes(text) {
 }
 
 // Keyed by job id: anywidget hands initialize and render different proxies of one model.
-const LINES = new Map(); // job id -> { buffers: key -> [line], views: Set<callback> }
+// job id -> { buffers: key -> [line], total: lines seen, views: Set<{append, redraw}> }
+const LINES = new Map();
 
 function linesOf(model) {
   const id = model.get("job_id");
-  if (!LINES.has(id)) LINES.set(id, { buffers: { all: [] }, views: new Set() });
+  if (!LINES.has(id)) LINES.set(id, { buffers: { all: [] }, total: 0, views: new Set() });
   return LINES.get(id);
 }
 
 function initialize({ model }) {
   const held = linesOf(model);
-  model.on("msg:custom", (msg) => {
-    if (msg.type !== "lines") return;
+  const toLines = (msg) => msg.lines.map(([key, label, stream, text]) =>
+    ({ key, label, stream, text }));
+  function keep(lines) {
     const max = model.get("max_lines");
-    const lines = msg.lines.map(([key, label, stream, text]) => ({ key, label, stream, text }));
     for (const line of lines) {
       if (!(line.key in held.buffers)) held.buffers[line.key] = [];
       for (const target of [held.buffers.all, held.buffers[line.key]]) {
@@ -58,8 +61,23 @@ function initialize({ model }) {
         if (target.length > max) target.splice(0, target.length - max);
       }
     }
-    for (const view of held.views) view(lines);
+  }
+  model.on("msg:custom", (msg) => {
+    if (msg.type === "lines") {
+      const lines = toLines(msg);
+      keep(lines);
+      held.total = msg.total ?? held.total + lines.length;
+      for (const view of held.views) view.append(lines);
+    } else if (msg.type === "history" && msg.total > held.total) {
+      // What the kernel keeps is what this page would hold: it replaces the buffers.
+      for (const key of Object.keys(held.buffers)) delete held.buffers[key];
+      held.buffers.all = [];
+      keep(toLines(msg));
+      held.total = msg.total;
+      for (const view of held.views) view.redraw();
+    }
   });
+  if (model.get("lines_total") > held.total) model.send({ type: "history" });
 }
 
 function render({ model, el }) {
@@ -199,14 +217,21 @@ function render({ model, el }) {
     if (known !== tabs.childElementCount) drawTabs();
   }
 
-  held.views.add(append);
+  function redraw() {  // the buffers were replaced (lines this page had missed)
+    if (!(active in buffers)) active = "all";
+    drawTabs();
+    drawPane();
+  }
+
+  const view = { append, redraw };
+  held.views.add(view);
   model.on("change:processes", drawStatus);
   model.on("change:state", drawStatus);
   model.on("change:root_cause", drawStatus);
   drawStatus();
   drawTabs();
   drawPane();
-  return () => held.views.delete(append);
+  return () => held.views.delete(view);
 }
 
 export default { initialize, render };

@@ -4,13 +4,17 @@ Lines reach the browser as deltas in custom messages, one message per tick at mo
 cell's thread ticks about ten times a second), never re-sending history. The browser keeps
 `max_lines` lines per tab; the full log stays in the store. The view's plain-text form
 (what nbconvert, papermill and terminals keep) is its status and the last lines.
+
+The kernel keeps the same last `max_lines` lines per tab, so that a page loaded again (a
+reload, a second browser) draws what it missed: its view sees `lines_total` ahead of what
+it holds and asks for them once.
 """
 
 from __future__ import annotations
 
 import threading
 import time
-from collections import deque
+from collections import defaultdict, deque
 from pathlib import Path
 
 import anywidget
@@ -33,6 +37,7 @@ class LiveView(anywidget.AnyWidget):
     root_cause = Unicode("").tag(sync=True)
     log_dir = Unicode("").tag(sync=True)
     max_lines = Int(2000).tag(sync=True)
+    lines_total = Int(0).tag(sync=True)  # lines the job printed so far, sent or skipped
 
     def __init__(self, job, **kwargs):
         # Who is who (ranks, master, role, TF_CONFIG) is fixed by the plan; states change.
@@ -48,6 +53,11 @@ class LiveView(anywidget.AnyWidget):
         self.lines_skipped = 0
         self._last_send = 0.0
         self._recent: deque[OutputLine] = deque(maxlen=TEXT_LINES)
+        # What a page loaded later asks for: (number, line) per tab, as the browser keeps.
+        self._kept: dict[str, deque[tuple[int, OutputLine]]] = defaultdict(
+            lambda: deque(maxlen=self.max_lines)
+        )
+        self.on_msg(self._on_message)
 
     def tick(self, force: bool = False) -> None:
         """Send what came since the last tick (call from the cell's thread)."""
@@ -64,17 +74,33 @@ class LiveView(anywidget.AnyWidget):
                 self.state = "running"
         if lines:
             self._recent.extend(lines)
+            self._keep(lines)
             if len(lines) > MAX_LINES_PER_MESSAGE:  # the browser keeps few; the store has all
                 self.lines_skipped += len(lines) - MAX_LINES_PER_MESSAGE
                 lines = lines[-MAX_LINES_PER_MESSAGE:]
             # An OutputLine is a tuple: key, label, stream, text, time.
-            self.send({"type": "lines", "lines": [list(line[:4]) for line in lines]})
+            self.send({"type": "lines", "lines": [list(line[:4]) for line in lines],
+                       "total": self.lines_total})  # fmt: skip
             self.messages_sent += 1
             self.lines_sent += len(lines)
             self._last_send = now
         if result is not None:
             self.state = result.state.replace("_", " ")
             self.root_cause = result.root_cause.format() if result.root_cause else ""
+
+    def _keep(self, lines: list[OutputLine]) -> None:
+        for number, line in enumerate(lines, start=self.lines_total + 1):
+            self._kept[line.key].append((number, line))
+        self.lines_total += len(lines)
+
+    def _on_message(self, _widget, content: dict, _buffers) -> None:
+        """A page that missed lines asks for what the browser would hold (answered once
+        the kernel is free: while a cell runs its messages wait)."""
+        if content.get("type") == "history":
+            kept = sorted((pair for lines in self._kept.values() for pair in lines),
+                          key=lambda pair: pair[0])  # fmt: skip
+            self.send({"type": "history", "lines": [list(line[:4]) for _, line in kept],
+                       "total": self.lines_total})  # fmt: skip
 
     def text(self) -> str:
         """The view as plain text: status per process, the last lines, the root cause."""

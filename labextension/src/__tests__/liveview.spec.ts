@@ -11,7 +11,11 @@ type Handler = (...args: any[]) => void;
 /** The part of an anywidget model the view uses: traits, events, custom messages. */
 class FakeModel {
   private handlers: { [event: string]: Handler[] } = {};
+  sent: any[] = [];
   constructor(private traits: { [name: string]: any }) {}
+  send(content: any): void {
+    this.sent.push(content);
+  }
   get(name: string): any {
     return this.traits[name];
   }
@@ -25,23 +29,28 @@ class FakeModel {
   }
 }
 
-function model(jobId: string, maxLines = 5): FakeModel {
+function model(jobId: string, maxLines = 5, linesTotal = 0): FakeModel {
   return new FakeModel({
     job_id: jobId,
     state: 'running',
     processes: [],
     root_cause: '',
     log_dir: '/tmp/logs',
-    max_lines: maxLines
+    max_lines: maxLines,
+    lines_total: linesTotal
   });
 }
 
-function lines(from: number, count: number, key = 'rank-0'): any {
+function lines(from: number, count: number, key = 'rank-0', type = 'lines'): any {
   const out = [];
   for (let i = from; i < from + count; i++) {
     out.push([key, key.replace('-', ' '), 'stdout', `line ${i}`]);
   }
-  return { type: 'lines', lines: out };
+  return { type, lines: out, total: from + count };
+}
+
+function shown(el: HTMLElement): (string | null)[] {
+  return Array.from(el.querySelectorAll('pre.distrun-lines > div')).map(d => d.textContent);
 }
 
 describe('ansiToNodes', () => {
@@ -99,5 +108,42 @@ describe('live view buffers', () => {
     expect(first.querySelector('pre.distrun-lines')?.lastElementChild?.textContent).toBe(
       '[rank 0] line 4'
     );
+  });
+
+  it('asks nothing of the kernel when it saw every line from the start', () => {
+    const m = model('job-fresh');
+    live.initialize({ model: m });
+    m.emit('msg:custom', lines(0, 2));
+    expect(m.sent).toEqual([]);
+  });
+
+  it('a page loaded again asks once for the lines it missed and draws them in every tab', () => {
+    const m = model('job-reloaded', 3, 7);
+    live.initialize({ model: m });
+    expect(m.sent).toEqual([{ type: 'history' }]);
+    const el = document.createElement('div');
+    live.render({ model: m, el });
+    expect(shown(el)).toEqual([]);
+    const history = lines(3, 2, 'rank-1', 'history');
+    history.lines.push(...lines(5, 2, 'rank-0').lines);
+    history.total = 7;
+    m.emit('msg:custom', history);
+    expect(shown(el)).toEqual(['[rank 1] line 4', '[rank 0] line 5', '[rank 0] line 6']);
+    const tabs = Array.from(el.querySelectorAll('button.distrun-tab'));
+    expect(tabs.map(b => b.textContent)).toEqual(['all ranks', 'rank-0', 'rank-1']);
+    (tabs[2] as HTMLButtonElement).click();
+    expect(shown(el)).toEqual(['line 3', 'line 4']);
+    m.emit('msg:custom', lines(7, 1, 'rank-1')); // and goes on with new lines
+    expect(shown(el)).toEqual(['line 3', 'line 4', 'line 7']);
+  });
+
+  it('ignores history that is not newer than what it holds', () => {
+    const m = model('job-up-to-date', 5, 0);
+    live.initialize({ model: m });
+    const el = document.createElement('div');
+    live.render({ model: m, el });
+    m.emit('msg:custom', lines(0, 3));
+    m.emit('msg:custom', lines(0, 1, 'rank-0', 'history')); // total 1 < 3 held
+    expect(shown(el)).toEqual(['[rank 0] line 0', '[rank 0] line 1', '[rank 0] line 2']);
   });
 });
