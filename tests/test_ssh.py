@@ -180,7 +180,7 @@ def test_code_is_shipped_once_and_synced_by_change(ssh_nodes, tmp_path):
         (code / "pkg" / f"m{i}.py").write_text(f"x = {i}\n")
     (code / "train.py").write_text("print('v1')\n")
     remote = str(ssh_nodes.nodes[0].workdir / "sync-test")
-    with CONNECTIONS.get(node).open_sftp() as sftp:
+    with CONNECTIONS.open_sftp(node) as sftp:
         assert sync_folder(sftp, code, remote) == (6, 0)
         assert sync_folder(sftp, code, remote) == (0, 6)  # nothing changed: nothing sent
         (code / "train.py").write_text("print('version 2')\n")

@@ -182,6 +182,27 @@ def run_command(
     return code, out.decode(errors="replace"), err.decode(errors="replace")
 
 
+@dataclass(eq=False)
+class _Connection:
+    """One kept connection and the sessions it has open (sshd counts them)."""
+
+    client: paramiko.SSHClient
+    sessions: list[paramiko.Channel]
+
+    def alive(self) -> bool:
+        transport = self.client.get_transport()
+        return bool(transport and transport.is_active())
+
+    def has_room(self) -> bool:
+        self.sessions = [c for c in self.sessions if not c.closed]
+        return len(self.sessions) < SESSIONS_PER_CONNECTION
+
+    def open_session(self, timeout: float) -> paramiko.Channel:
+        channel = self.client.get_transport().open_session(timeout=timeout)
+        self.sessions.append(channel)
+        return channel
+
+
 class Connections:
     """Kept connections per node, reused across jobs. sshd caps the sessions one connection
     may have open (MaxSessions, 10 by default; every process, command and SFTP client holds
@@ -189,8 +210,7 @@ class Connections:
     have that many open, or when sshd refuses a session (a lower cap)."""
 
     def __init__(self) -> None:
-        self._clients: dict[tuple, list[paramiko.SSHClient]] = {}
-        self._sessions: dict[paramiko.SSHClient, list[paramiko.Channel]] = {}
+        self._pools: dict[tuple, list[_Connection]] = {}
         self._opening: dict[tuple, threading.Lock] = {}
         self._infos: dict[tuple, tuple[int, NodeInfo]] = {}
         self._lock = threading.Lock()
@@ -199,57 +219,44 @@ class Connections:
     def _key(node: Node) -> tuple:
         return (node.host, node.port, node.user, node.key_file)
 
-    def _live(self, node: Node) -> list[paramiko.SSHClient]:
+    def _live(self, node: Node) -> list[_Connection]:
         key = self._key(node)
         with self._lock:
-            clients = self._clients.get(key, [])
-            live = [c for c in clients if c.get_transport() and c.get_transport().is_active()]
-            for dead in (c for c in clients if c not in live):
-                self._sessions.pop(dead, None)
-                dead.close()
-            self._clients[key] = live
+            pool = self._pools.get(key, [])
+            live = [c for c in pool if c.alive()]
+            for dead in (c for c in pool if c not in live):
+                dead.client.close()
+            self._pools[key] = live
         return live
 
-    def _add(self, node: Node) -> paramiko.SSHClient:
-        client = connect(node)
+    def _add(self, node: Node) -> _Connection:
+        connection = _Connection(connect(node), [])
         with self._lock:
-            self._clients.setdefault(self._key(node), []).append(client)
-        return client
-
-    def _has_room(self, client: paramiko.SSHClient) -> bool:
-        with self._lock:
-            open_now = [c for c in self._sessions.get(client, []) if not c.closed]
-            self._sessions[client] = open_now
-            return len(open_now) < SESSIONS_PER_CONNECTION
+            self._pools.setdefault(self._key(node), []).append(connection)
+        return connection
 
     def get(self, node: Node) -> paramiko.SSHClient:
         """The node's first kept connection (opened if there is none)."""
         live = self._live(node)
-        return live[0] if live else self._add(node)
+        return (live[0] if live else self._add(node)).client
 
     def open_session(self, node: Node, timeout: float = CONNECT_TIMEOUT) -> paramiko.Channel:
         """A new session on the first kept connection with room for it, or on a new one.
         One at a time per node: the count stays right, and paramiko keeps a failed open's
         reason in one place per connection, so concurrent opens could swap theirs."""
         with self._opening_lock(node):
-            for client in (c for c in self._live(node) if self._has_room(c)):
+            for connection in (c for c in self._live(node) if c.has_room()):
                 try:
-                    return self._opened(client, timeout)
+                    return connection.open_session(timeout)
                 except paramiko.SSHException:
                     # Refused: sshd allows fewer sessions than we assumed, or still counts
                     # ones that were just closed. Another connection takes it.
                     continue
-            return self._opened(self._add(node), timeout)
+            return self._add(node).open_session(timeout)
 
     def _opening_lock(self, node: Node) -> threading.Lock:
         with self._lock:
             return self._opening.setdefault(self._key(node), threading.Lock())
-
-    def _opened(self, client: paramiko.SSHClient, timeout: float) -> paramiko.Channel:
-        channel = client.get_transport().open_session(timeout=timeout)
-        with self._lock:
-            self._sessions.setdefault(client, []).append(channel)
-        return channel
 
     def open_sftp(self, node: Node) -> paramiko.SFTPClient:
         channel = self.open_session(node)
@@ -275,10 +282,9 @@ class Connections:
 
     def close_all(self) -> None:
         with self._lock:
-            pools, self._clients = list(self._clients.values()), {}
-            self._sessions.clear()
-        for client in (c for pool in pools for c in pool):
-            client.close()
+            pools, self._pools = list(self._pools.values()), {}
+        for connection in (c for pool in pools for c in pool):
+            connection.client.close()
 
 
 def parallel(nodes: list[Node], work: Callable[[Node], object]) -> list:
