@@ -20,20 +20,22 @@ LONG_JOB = (
 )
 
 
-def job_processes(job_id: str) -> list[int]:
-    """PIDs on this machine whose environment carries the job's id (read from /proc)."""
+def job_processes(job_id: str, among: list[int] | None = None) -> list[int]:
+    """Live PIDs (zombies are dead) whose environment carries the job's id, read from
+    /proc: every process on this machine, or those `among`."""
     marker = f"DISTRUN_JOB_ID={job_id}".encode()
+    pids = among if among is not None else [int(e) for e in os.listdir("/proc") if e.isdigit()]
     found = []
-    for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit() or int(entry.name) == os.getpid():
+    for pid in pids:
+        if pid == os.getpid():
             continue
         try:
-            if marker in (entry / "environ").read_bytes().split(b"\0"):
-                stat = (entry / "stat").read_text()
-                if stat.rsplit(")", 1)[1].split()[0] != "Z":  # a zombie is already dead
-                    found.append(int(entry.name))
+            if marker in Path(f"/proc/{pid}/environ").read_bytes().split(b"\0"):
+                stat = Path(f"/proc/{pid}/stat").read_text()
+                if stat.rsplit(")", 1)[1].split()[0] != "Z":
+                    found.append(pid)
         except OSError:
-            continue
+            continue  # gone while we looked
     return found
 
 

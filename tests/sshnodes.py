@@ -82,14 +82,10 @@ class SshNodes:
         return [p for p in pids if not _is_sshd(p)]
 
     def job_processes(self, job_id: str) -> list[int]:
-        marker = f"DISTRUN_JOB_ID={job_id}".encode()
-        found = []
-        for node in self.nodes:
-            for pid in self.pids(node):
-                with contextlib.suppress(OSError):
-                    if marker in Path(f"/proc/{pid}/environ").read_bytes().split(b"\0"):
-                        found.append(pid)
-        return found
+        """The job's live processes on the nodes."""
+        from helpers import job_processes
+
+        return job_processes(job_id, among=[p for node in self.nodes for p in self.pids(node)])
 
     def drop_sessions(self, node: TestNode) -> None:
         """SIGKILL a node's sshd sessions, not its listener: its links drop. Sessions may
