@@ -7,11 +7,17 @@ For each node count, a job of one process per node running `true` is started thr
 launch to exit. "cold" closes every kept SSH connection first; "warm" reuses them (the
 second launch from the same notebook). Prints medians and the ratios against 1 node.
 Goals: 8 nodes <= 1.5x one node (warm); a warm launch faster than a cold one.
+
+The test nodes share this machine's cores, while real nodes each have their own: so the
+CPU time a warm launch keeps this machine busy for (all processes, from /proc/stat) is
+printed too, with the wall time that alone needs here. Where that floor is near the
+8-node time, the launch is bound by this machine's cores, not by the fan-out.
 """
 
 from __future__ import annotations
 
 import argparse
+import os
 import statistics
 import sys
 import tempfile
@@ -29,10 +35,20 @@ from jupyter_dist.spec import parse_spec
 from jupyter_dist.store import JobStore
 
 
-def timed_run(spec, inventory, store) -> float:
-    start = time.perf_counter()
+def busy_cpu_seconds() -> float:
+    """CPU time this machine has spent busy (every process), from /proc/stat."""
+    with open("/proc/stat") as stat:
+        ticks = [int(v) for v in stat.readline().split()[1:]]
+    idle = ticks[3] + ticks[4]  # idle, iowait
+    return (sum(ticks) - idle) / os.sysconf("SC_CLK_TCK")
+
+
+def timed_run(spec, inventory, store, cpu: list[float] | None = None) -> float:
+    start, busy = time.perf_counter(), busy_cpu_seconds()
     result = run(spec, inventory=inventory, store=store)
     took = time.perf_counter() - start
+    if cpu is not None:
+        cpu.append(busy_cpu_seconds() - busy)
     if not result.ok:
         raise SystemExit(result.describe())
     return took
@@ -49,21 +65,26 @@ def main() -> None:
             inventory = load_inventory(cluster.inventory)
             cold: dict[int, list[float]] = {}
             warm: dict[int, list[float]] = {}
+            busy: dict[int, list[float]] = {}
             for count in (1, 2, 4, 8):
                 spec = parse_spec(f"command: 'true'\nresources: {{instance_count: {count}}}")
                 for _ in range(args.runs):
                     CONNECTIONS.close_all()
                     cold.setdefault(count, []).append(timed_run(spec, inventory, store))
-                    warm.setdefault(count, []).append(timed_run(spec, inventory, store))
+                    took = timed_run(spec, inventory, store, busy.setdefault(count, []))
+                    warm.setdefault(count, []).append(took)
         finally:
             CONNECTIONS.close_all()
             sshnodes.stop(cluster)
     base_warm = statistics.median(warm[1])
+    cores = os.cpu_count() or 1
     for count in (1, 2, 4, 8):
         c, w = statistics.median(cold[count]), statistics.median(warm[count])
+        cpu = statistics.median(busy[count])
         print(
             f"{count} node(s): cold {c * 1000:6.0f} ms, warm {w * 1000:6.0f} ms, "
-            f"warm vs 1 node {w / base_warm:.2f}x, warm/cold {w / c:.2f}"
+            f"warm vs 1 node {w / base_warm:.2f}x, warm/cold {w / c:.2f}; "
+            f"warm uses {cpu * 1000:.0f} ms CPU, >= {cpu / cores * 1000:.0f} ms on {cores} cores"
         )
     ratio = statistics.median(warm[8]) / base_warm
     print(
