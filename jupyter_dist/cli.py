@@ -328,15 +328,9 @@ def cmd_logs(args: argparse.Namespace, store: JobStore) -> int:
             f"job {record.job_id} has no log for {unknown[0]!r} (logs: {', '.join(keys) or 'none'})"
         )
     streams = ("stdout", "stderr") if args.stream == "both" else (args.stream,)
-    merged = []
-    for key in wanted:
-        merged += [
-            (line.ts, key, stream, line.text) for stream, line in record.read_log(key, streams)
-        ]
-    merged.sort(key=lambda item: item[0])
     prefix_each = len(wanted) > 1
     out = []
-    for ts, key, _stream, text in merged:
+    for ts, key, _stream, text in record.read_logs(wanted, streams):
         stamp = f"{ts} " if args.timestamps else ""
         label = f"[{key}] " if prefix_each else ""
         out.append(f"{stamp}{label}{text}\n")

@@ -110,6 +110,23 @@ class JobRecord:
         lines.sort(key=lambda item: item[1].ts)  # stable: order within a stream is kept
         return lines
 
+    def read_logs(
+        self, keys: list[str], streams: tuple[str, ...] = STREAMS, tail: int | None = None
+    ) -> list[tuple[str, str, str, str]]:
+        """Lines of several keys merged by timestamp, as (ts, key, stream, text): every
+        stored line, or with `tail` the last `tail` of each key."""
+        per_key = []
+        for key in keys:
+            if tail is None:
+                lines = [(line.ts, key, stream, line.text)
+                         for stream, line in self.read_log(key, streams)]  # fmt: skip
+            else:
+                lines = [(line["ts"], key, line["stream"], line["text"])
+                         for line in self.read_range(key, tail=tail)[0]
+                         if line["stream"] in streams]  # fmt: skip
+            per_key.append(lines)
+        return list(heapq.merge(*per_key, key=lambda line: line[0]))
+
     def iter_log(self, key: str, stream: str) -> Iterator[LogLine]:
         try:
             handle = open(self.log_path(key, stream), encoding="utf-8", errors="replace")  # noqa: SIM115

@@ -3,6 +3,7 @@ the plain-text form that notebooks saved without widgets keep."""
 
 from __future__ import annotations
 
+import json
 import shutil
 import subprocess
 from pathlib import Path
@@ -156,3 +157,25 @@ def test_the_live_view_carries_the_inspector_columns(kernel_env):
     ]
     assert {r["world_size"] for r in torch_rows} == {4}
     assert len({r["master"] for r in torch_rows}) == 1 and ":" in torch_rows[0]["master"]
+
+
+def test_a_page_loaded_again_gets_the_last_lines_of_every_tab_from_the_store(kernel_env):
+    """What the view answers a page that missed lines (the browser side is test_lab's)."""
+    nb = execute_notebook(
+        "%config DistrunMagics.view = 'widget'",
+        "%%distrun --nodes 2\nimport os, sys\nfor i in range(30):\n"
+        "    print('line', i, 'of rank', os.environ['RANK'], flush=True)\n"
+        "print('done', file=sys.stderr)\n",
+        "import json\nfrom jupyter_dist.magics import DistrunMagics\n"
+        "v = DistrunMagics.last_view\nv.max_lines = 4\n"
+        "print(v.lines_total, json.dumps(v.stored_lines()))",
+    )
+    total, lines = nb.cells[3].outputs[0].text.split(" ", 1)
+    assert int(total) == 2 * 31
+    lines = json.loads(lines)
+    for rank in (0, 1):
+        own = [line for line in lines if line[0] == f"rank-{rank}"]
+        assert own == [
+            [f"rank-{rank}", f"rank {rank}", "stdout", f"line {i} of rank {rank}"]
+            for i in (27, 28, 29)
+        ] + [[f"rank-{rank}", f"rank {rank}", "stderr", "done"]]

@@ -5,16 +5,16 @@ cell's thread ticks about ten times a second), never re-sending history. The bro
 `max_lines` lines per tab; the full log stays in the store. The view's plain-text form
 (what nbconvert, papermill and terminals keep) is its status and the last lines.
 
-The kernel keeps the same last `max_lines` lines per tab, so that a page loaded again (a
-reload, a second browser) draws what it missed: its view sees `lines_total` ahead of what
-it holds and asks for them once.
+A page loaded again (a reload, a second browser) draws what it missed: its view sees
+`lines_total` ahead of what it holds and asks once; the answer is the last `max_lines` of
+every tab, read from the store.
 """
 
 from __future__ import annotations
 
 import threading
 import time
-from collections import defaultdict, deque
+from collections import deque
 from pathlib import Path
 
 import anywidget
@@ -53,10 +53,8 @@ class LiveView(anywidget.AnyWidget):
         self.lines_skipped = 0
         self._last_send = 0.0
         self._recent: deque[OutputLine] = deque(maxlen=TEXT_LINES)
-        # What a page loaded later asks for: (number, line) per tab, as the browser keeps.
-        self._kept: dict[str, deque[tuple[int, OutputLine]]] = defaultdict(
-            lambda: deque(maxlen=self.max_lines)
-        )
+        self._record = job.record
+        self._labels: dict[str, str] = {}  # log key -> label, as the lines said
         self.on_msg(self._on_message)
 
     def tick(self, force: bool = False) -> None:
@@ -74,7 +72,8 @@ class LiveView(anywidget.AnyWidget):
                 self.state = "running"
         if lines:
             self._recent.extend(lines)
-            self._keep(lines)
+            self._labels.update((line.key, line.label) for line in lines)
+            self.lines_total += len(lines)
             if len(lines) > MAX_LINES_PER_MESSAGE:  # the browser keeps few; the store has all
                 self.lines_skipped += len(lines) - MAX_LINES_PER_MESSAGE
                 lines = lines[-MAX_LINES_PER_MESSAGE:]
@@ -88,19 +87,22 @@ class LiveView(anywidget.AnyWidget):
             self.state = result.state.replace("_", " ")
             self.root_cause = result.root_cause.format() if result.root_cause else ""
 
-    def _keep(self, lines: list[OutputLine]) -> None:
-        for number, line in enumerate(lines, start=self.lines_total + 1):
-            self._kept[line.key].append((number, line))
-        self.lines_total += len(lines)
-
     def _on_message(self, _widget, content: dict, _buffers) -> None:
         """A page that missed lines asks for what the browser would hold (answered once
         the kernel is free: while a cell runs its messages wait)."""
         if content.get("type") == "history":
-            kept = sorted((pair for lines in self._kept.values() for pair in lines),
-                          key=lambda pair: pair[0])  # fmt: skip
-            self.send({"type": "history", "lines": [list(line[:4]) for _, line in kept],
+            self.send({"type": "history", "lines": self.stored_lines(),
                        "total": self.lines_total})  # fmt: skip
+
+    def stored_lines(self) -> list[list[str]]:
+        """The last `max_lines` lines of every log key from the store, merged by time, as
+        [key, label, stream, text] (the shape of a "lines" message)."""
+        return [
+            [key, self._labels.get(key, key), stream, text]
+            for _ts, key, stream, text in self._record.read_logs(
+                self._record.log_keys(), tail=self.max_lines
+            )
+        ]
 
     def text(self) -> str:
         """The view as plain text: status per process, the last lines, the root cause."""
