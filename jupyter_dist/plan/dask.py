@@ -12,9 +12,10 @@ from jupyter_dist.plan.context import PlanContext, PortRequest
 from jupyter_dist.plan.model import PlannedFile, ProcessPlan
 from jupyter_dist.spec import DaskDistribution
 
-# Run on node 0 before the command: it waits until every worker has registered.
-WAIT_SOURCE = Path(__file__).parents[1] / "run" / "dask_wait.py"
+# Run on node 0 before the command: it waits until every worker has registered. Read once
+# at import, as the cell runner is (plan/__init__), so that planning stays free of I/O.
 WAIT_FILE = "dask_wait.py"
+_WAIT_SOURCE = (Path(__file__).parents[1] / "run" / WAIT_FILE).read_text()
 READY_TIMEOUT_S = 60
 # Dask's INFO chatter (every connection, every worker) would drown the user's own lines;
 # warnings and errors still come. So would the nanny's "leaked semaphore" warning at every
@@ -121,7 +122,7 @@ def build(ctx: PlanContext, dist: DaskDistribution) -> tuple[list[ProcessPlan], 
     files = []
     if ctx.command:
         wait = posixpath.join(ctx.job_dir(node0), WAIT_FILE)
-        files.append(PlannedFile(0, wait, WAIT_SOURCE.read_text()))
+        files.append(PlannedFile(0, wait, _WAIT_SOURCE))
         ready = f"{shlex.quote(node0.python)} {shlex.quote(wait)}"
         procs.append(
             ProcessPlan(
