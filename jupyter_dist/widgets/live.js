@@ -6,7 +6,8 @@
 // creates the widget, while a view may render later (the first widget of a page loads
 // its code first) or again (an output re-attached). Either way it draws what came before.
 // A page loaded again (reload, another browser) starts with none: the model's lines_total
-// says how many the job printed, so it asks the kernel once for what it keeps.
+// says how many the job printed, so it asks the kernel once for the last lines of every
+// tab, which the kernel reads from the job's store.
 
 const COLOURS = ["#0aa", "#b80", "#a3a", "#2a2", "#36c", "#c33", "#088", "#870"];
 const SGR = { 30: "#555", 31: "#c33", 32: "#2a2", 33: "#b80", 34: "#36c", 35: "#a3a",
@@ -66,10 +67,11 @@ function initialize({ model }) {
     if (msg.type === "lines") {
       const lines = toLines(msg);
       keep(lines);
-      held.total = msg.total ?? held.total + lines.length;
+      held.total = msg.total;
       for (const view of held.views) view.append(lines);
     } else if (msg.type === "history" && msg.total > held.total) {
-      // What the kernel keeps is what this page would hold: it replaces the buffers.
+      // The store's last lines of every tab are what this page would hold: they replace
+      // the buffers.
       for (const key of Object.keys(held.buffers)) delete held.buffers[key];
       held.buffers.all = [];
       keep(toLines(msg));
