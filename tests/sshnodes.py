@@ -26,6 +26,7 @@ from pathlib import Path
 import yaml
 
 SSHD = shutil.which("sshd") or "/usr/sbin/sshd"
+SSHD_NAMES = ("sshd", "sshd-session")  # the listener and its per-connection sessions
 
 
 @dataclass
@@ -79,7 +80,7 @@ class SshNodes:
             pids = [int(p) for p in out.split()]
         else:
             pids = _children_of(node.sshd.pid) if node.sshd else []
-        return [p for p in pids if not _is_sshd(p)]
+        return [p for p in pids if _process_name(p) not in (*SSHD_NAMES, None)]  # None: gone
 
     def job_processes(self, job_id: str) -> list[int]:
         """The job's live processes on the nodes."""
@@ -91,7 +92,7 @@ class SshNodes:
         """SIGKILL a node's sshd sessions, not its listener: its links drop. Sessions may
         end while we look (a killed parent takes its child), so one gone is fine."""
         for pid in _children_of(node.sshd.pid):
-            if _is_running_sshd(pid):
+            if _process_name(pid) in SSHD_NAMES:
                 with contextlib.suppress(ProcessLookupError):
                     os.kill(pid, signal.SIGKILL)
 
@@ -99,15 +100,6 @@ class SshNodes:
         if node.sshd and node.sshd.poll() is None:
             node.sshd.terminate()
             node.sshd.wait(10)
-
-
-def _is_sshd(pid: int) -> bool:
-    """An sshd process, or one already gone (either way not a node's own process)."""
-    return _process_name(pid) in ("sshd", "sshd-session", None)
-
-
-def _is_running_sshd(pid: int) -> bool:
-    return _process_name(pid) in ("sshd", "sshd-session")
 
 
 def _process_name(pid: int) -> str | None:
