@@ -403,14 +403,16 @@ class SshTransport:
 
     def choose_ports(self, requests: list[PortRequest], nodes: list[Node]) -> dict[str, int]:
         """Free ports found on each node for the requests that need one, and the spec's own
-        ports checked free there (the planner takes those from the requests)."""
-        chosen: dict[str, int] = {}
-        for rank, node in enumerate(nodes):
-            wanted = [r for r in requests if r.node_rank == rank]
-            if not wanted:
-                continue
-            free = [r for r in wanted if r.fixed is None]
-            fixed = {r.fixed: r for r in wanted if r.fixed is not None}
+        ports checked free there (the planner takes those from the requests). The nodes
+        that need any are asked at once."""
+        wanted: dict[str, list[PortRequest]] = {}  # node name -> its requests
+        for request in requests:
+            wanted.setdefault(nodes[request.node_rank].name, []).append(request)
+
+        def on_node(node: Node) -> dict[str, int]:
+            mine = wanted[node.name]
+            free = [r for r in mine if r.fixed is None]
+            fixed = {r.fixed: r for r in mine if r.fixed is not None}
             argv = [node.python, "-c", PORTS_SOURCE, str(len(free)), *map(str, fixed)]
             code, out, err = self.connections.run(node, argv)
             if code != 0:
@@ -419,8 +421,10 @@ class SshTransport:
             for line in taken:
                 port, _, reason = line.partition(" ")
                 raise DistrunError(fixed[int(port)].taken_message(node, reason))
-            chosen.update(zip((r.key for r in free), map(int, found.split()), strict=True))
-        return chosen
+            return dict(zip((r.key for r in free), map(int, found.split()), strict=True))
+
+        asked = [node for node in nodes if node.name in wanted]
+        return {key: port for ports in parallel(asked, on_node) for key, port in ports.items()}
 
     def prepare(self, plan: LaunchPlan, nodes: list[Node]) -> None:
         """Ship the agent (once per version), the code folder (only what changed) and the
