@@ -104,6 +104,7 @@ def test_fail_fast_names_the_root_cause(store):
     assert cause.stderr_tail[0].startswith("Traceback (most recent call last):")
     assert cause.stderr_tail[-1] == "ValueError: rank two is broken"
     assert sorted(cause.stopped) == ["rank 0", "rank 1", "rank 3"]
+    assert "Stopped by jupyter-dist after this failure: ranks 0-1, 3" in cause.format()
     assert "rank 2 on local1 (127.0.0.1) exited with code 1: ValueError: rank two is broken" in (
         result.describe()
     )
@@ -113,6 +114,26 @@ def test_fail_fast_names_the_root_cause(store):
     status = store.get(result.job_id).status()
     assert status["state"] == "failed" and status["root_cause"]["rank"] == 2
     assert job_processes(result.job_id) == []
+
+
+def test_a_command_that_is_not_found_is_named_as_such(store):
+    """The shell's 127 is the command's, not a dead agent's (the agent reports every exit)."""
+    result = run(_spec("pythn train.py", nodes=1, per_node=2), store=store)
+    cause = result.root_cause
+    assert result.state == "failed" and cause.exit_code == 127 and cause.note is None
+    assert "exited with code 127 (command not found): " in cause.summary()
+    assert cause.stderr_tail[-1].endswith("pythn: not found")
+    assert "agent" not in result.describe()
+
+
+def test_the_stopped_ranks_are_told_in_ranges():
+    from jupyter_dist.run.events import ranges
+
+    assert ranges([f"rank {r}" for r in range(64) if r != 41]) == "ranks 0-40, 42-63"
+    assert ranges(["rank 3"]) == "rank 3"
+    assert ranges(["worker 2", "chief", "worker 0", "worker 1", "ps 0"]) == (
+        "workers 0-2, ps 0, chief"
+    )
 
 
 def test_a_rank_killed_by_a_signal_is_reported_by_name(store):

@@ -8,7 +8,7 @@ the node's Python. Usage::
 
 It starts COMMAND in a session of its own with this Python's folder first on PATH, inheriting
 stdout and stderr, and writes one handshake line to stderr first (`HANDSHAKE started PID`,
-or `HANDSHAKE failed REASON` and exit 127). Then it reads its stdin:
+or `HANDSHAKE failed REASON` and exit 127 without an exit report). Then it reads its stdin:
 
 - `term`: SIGTERM to the process tree, SIGKILL after the grace period;
 - `kill`: SIGKILL to the process tree at once;
@@ -119,6 +119,7 @@ class Agent:
         self.grace = grace
         self.child = None
         self.tree = None
+        self.announced = False  # "started" was said: the exit must be reported too
         self.stopping = threading.Event()
 
     def start(self):
@@ -135,6 +136,7 @@ class Agent:
             return self._refuse(f"{self.command[0]!r} not found")
         sys.stderr.write(f"{HANDSHAKE} started {os.getpid()}\n")
         sys.stderr.flush()
+        self.announced = True
         try:
             self.child = subprocess.Popen(
                 self.command, cwd=self.cwd, env=env, stdin=subprocess.DEVNULL,
@@ -236,8 +238,12 @@ def main():
         print(" ".join(str(pid) for pid in sweep(sys.argv[2])))
         sys.exit(0)
     command, cwd, grace = parse(sys.argv[1:])
-    code = Agent(command, cwd, grace).run()
-    if code != 127:  # the launcher's proof that the exit code is the agent's, not a dead link
+    agent = Agent(command, cwd, grace)
+    code = agent.run()
+    # The launcher's proof that the exit code is the process's, not a dead link's: every
+    # process that was announced as started gets it, whatever its code (a shell's 127 for
+    # "command not found" included).
+    if agent.announced:
         sys.stderr.write(f"{HANDSHAKE} exited {code}\n")
     sys.stderr.flush()
     os._exit(code)  # no interpreter shutdown: the stdin thread may still be reading

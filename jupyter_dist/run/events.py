@@ -48,6 +48,10 @@ def _signal_name(number: int) -> str:
         return f"signal {number}"
 
 
+# What a shell's own exit codes mean (every per-process command runs under /bin/sh -c).
+SHELL_EXIT_MEANING = {126: "command found but not executable", 127: "command not found"}
+
+
 def describe_exit(code: int) -> tuple[int | None, str | None]:
     """(exit code, signal name). A negative code from wait() is a signal; so, in practice,
     is 128+N from the shell every rank runs under."""
@@ -56,6 +60,41 @@ def describe_exit(code: int) -> tuple[int | None, str | None]:
     if 128 < code < 128 + 65:
         return code, _signal_name(code - 128)
     return code, None
+
+
+def exit_text(exit_code: int | None, signal_name: str | None) -> str:
+    """How a process ended, in words: "exit code 127 (command not found)", "signal SIGKILL"."""
+    if signal_name:
+        return f"signal {signal_name}"
+    meaning = SHELL_EXIT_MEANING.get(exit_code) if exit_code is not None else None
+    return f"exit code {exit_code}" + (f" ({meaning})" if meaning else "")
+
+
+def ranges(labels: list[str]) -> str:
+    """Labels with numbers, in short: ["rank 0", "rank 1", "rank 2", "rank 5", "ps 0"] is
+    "ranks 0-2, 5, ps 0" (64 ranks stay one short line)."""
+    groups: dict[str, list[int]] = {}
+    others: list[str] = []
+    for label in labels:
+        word, _, number = label.rpartition(" ")
+        if word and number.isdigit():
+            groups.setdefault(word, []).append(int(number))
+        else:
+            others.append(label)
+    parts = []
+    for word, numbers in groups.items():
+        if len(numbers) == 1:
+            parts.append(f"{word} {numbers[0]}")
+            continue
+        spans: list[list[int]] = []
+        for n in sorted(set(numbers)):
+            if spans and n == spans[-1][1] + 1:
+                spans[-1][1] = n
+            else:
+                spans.append([n, n])
+        text = ", ".join(str(a) if a == b else f"{a}-{b}" for a, b in spans)
+        parts.append(f"{word}s {text}")
+    return ", ".join(parts + others)
 
 
 @dataclass
@@ -79,9 +118,10 @@ class RootCause:
     def how(self) -> str:
         if self.note:
             return self.note
-        return (
-            f"was killed by {self.signal}" if self.signal else f"exited with code {self.exit_code}"
-        )
+        if self.signal:
+            return f"was killed by {self.signal}"
+        meaning = SHELL_EXIT_MEANING.get(self.exit_code) if self.exit_code is not None else None
+        return f"exited with code {self.exit_code}" + (f" ({meaning})" if meaning else "")
 
     def summary(self) -> str:
         """One line: who failed, where, how, and the last stderr line."""
@@ -96,7 +136,7 @@ class RootCause:
             lines.append(f"Last stderr lines of {self.label}:")
             lines += [f"  {line}" for line in self.stderr_tail]
         if self.stopped:
-            lines.append("Stopped by jupyter-dist after this failure: " + ", ".join(self.stopped))
+            lines.append("Stopped by jupyter-dist after this failure: " + ranges(self.stopped))
         if self.log_path:
             lines.append(f"Full log: {self.log_path}")
         return "\n".join(lines)
@@ -113,6 +153,8 @@ class JobResult:
     root_cause: RootCause | None = None
     store_path: str | None = None
     message: str | None = None  # for cancelled / timed out jobs
+    started: float | None = None  # epoch seconds
+    ended: float | None = None
 
     @property
     def ok(self) -> bool:
@@ -120,7 +162,8 @@ class JobResult:
 
     def describe(self) -> str:
         if self.ok:
-            return f"Job {self.job_id} succeeded ({len(self.processes)} processes)."
+            took = f" in {self.ended - self.started:.1f} s" if self.started and self.ended else ""
+            return f"Job {self.job_id} succeeded{took}."
         if self.root_cause:
             return f"Job {self.job_id} failed.\n{self.root_cause.format()}"
         return f"Job {self.job_id} {self.state.replace('_', ' ')}: {self.message or ''}".rstrip(
