@@ -13,7 +13,6 @@ from typing import Annotated, Any, Literal
 
 import yaml
 from pydantic import (
-    ConfigDict,
     Field,
     PrivateAttr,
     ValidationError,
@@ -107,14 +106,17 @@ Distribution = Annotated[
 
 
 class Resources(StrictSection):
-    model_config = ConfigDict(extra="allow")  # Azure's instance_type, shm_size, ... kept
-
     instance_count: Count = 1
+    # Azure-only (its job resource configuration): accepted and kept, never acted on.
+    instance_type: Any = None
+    shm_size: Any = None
+    docker_args: Any = None
+    properties: Any = None
+    locations: Any = None
+    max_instance_count: Any = None
 
 
 class Limits(StrictSection):
-    model_config = ConfigDict(extra="allow")
-
     timeout: count(1) | None = None
 
 

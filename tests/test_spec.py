@@ -67,6 +67,18 @@ def test_type_is_case_insensitive(name: str):
     assert parse_spec(f"command: x\ndistribution: {{type: {name}}}").job_type == "pytorch"
 
 
+def test_azure_resource_keys_are_kept():
+    spec = parse_spec(
+        D + "resources:\n  instance_count: 2\n  instance_type: Standard_NC24\n"
+        "  shm_size: 8g\n  docker_args: --ipc=host\n  properties: {a: 1}\n"
+        "  locations: [westeurope]\nlimits: {timeout: 60}\n"
+    )
+    assert spec.instance_count == 2 and spec.timeout == 60
+    kept = spec.to_dict()["resources"]
+    assert kept["instance_type"] == "Standard_NC24" and kept["shm_size"] == "8g"
+    assert kept["locations"] == ["westeurope"] and kept["properties"] == {"a": 1}
+
+
 def test_defaults():
     spec = parse_spec("command: python x.py")
     assert spec.job_type == "pytorch"
@@ -213,6 +225,13 @@ MALFORMED = [
     (D + "nodes: []", "expected a non-empty list of node names"),
     (D + "nodes: [a]\nresources: {instance_count: 2}", "lists 1 node(s) but"),
     (D + "limits: {timeout: 0}", "limits.timeout: 0 is not valid"),
+    (
+        D + "resources: {instance_cont: 2}",
+        "resources: unknown key 'instance_cont' (did you mean 'instance_count'?)",
+    ),
+    (D + "resources: {instance_typ: x}", "(did you mean 'instance_type'?)"),
+    (D + "limits: {timout: 60}", "limits: unknown key 'timout' (did you mean 'timeout'?)"),
+    (D + "limits: {max_trials: 3}", "limits: unknown key 'max_trials'; valid keys: timeout"),
 ]
 
 
