@@ -19,7 +19,9 @@ from jupyter_dist.describe import (
     PLAN_COLUMNS,
     duration,
     inspect_rows,
+    job_size,
     job_summary,
+    launch_summary,
     node_health,
     plan_rows,
     tf_configs,
@@ -33,6 +35,7 @@ from jupyter_dist.run.events import (
     JobResult,
     OutputLine,
     ProcessState,
+    exit_text,
 )
 from jupyter_dist.spec import JobSpec, load_spec
 from jupyter_dist.store import JobStore
@@ -70,9 +73,9 @@ class TerminalPrinter(JobListener):
 
     def on_process(self, state: ProcessState) -> None:
         if state.state == "failed":
-            how = f"signal {state.signal}" if state.signal else f"exit code {state.exit_code}"
             with self._lock:
-                self.err.write(f"[{state.label}] failed ({how})\n")
+                how = exit_text(state.exit_code, state.signal)
+                self.err.write(f"[{state.label}] failed: {how}\n")
                 self.err.flush()
 
 
@@ -180,17 +183,35 @@ def cmd_plan(args: argparse.Namespace, store: JobStore) -> int:
     return EXIT_OK
 
 
-def _print_table(rows: list[dict], columns: Sequence[str], title: str = "") -> None:
+def _print_table(
+    rows: list[dict],
+    columns: Sequence[str],
+    title: str = "",
+    whole: Sequence[str] = (),
+    console=None,
+) -> None:
+    """A table of the columns that have a value. Columns in `whole` are never wrapped (ids
+    that must stay copyable); with them, the last column takes the width that is left and
+    is cut short with an ellipsis. Other columns fold."""
     from rich.console import Console
     from rich.table import Table
 
-    table = Table(title=title or None)
     shown = [c for c in columns if any(str(r.get(c, "")) for r in rows)]
+    table = Table(title=title or None, expand=bool(whole))
     for column in shown:
-        table.add_column(column.replace("_", " "), overflow="fold")
+        name = column.replace("_", " ")
+        if column in whole:
+            width = max(len(str(r.get(column, ""))) for r in rows)
+            table.add_column(name, no_wrap=True, min_width=width)
+        elif whole and column == shown[-1]:
+            table.add_column(name, no_wrap=True, overflow="ellipsis", ratio=1, min_width=8)
+        elif whole:
+            table.add_column(name, no_wrap=True, overflow="ellipsis")
+        else:
+            table.add_column(name, overflow="fold")
     for row in rows:
         table.add_row(*(str(row.get(c, "")) for c in shown))
-    Console().print(table)
+    (console or Console()).print(table)
 
 
 def cmd_run(args: argparse.Namespace, store: JobStore) -> int:
@@ -204,8 +225,7 @@ def cmd_run(args: argparse.Namespace, store: JobStore) -> int:
     inventory = load_inventory(args.nodes_file)
     job = prepare_job(spec, listeners=[printer], store=store, inventory=inventory)
     print(
-        f"job {job.job_id}: {len(job.plan.processes)} process(es) on "
-        f"{len(job.plan.nodes)} node(s); logs in {job.record.path}",
+        f"job {job.job_id}: {launch_summary(job.plan)}; logs in {job.record.path}",
         file=sys.stderr,
     )
     try:
@@ -252,29 +272,31 @@ def cmd_jobs(args: argparse.Namespace, store: JobStore) -> int:
             st["state"] = effective_state(st)
         print(json.dumps(statuses, indent=1))
         return EXIT_OK
+    from rich.console import Console
+
+    console = Console()
+    # Narrow terminals get the columns that matter most; ids are never wrapped.
+    medium, wide = console.width >= 120, console.width >= 160
     now = time.time()
     rows = []
     for job in map(job_summary, statuses):
         started = job["started"]
-        rows.append(
-            {
-                "job": job["job_id"],
-                "name": job["name"],
-                "type": job["type"],
-                "state": job["state"],
-                "processes": job["processes"],
+        row = {"job": job["job_id"], "name": job["name"], "state": job["state"]}
+        if medium:
+            row |= {"type": job["type"], "size": job_size(job)}
+        if wide:
+            row |= {
                 "nodes": ",".join(job["nodes"]),
                 "started": time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(started))
                 if started
                 else "",
-                "took": duration(started, job["ended"], now),
-                "root cause": (job["root_cause"] or "")[:80],
             }
-        )
+        row |= {"took": duration(started, job["ended"], now), "root cause": job["root_cause"] or ""}
+        rows.append(row)
     if not rows:
         print(f"no jobs in {store.root}", file=sys.stderr)
         return EXIT_OK
-    _print_table(rows, list(rows[0]))
+    _print_table(rows, list(rows[0]), whole=("job",), console=console)
     return EXIT_OK
 
 

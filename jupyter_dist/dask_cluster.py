@@ -18,7 +18,7 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
-from jupyter_dist.describe import format_table
+from jupyter_dist.describe import counted, format_table
 from jupyter_dist.errors import DistrunError
 from jupyter_dist.plan.dask import READY_TIMEOUT_S, worker_name
 from jupyter_dist.run.dask_wait import missing_workers
@@ -209,8 +209,8 @@ class DaskCluster:
         nodes = len(self.job.plan.nodes)
         state = "running" if self.running else self.job.state
         return (
-            f"Dask cluster {self.job.job_id} ({state}): {len(self._workers)} worker(s) on "
-            f"{nodes} node(s), scheduler {self.address}"
+            f"Dask cluster {self.job.job_id} ({state}): {counted(len(self._workers), 'worker')} "
+            f"on {counted(nodes, 'node')}, scheduler {self.address}"
         )
 
     def __repr__(self) -> str:

@@ -95,6 +95,7 @@ def test_jobs_and_logs_read_the_store(tmp_path: Path, store):
     )
     done = run_cli("run", str(spec), store=store)
     assert done.returncode == 1  # rank 1 exits 1
+    assert re.match(r"job \S+: 2 ranks on 1 node; logs in ", done.stderr)
     assert "Root cause: rank 1 on local0 (127.0.0.1) exited with code 1" in done.stderr
     jobs = run_cli("jobs", "--json", store=store)
     (status,) = json.loads(jobs.stdout)
@@ -102,6 +103,11 @@ def test_jobs_and_logs_read_the_store(tmp_path: Path, store):
     job_id = status["job_id"]
     table = run_cli("jobs", store=store, env={**os.environ, "COLUMNS": "250"})
     assert job_id in table.stdout and "failed" in table.stdout
+    assert "1 rank" not in table.stdout and "2 ranks" in table.stdout
+    for columns in (80, 120):  # ids are never wrapped, and the table fits
+        narrow = run_cli("jobs", store=store, env={**os.environ, "COLUMNS": str(columns)})
+        assert re.search(rf"│ {job_id} │ \S+ +│ failed", narrow.stdout), narrow.stdout
+        assert max(len(line) for line in narrow.stdout.splitlines()) <= columns
     one = run_cli("logs", job_id[:-2], "--rank", "1", store=store)  # a prefix is enough
     # stdout and stderr are separate pipes: their relative order is not kept, only each's own.
     assert sorted(one.stdout.splitlines()) == ["hello from 1", "warning 1"]

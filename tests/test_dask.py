@@ -78,7 +78,7 @@ def test_interactive_cluster_over_ssh_nodes_from_a_notebook(ssh_nodes, kernel_en
     )
     started = nb.cells[1].outputs
     shown = "".join(o.get("text", "") + o.get("data", {}).get("text/plain", "") for o in started)
-    assert "4 worker(s) on 2 node(s)" in shown and "dashboard: http://" in shown
+    assert "4 workers on 2 nodes" in shown and "dashboard: http://" in shown
     html = "".join(o.get("data", {}).get("text/html", "") for o in started)
     assert "<th>node</th>" in html and html.count("<tr>") == 5  # heading row + 4 workers
     assert html.count(">node0<") == 2 and html.count(">node1<") == 2

@@ -370,3 +370,33 @@ def test_planning_128_nodes_is_fast():
     p = plan(spec, nodes, "big", {"master": 29500})
     assert len(p.processes) == 1024 and p.processes[-1].env["RANK"] == "1023"
     assert time.perf_counter() - start < 30  # only a hang guard
+
+
+@pytest.mark.parametrize(
+    ("distribution", "nodes", "said"),
+    [
+        ("{type: pytorch, process_count_per_instance: 2}", 2, "4 ranks on 2 nodes"),
+        ("{type: pytorch, process_count_per_instance: 1}", 1, "1 rank on 1 node"),
+        (
+            "{type: pytorch, process_count_per_instance: 2, launcher: torchrun}",
+            2,
+            "4 ranks in 2 torchrun processes on 2 nodes",
+        ),
+        ("{type: mpi, process_count_per_instance: 2}", 2, "4 ranks in 1 mpirun process on 2 nodes"),
+        (
+            "{type: tensorflow, worker_count: 2, parameter_server_count: 1, chief_count: 1}",
+            2,
+            "4 tasks (1 chief, 2 workers, 1 ps) on 2 nodes",
+        ),
+        (
+            "{type: dask, process_count_per_instance: 2}",
+            2,
+            "1 scheduler, 4 workers and 1 client on 2 nodes",
+        ),
+    ],
+)
+def test_launch_summary_counts_ranks_and_processes(distribution, nodes, said):
+    from jupyter_dist.describe import launch_summary
+
+    p = _plan(f"command: x\nresources: {{instance_count: {nodes}}}\ndistribution: {distribution}")
+    assert launch_summary(p) == said

@@ -442,6 +442,8 @@ class Job:
             root_cause=self._root_cause,
             store_path=str(self.record.path),
             message=self._message,
+            started=self.started,
+            ended=self.ended,
         )
         self._write_status()
         with self._emit_lock:
