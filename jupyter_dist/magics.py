@@ -27,7 +27,7 @@ from IPython.core.magic import Magics, line_cell_magic, magics_class
 from IPython.core.magic_arguments import argument, magic_arguments, parse_argstring
 from traitlets import Int, Unicode
 
-from jupyter_dist.describe import PLAN_COLUMNS, format_table, plan_rows
+from jupyter_dist.describe import PLAN_COLUMNS, format_table, launch_summary, plan_rows
 from jupyter_dist.errors import DistrunError, SpecError
 from jupyter_dist.nodes import load_inventory
 from jupyter_dist.run.events import JobListener, JobResult, OutputLine
@@ -36,6 +36,7 @@ from jupyter_dist.spec import JobSpec, load_spec, script_command, spec_from_dict
 from jupyter_dist.store import JobStore
 
 LINE_COMMANDS = ("jobs", "logs", "inspect", "cancel", "nodes", "run", "form", "dask")
+JOB_COMMANDS = ("logs", "inspect", "cancel")  # JOB defaults to this kernel's latest job
 
 
 class JobFailed(DistrunError):
@@ -206,14 +207,15 @@ class DistrunMagics(Magics):
         "(nbconvert, papermill, terminal IPython)",
     ).tag(config=True)
     last_view = None  # the latest live view, for inspection from the kernel
+    last_job_id: str | None = None  # the latest job this kernel started
 
     @_options
     @line_cell_magic
     def distrun(self, line: str, cell: str | None = None) -> None:
         """Run the cell as a distributed job on every rank, with live per-rank output.
 
-        As a line magic: `%distrun jobs`, `%distrun logs JOB [--rank R]`,
-        `%distrun inspect JOB`, `%distrun cancel JOB`, `%distrun nodes`,
+        As a line magic: `%distrun jobs`, `%distrun logs [JOB] [--rank R]`,
+        `%distrun inspect [JOB]`, `%distrun cancel JOB`, `%distrun nodes`,
         `%distrun run SPEC.yml`, `%distrun form`, `%distrun dask start|stop`.
 
         An empty `%%distrun --type dask` cell starts an interactive Dask cluster and puts
@@ -273,6 +275,7 @@ class DistrunMagics(Magics):
             job, result = run_in_cell(spec, inventory, extra_files=extra)
         else:
             job, result, _ = run_with_view(spec, inventory, extra_files=extra)
+        DistrunMagics.last_job_id = job.job_id
         if not result.ok:
             raise JobFailed(result)
         return job
@@ -288,10 +291,8 @@ class DistrunMagics(Magics):
         if not name.isidentifier():
             raise SpecError(f"--client-name: {name!r} is not a Python variable name")
         job = prepare_job(spec, inventory=inventory)
-        workers = len(job.plan.processes) - 1
-        print(f"Starting a Dask cluster (job {job.job_id}): a scheduler on "
-              f"{job.plan.processes[0].node}, {workers} worker(s) on {len(job.plan.nodes)} "
-              "node(s)...", flush=True)  # fmt: skip
+        print(f"Starting a Dask cluster (job {job.job_id}): {launch_summary(job.plan)}, "
+              f"the scheduler on {job.plan.processes[0].node}...", flush=True)  # fmt: skip
         cluster = DaskCluster(job, client_name=name).start(
             timeout=args.start_timeout or DaskCluster.default_timeout
         )
@@ -330,8 +331,8 @@ class DistrunMagics(Magics):
             result = cluster.stop("stopped with %distrun dask stop")
             if self.shell.user_ns.get(cluster.client_name) is cluster.client:
                 del self.shell.user_ns[cluster.client_name]
-            print(f"Dask cluster {result.job_id} stopped: {len(result.processes)} process(es) "
-                  f"on {len(cluster.job.plan.nodes)} node(s) ended.")  # fmt: skip
+            print(f"Dask cluster {result.job_id} stopped: "
+                  f"{launch_summary(cluster.job.plan)} ended.")  # fmt: skip
 
     def _pushed(self, names: list[str]) -> str | None:
         """The named notebook variables, pickled for the ranks (base64 text), or None."""
@@ -396,6 +397,13 @@ class DistrunMagics(Magics):
             return
         from jupyter_dist import cli  # the same commands as the terminal, printed here
 
+        if words[0] in JOB_COMMANDS and (len(words) == 1 or words[1].startswith("-")):
+            if not self.last_job_id:  # no JOB given: the latest job of this kernel
+                raise _user_error(
+                    f"%distrun {words[0]}: no job has run in this kernel yet; give a job id "
+                    "(%distrun jobs lists them)"
+                )
+            words.insert(1, self.last_job_id)
         if cli.main(words) == cli.EXIT_USAGE:
             raise _user_error(f"%distrun {words[0]} failed (see above)")
 
@@ -462,12 +470,14 @@ def run_in_cell(
     job = prepare_job(
         spec, listeners=[printer], inventory=inventory, store=store, extra_files=extra_files
     )
-    print(f"job {job.job_id}: {len(job.plan.processes)} process(es) on "
-          f"{len(job.plan.nodes)} node(s)", flush=True)  # fmt: skip
+    print(f"job {job.job_id}: {launch_summary(job.plan)}", flush=True)
     try:
-        return job, start_and_wait(job, on_tick=printer.flush)
+        result = start_and_wait(job, on_tick=printer.flush)
     finally:
         printer.flush()
+    if result.ok:  # a failure is told by the JobFailed the cell raises
+        print(result.describe(), flush=True)
+    return job, result
 
 
 def _has_code(cell: str) -> bool:

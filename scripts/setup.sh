@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Set up a fresh Debian/Ubuntu machine for jupyter-dist: system packages, a virtual
-# environment in .venv, torch (CPU build) and the package itself.
+# environment in .venv with torch, JupyterLab and the package itself (editable).
 #   scripts/setup.sh          what running jobs needs
 #   scripts/setup.sh --test   plus what the test suite needs
 set -euo pipefail
@@ -42,17 +42,28 @@ pip() {  # quiet, without this machine's find-links noise; a failure still fails
 }
 
 pip install --upgrade pip
+# torch: kept when the venv has one already (a CUDA build you chose, or the CPU build from
+# PyTorch's CPU index); otherwise torch==2.13.0 from the index pip uses. On an ordinary
+# index that is a CUDA build of several GB (what GPU nodes want); machines that carry a
+# local CPU wheel of it get that instead. numpy beside it, or torch warns on every rank.
+.venv/bin/python -c "import torch" 2>/dev/null || pip install "torch==2.13.0"
 # Building the package builds the lab extension (npm install, tsc, jupyter-builder) into
-# jupyter_dist/labextension when it is not there yet.
-# torch 2.13.0 is the CPU build; ask for it by version so pip never pulls a CUDA build.
+# jupyter_dist/labextension when it is not there yet. The `lab` extra is JupyterLab and a
+# kernel: what the demo notebook and your own notebooks need.
 if [[ $want_tests -eq 1 ]]; then
-    pip install "torch==2.13.0" mpi4py -e ".[test,tensorflow,dask]"
+    pip install numpy mpi4py -e ".[lab,test,tensorflow,dask]"
 else
-    pip install "torch==2.13.0" mpi4py -e .
+    pip install numpy mpi4py -e ".[lab]"
 fi
-.venv/bin/python -c "import torch, paramiko, jupyter_dist"  # fail loudly if an install went wrong
+.venv/bin/python -c "import torch, numpy, paramiko, jupyter_dist"  # fail loudly if an install went wrong
 # The lab extension and the server extension must both be installed and enabled.
-.venv/bin/jupyter labextension list 2>&1 | grep -q "jupyter-dist v.*enabled.*OK" || {
-    echo "setup: the jupyter-dist lab extension is not installed and enabled" >&2
+lab_extensions=$(.venv/bin/jupyter labextension list 2>&1) || {
+    echo "setup: 'jupyter labextension list' failed in .venv:" >&2
+    echo "$lab_extensions" | tail -5 >&2
+    exit 1
+}
+grep -q "jupyter-dist v.*enabled.*OK" <<<"$lab_extensions" || {
+    echo "setup: JupyterLab in .venv does not list the jupyter-dist extension as enabled:" >&2
+    echo "$lab_extensions" >&2
     exit 1
 }

@@ -145,17 +145,21 @@ def test_bad_options_give_one_line(kernel_env, line, message):
 def test_line_commands(kernel_env, tmp_path):
     spec = tmp_path / "job.yml"
     spec.write_text("command: echo from $RANK\nresources: {instance_count: 2}\n")
-    nb = execute_notebook(f"%distrun run {spec}", "%distrun jobs", allow_errors=True)
+    nb = execute_notebook(
+        f"%distrun run {spec}", "%distrun jobs", "%distrun logs --rank 0", allow_errors=True
+    )
     assert "[rank 1] from 1" in stream_text(nb.cells[1])
+    assert stream_text(nb.cells[3]) == "from 0\n"  # no JOB: the latest of this kernel
     (job,) = os.listdir(kernel_env)
     nb = execute_notebook(
         f"%distrun logs {job} --rank 1", "%distrun bogus", f"%distrun inspect {job}",
-        allow_errors=True,
+        "%distrun inspect", allow_errors=True,
     )  # fmt: skip
     assert stream_text(nb.cells[1]) == "from 1\n"
     assert nb.cells[2].outputs[0].ename == "DistrunError"
     assert "unknown command 'bogus'" in nb.cells[2].outputs[0].evalue
     assert nb.cells[3].outputs and all(o.output_type != "error" for o in nb.cells[3].outputs)
+    assert "no job has run in this kernel yet" in nb.cells[4].outputs[0].evalue
 
 
 def test_interrupt_cancels_every_rank_and_the_kernel_lives_on(kernel_env):
