@@ -34,12 +34,23 @@ import time
 print("started", flush=True)
 time.sleep(300)"""
 
+# 64 ranks on 2 local nodes; rank 41 fails, the others are stopped.
+RANKS_64_CELL = """\
+%%distrun --nodes 2 --procs-per-node 32 --name lab-64
+import os, time
+rank = int(os.environ["RANK"])
+print(f"hello from rank {rank}", flush=True)
+if rank == 41:
+    time.sleep(3)
+    raise SystemExit("rank 41 gives up")
+time.sleep(120)"""
+
 
 @pytest.fixture(scope="module")
 def lab(tmp_path_factory):
     server = labserver.start(tmp_path_factory.mktemp("lab"))
     labserver.write_notebook(
-        server, "distrun.ipynb", ["%load_ext jupyter_dist", DDP_CELL, LONG_CELL]
+        server, "distrun.ipynb", ["%load_ext jupyter_dist", DDP_CELL, LONG_CELL, RANKS_64_CELL]
     )
     yield server
     labserver.stop(server)
@@ -93,27 +104,87 @@ def test_a_cell_shows_every_rank_and_the_inspector(lab_page):
     _run_cell(page, 0, wait=True)
     _run_cell(page, 1)
     view = page.locator(".jp-Notebook .jp-Cell").nth(1).locator(".distrun-live")
-    header = view.locator("div").first
-    header.filter(has_text="succeeded").wait_for(timeout=120_000)
+    view.locator(".distrun-job-state", has_text="succeeded").wait_for(timeout=120_000)
     _shot(page, "1-ddp-cell")
     lines = view.locator(".distrun-lines").inner_text()
     for rank in range(4):
         assert f"[rank {rank}] rank {rank} says the sum of ranks is 6" in lines
+    assert view.locator(".distrun-title").inner_text() == "lab-ddp"
+    assert re.fullmatch(r"\d+:\d\d", view.locator(".distrun-elapsed").inner_text())
+    assert view.locator(".distrun-counts").inner_text() == "all succeeded"
+    chips = view.locator(".distrun-rankbar button.distrun-rank")
+    assert chips.all_inner_texts() == ["rank 0", "rank 1", "rank 2", "rank 3"]
+    assert all("distrun-state-succeeded" in c for c in chips.evaluate_all(
+        "els => els.map(e => e.className)"))  # fmt: skip
+    # The inspector is folded under its one-line summary, and opens.
+    summary = view.locator(".distrun-inspector-summary")
+    assert re.fullmatch(
+        r"4 ranks on 2 nodes · master 127\.0\.0\.1:\d+ · all succeeded", summary.inner_text()
+    )
     rows = view.locator("tr.distrun-process")
-    assert rows.count() == 4
+    assert not rows.first.is_visible()
+    summary.click()
+    rows.first.wait_for()
     cells = [rows.nth(i).locator("td").all_inner_texts() for i in range(4)]
     assert [c[5] for c in cells] == ["0", "1", "2", "3"]  # the rank column
     assert [(c[3], c[4]) for c in cells] == [("0", "0"), ("0", "1"), ("1", "0"), ("1", "1")]
     assert {c[6] for c in cells} == {"4"} and {c[8] for c in cells} == {"succeeded"}
     assert re.fullmatch(r"127\.0\.0\.1:\d+", cells[0][7])
-    # "open full log" opens the lab log viewer on this job.
-    job_id = re.search(r"job (\S+):", header.inner_text()).group(1)
-    view.get_by_role("button", name="open full log").click()
+    _shot(page, "1-ddp-cell-inspector")
+    # A rank's chip shows that rank's output alone.
+    chips.nth(2).click()
+    assert "rank 2 says" in view.locator(".distrun-lines").inner_text()
+    assert "rank 0 says" not in view.locator(".distrun-lines").inner_text()
+    view.locator(".distrun-rankbar .distrun-all").click()
+    # "Open full log" opens the lab log viewer on this job.
+    job_id = view.get_attribute("data-job-id")
+    view.get_by_role("button", name="Open full log").click()
     viewer = page.locator(f"#jupyter-dist-logs-panel-{job_id}")
     viewer.locator(
         ".jp-distrun-log-output", has_text="rank 0 says the sum of ranks is 6"
     ).wait_for()
     page.locator(".lm-TabBar-tab", has_text="distrun.ipynb").click()
+
+
+def _use_theme(page, theme: str) -> None:
+    """Switch JupyterLab's theme through the command palette, as a user would."""
+    page.keyboard.press("Control+Shift+C")
+    page.keyboard.type(f"Use Theme: {theme}")
+    page.keyboard.press("Enter")
+    page.wait_for_function(
+        "light => document.body.dataset.jpThemeLight === light",
+        arg="false" if "Dark" in theme else "true",
+    )
+    page.wait_for_timeout(500)  # the theme's stylesheet applies
+
+
+def test_the_live_view_reads_well_in_the_dark_theme(lab_page):
+    """The view uses JupyterLab's variables: in the dark theme its text is light on dark."""
+    page = lab_page
+    page.locator(".lm-TabBar-tab", has_text="distrun.ipynb").click()
+    view = page.locator(".jp-Notebook .jp-Cell").nth(1).locator(".distrun-live")
+    try:
+        _use_theme(page, "JupyterLab Dark")
+        view.scroll_into_view_if_needed()
+        _shot(page, "1-ddp-cell-dark")
+        colours = view.locator(".distrun-lines").evaluate(
+            "el => [getComputedStyle(el).color, getComputedStyle(el).backgroundColor]"
+        )
+        text, background = (_luminance(c) for c in colours)
+        assert text > 0.5 > background, colours
+    finally:
+        _use_theme(page, "JupyterLab Light")
+    colours = view.locator(".distrun-lines").evaluate(
+        "el => [getComputedStyle(el).color, getComputedStyle(el).backgroundColor]"
+    )
+    text, background = (_luminance(c) for c in colours)
+    assert text < 0.5 < background, colours
+
+
+def _luminance(css_colour: str) -> float:
+    """0 (black) to 1 (white) for an rgb()/rgba() colour."""
+    red, green, blue = (int(v) for v in re.findall(r"[\d.]+", css_colour)[:3])
+    return (0.2126 * red + 0.7152 * green + 0.0722 * blue) / 255
 
 
 def test_the_sidebar_lists_the_job_and_opens_its_logs(lab_page, lab):
@@ -161,23 +232,49 @@ def test_cancel_from_the_sidebar_stops_every_rank(lab_page, lab):
     assert (lab.home / "jobs" / job_id / "status.json").is_file()
 
 
+def test_64_ranks_stay_usable_and_the_failed_one_comes_first(lab_page):
+    page = lab_page
+    page.locator(".lm-TabBar-tab", has_text="distrun.ipynb").click()
+    _run_cell(page, 3)
+    view = page.locator(".jp-Notebook .jp-Cell").nth(3).locator(".distrun-live")
+    view.locator(".distrun-job-state", has_text="failed").wait_for(timeout=180_000)
+    bar = view.locator(".distrun-rankbar.distrun-compact")
+    assert bar.locator(".distrun-grid button").count() == 64
+    failed = bar.locator(".distrun-failed-group button")
+    assert failed.all_inner_texts() == ["rank 41"]
+    counts = view.locator(".distrun-counts").inner_text()
+    assert counts.startswith("1 failed") and "stopped" in counts, counts
+    assert "rank 41 on local" in view.locator(".distrun-root-cause").inner_text()
+    view.scroll_into_view_if_needed()
+    _shot(page, "8-64-ranks")
+    failed.click()
+    lines = view.locator(".distrun-lines").inner_text()
+    assert "hello from rank 41" in lines and "hello from rank 40" not in lines
+    assert bar.locator(".distrun-showing").inner_text() == "rank 41"
+    _shot(page, "8-64-ranks-rank-41")
+
+
 def test_toolbar_and_palette_commands(lab_page):
     page = lab_page
     page.locator(".lm-TabBar-tab", has_text="distrun.ipynb").click()
     cells = page.locator(".jp-Notebook .jp-Cell")
-    before = cells.count()
+    editors = page.locator(".jp-Notebook .jp-Cell .jp-InputArea-editor")
+    before = editors.all_inner_texts()
     page.locator(".jp-distrun-toolbar-button").click()  # the notebook toolbar's %%distrun
     page.wait_for_function(
-        f"() => document.querySelectorAll('.jp-Notebook .jp-Cell').length === {before + 1}"
+        f"() => document.querySelectorAll('.jp-Notebook .jp-Cell').length === {len(before) + 1}"
     )  # %load_ext is already in the notebook: only the template is added
-    inserted = cells.nth(before).locator(".jp-InputArea-editor").inner_text()
-    assert inserted.startswith("%%distrun --type pytorch --nodes 2 --procs-per-node 2")
+    after = editors.all_inner_texts()
+    at = next(i for i, text in enumerate(after) if i >= len(before) or text != before[i])
+    assert after[at].startswith("%%distrun --type pytorch --nodes 2 --procs-per-node 2")
+    assert after[:at] + after[at + 1 :] == before  # below the active cell, nothing else moved
 
     page.keyboard.press("Control+Shift+C")  # the command palette
     page.keyboard.type("Open Submission Form")
     page.keyboard.press("Enter")
-    form = cells.nth(before + 1).locator(".jp-OutputArea")
+    form = cells.nth(at + 1).locator(".jp-Cell-outputArea")
     form.get_by_role("button", name="Submit").wait_for()
+    form.scroll_into_view_if_needed()
     _shot(page, "6-form")
 
 
@@ -191,13 +288,13 @@ def test_a_page_loaded_again_draws_the_lines_it_missed(lab_page, lab):
     try:
         page.goto(lab.page_url("/lab/workspaces/distrun-again/tree/distrun.ipynb?reset"))
         view = page.locator(".jp-Notebook .jp-Cell").nth(1).locator(".distrun-live")
-        view.locator("tr.distrun-process").nth(3).wait_for()
+        view.locator("tr.distrun-process").nth(3).wait_for(state="attached")
         lines = view.locator(".distrun-lines")
         lines.filter(has_text="rank 3 says the sum of ranks is 6").wait_for(timeout=30_000)
         _shot(page, "7-page-loaded-again")
         text = lines.inner_text()
         assert all(f"[rank {r}] rank {r} says the sum of ranks is 6" in text for r in range(4))
-        view.get_by_role("button", name="rank-2").click()
+        view.locator(".distrun-rankbar [data-key='rank-2']").click()
         rank_2 = lines.inner_text()
         assert "rank 2 says the sum of ranks is 6" in rank_2 and "rank 0" not in rank_2
     finally:

@@ -1,18 +1,33 @@
-// The live view of a jupyter-dist job: status per process, an all-ranks view and one tab
-// per rank, the root cause when the job fails. Lines arrive as deltas (custom messages);
-// at most `max_lines` per tab stay in the browser, the full log stays on disk.
+// The live view of a jupyter-dist job: a header (job state, elapsed time, counts per
+// state), a rank bar (one chip per rank or task, coloured by its state; at scale a compact
+// grid with the failed ones first), the output of all ranks or of the chosen one, the root
+// cause when the job fails, and the inspector folded under a one-line summary.
 //
-// Lines are kept by the model, not the view: the model exists from the moment the kernel
-// creates the widget, while a view may render later (the first widget of a page loads
-// its code first) or again (an output re-attached). Either way it draws what came before.
-// A page loaded again (reload, another browser) starts with none: the model's lines_total
-// says how many the job printed, so it asks the kernel once for the last lines of every
-// tab, which the kernel reads from the job's store.
+// Lines arrive as deltas (custom messages); at most `max_lines` per tab stay in the
+// browser, the full log stays on disk. Lines are kept by the model, not the view: the model
+// exists from the moment the kernel creates the widget, while a view may render later (the
+// first widget of a page loads its code first) or again (an output re-attached). Either way
+// it draws what came before. A page loaded again (reload, another browser) starts with
+// none: the model's lines_total says how many the job printed, so it asks the kernel once
+// for the last lines of every tab, which the kernel reads from the job's store.
+//
+// Looks: JupyterLab's own CSS variables (light and dark themes), with fallbacks where
+// they are missing (VS Code); see live.css.
 
-const COLOURS = ["#0aa", "#b80", "#a3a", "#2a2", "#36c", "#c33", "#088", "#870"];
+// Line prefixes in the all-ranks view: JupyterLab's palette where it exists.
+const COLOURS = ["--jp-mirror-editor-keyword-color", "--jp-mirror-editor-string-color",
+  "--jp-mirror-editor-number-color", "--jp-mirror-editor-def-color",
+  "--jp-mirror-editor-variable-2-color", "--jp-mirror-editor-builtin-color",
+  "--jp-mirror-editor-atom-color", "--jp-mirror-editor-meta-color"];
+const FALLBACK = ["#008000", "#ba2121", "#080", "#00f", "#05a", "#a0f", "#88f", "#a2f"];
 const SGR = { 30: "#555", 31: "#c33", 32: "#2a2", 33: "#b80", 34: "#36c", 35: "#a3a",
   36: "#0aa", 37: "#999", 90: "#777", 91: "#e55", 92: "#4c4", 93: "#db2", 94: "#58e",
   95: "#c5c", 96: "#2cc", 97: "#ccc" };
+
+// Up to this many ranks, every chip carries its label; beyond, a compact numbered grid.
+const COMPACT_AFTER = 16;
+// How a state reads in counts and which ones surface first.
+const ORDER = ["failed", "running", "starting", "pending", "stopped", "succeeded"];
 
 // Text with ANSI colour codes -> DOM nodes (colours and bold; other codes dropped).
 export function ansiToNodes(text) {
@@ -39,13 +54,49 @@ export function ansiToNodes(text) {
   return nodes;
 }
 
+// "0:07", "12:03", "1:02:03": elapsed seconds as a clock.
+export function clock(seconds) {
+  const s = Math.max(0, Math.floor(seconds));
+  const [h, m, r] = [Math.floor(s / 3600), Math.floor((s % 3600) / 60), s % 60];
+  const pad = (n) => String(n).padStart(2, "0");
+  return h ? `${h}:${pad(m)}:${pad(r)}` : `${m}:${pad(r)}`;
+}
+
+// Every output tab (log key) and the state of the process it belongs to: a process's own
+// name, and the ranks that a launcher (torchrun, mpirun) carries.
+export function keyStates(processes) {
+  const states = {};
+  for (const p of processes) {
+    for (const key of p.keys || [p.name]) states[key] = { state: p.state, process: p };
+  }
+  return states;
+}
+
+// "3 running · 1 failed" (failed first); "all succeeded" when every process agrees.
+export function stateCounts(processes) {
+  const counts = {};
+  for (const p of processes) counts[p.state] = (counts[p.state] || 0) + 1;
+  const states = Object.keys(counts);
+  if (states.length === 1 && processes.length > 1) return `all ${states[0]}`;
+  return states.sort((a, b) => rankOf(a) - rankOf(b)).map((s) => `${counts[s]} ${s}`).join(" · ");
+}
+
+function rankOf(state) {
+  const i = ORDER.indexOf(state);
+  return i < 0 ? ORDER.length : i;
+}
+
+const byNumber = (a, b) => a.localeCompare(b, undefined, { numeric: true });
+
 // Keyed by job id: anywidget hands initialize and render different proxies of one model.
-// job id -> { buffers: key -> [line], total: lines seen, views: Set<{append, redraw}> }
+// job id -> { buffers: key -> [line], labels: key -> label, total, views: Set<view> }
 const LINES = new Map();
 
 function linesOf(model) {
   const id = model.get("job_id");
-  if (!LINES.has(id)) LINES.set(id, { buffers: { all: [] }, total: 0, views: new Set() });
+  if (!LINES.has(id)) {
+    LINES.set(id, { buffers: { all: [] }, labels: {}, total: 0, views: new Set() });
+  }
   return LINES.get(id);
 }
 
@@ -57,6 +108,7 @@ function initialize({ model }) {
     const max = model.get("max_lines");
     for (const line of lines) {
       if (!(line.key in held.buffers)) held.buffers[line.key] = [];
+      held.labels[line.key] = line.label;
       for (const target of [held.buffers.all, held.buffers[line.key]]) {
         target.push(line);
         if (target.length > max) target.splice(0, target.length - max);
@@ -82,56 +134,72 @@ function initialize({ model }) {
   if (model.get("lines_total") > held.total) model.send({ type: "history" });
 }
 
+function element(tag, className, text) {
+  const node = document.createElement(tag);
+  if (className) node.className = className;
+  if (text !== undefined && text !== null) node.textContent = String(text);
+  return node;
+}
+
 function render({ model, el }) {
   const maxLines = () => model.get("max_lines");
   const held = linesOf(model);
   const buffers = held.buffers;          // key -> [{key, label, stream, text}], shared
   const colourOf = {};
   let active = "all";
+  let drawnKeys = new Set();  // the keys the rank bar has a chip for
 
-  const root = document.createElement("div");
-  root.className = "distrun-live";
-  root.style.cssText = "font-family: var(--jp-code-font-family, monospace); font-size: 12px;";
-  const header = document.createElement("div");
-  const headerText = document.createElement("span");
-  header.appendChild(headerText);
+  const root = element("div", "distrun-live");
+  root.dataset.jobId = model.get("job_id");
+
+  // Header: job state, name, elapsed time, counts, actions.
+  const header = element("div", "distrun-header");
+  const jobState = element("span", "distrun-chip distrun-job-state");
+  const title = element("span", "distrun-title");
+  const elapsed = element("span", "distrun-elapsed");
+  elapsed.title = "elapsed";
+  const counts = element("span", "distrun-counts");
+  const actions = element("span", "distrun-actions");
+  header.append(jobState, title, elapsed, counts, actions);
   // In JupyterLab with our extension, the full log opens in its log viewer (the extension
   // marks the page and listens for this event); elsewhere the log folder path is shown.
   if (document.body.dataset.jupyterDistLogs === "1") {
-    const open = document.createElement("button");
-    open.className = "distrun-open-log";
-    open.textContent = "open full log";
-    open.style.marginLeft = "8px";
+    const open = element("button", "jp-Button jp-mod-styled jp-mod-minimal distrun-open-log",
+      "Open full log");
     open.onclick = () => el.dispatchEvent(new CustomEvent("jupyter-dist:open-logs", {
       bubbles: true, detail: { jobId: model.get("job_id") },
     }));
-    header.appendChild(open);
+    actions.appendChild(open);
+  } else {
+    const path = element("span", "distrun-muted distrun-log-dir");
+    actions.appendChild(path);
   }
-  const statusTable = document.createElement("table");
-  statusTable.className = "distrun-status";
-  const tabs = document.createElement("div");
-  tabs.className = "distrun-tabs";
-  const pane = document.createElement("pre");
-  pane.className = "distrun-lines";
-  pane.style.cssText = "max-height: 24em; overflow: auto; margin: 4px 0; padding: 4px;" +
-    "background: var(--jp-layout-color2, #f5f5f5);";
-  const cause = document.createElement("pre");
-  cause.className = "distrun-root-cause";
-  cause.style.cssText = "color: #c33; white-space: pre-wrap;";
-  root.append(header, statusTable, tabs, pane, cause);
+
+  const rankBar = element("div", "distrun-rankbar");
+  rankBar.setAttribute("role", "tablist");
+  const pane = element("pre", "distrun-lines");
+  const cause = element("pre", "distrun-root-cause");
+  const inspector = element("details", "distrun-inspector");
+  const inspectorSummary = element("summary", "distrun-inspector-summary");
+  const statusTable = element("table", "distrun-status");
+  const tableBox = element("div", "distrun-table-box");
+  tableBox.appendChild(statusTable);
+  inspector.append(inspectorSummary, tableBox);
+  root.append(header, rankBar, pane, cause, inspector);
   el.appendChild(root);
 
   function colour(key) {
-    if (!(key in colourOf)) colourOf[key] = COLOURS[Object.keys(colourOf).length % COLOURS.length];
+    if (!(key in colourOf)) {
+      const i = Object.keys(colourOf).length % COLOURS.length;
+      colourOf[key] = `var(${COLOURS[i]}, ${FALLBACK[i]})`;
+    }
     return colourOf[key];
   }
 
   function lineNode(line, withPrefix) {
-    const div = document.createElement("div");
-    if (line.stream === "stderr") div.className = "distrun-stderr";
+    const div = element("div", line.stream === "stderr" ? "distrun-stderr" : "");
     if (withPrefix) {
-      const prefix = document.createElement("span");
-      prefix.textContent = `[${line.label}] `;
+      const prefix = element("span", "distrun-prefix", `[${line.label}] `);
       prefix.style.color = colour(line.key);
       div.appendChild(prefix);
     }
@@ -140,21 +208,61 @@ function render({ model, el }) {
   }
 
   function drawPane() {
-    pane.replaceChildren(...buffers[active].map((l) => lineNode(l, active === "all")));
+    pane.replaceChildren(...(buffers[active] || []).map((l) => lineNode(l, active === "all")));
+    if (!pane.childElementCount) pane.appendChild(element("span", "distrun-placeholder",
+      active === "all" ? "(no output yet)" : "(no output from this rank yet)"));
     pane.scrollTop = pane.scrollHeight;
   }
 
-  function drawTabs() {
-    const keys = ["all", ...Object.keys(buffers).filter((k) => k !== "all").sort(
-      (a, b) => a.localeCompare(b, undefined, { numeric: true }))];
-    tabs.replaceChildren(...keys.map((key) => {
-      const button = document.createElement("button");
-      button.textContent = key === "all" ? "all ranks" : key;
-      button.className = "distrun-tab" + (key === active ? " active" : "");
-      button.style.fontWeight = key === active ? "bold" : "normal";
-      button.onclick = () => { active = key; drawTabs(); drawPane(); };
+  function select(key) {
+    active = key;
+    drawRankBar();
+    drawPane();
+  }
+
+  // The rank bar: "All ranks", then one chip per output key, coloured by its process's
+  // state. Compact (numbers only, failed ones first with their labels) at scale.
+  function drawRankBar() {
+    const states = keyStates(model.get("processes"));
+    const keys = [...new Set([...Object.keys(buffers).filter((k) => k !== "all"),
+      ...Object.keys(states)])].sort(byNumber);
+    const compact = keys.length > COMPACT_AFTER;
+    const label = (key) => held.labels[key] || states[key]?.process?.label || key;
+    const chip = (key, text) => {
+      const state = states[key]?.state || "pending";
+      const button = element("button", `distrun-chip distrun-rank distrun-state-${state}` +
+        (key === active ? " distrun-active" : ""), text);
+      button.setAttribute("role", "tab");
+      button.setAttribute("aria-selected", key === active ? "true" : "false");
+      button.dataset.key = key;
+      button.title = `${label(key)}: ${state}` + (key in buffers ? "" : " (no output yet)");
+      button.onclick = () => select(key);
       return button;
-    }));
+    };
+    const all = element("button", "distrun-chip distrun-all" +
+      (active === "all" ? " distrun-active" : ""), "All ranks");
+    all.setAttribute("role", "tab");
+    all.setAttribute("aria-selected", active === "all" ? "true" : "false");
+    all.onclick = () => select("all");
+    const children = [all];
+    if (compact) {
+      const failed = keys.filter((k) => states[k]?.state === "failed");
+      if (failed.length) {
+        const group = element("span", "distrun-failed-group");
+        group.append(element("span", "distrun-muted", "failed:"),
+          ...failed.map((k) => chip(k, label(k))));
+        children.push(group);
+      }
+      const grid = element("span", "distrun-grid");
+      grid.append(...keys.map((k) => chip(k, (k.match(/(\d+)$/) || [null, label(k)])[1])));
+      children.push(grid);
+      if (active !== "all") children.push(element("span", "distrun-showing", label(active)));
+    } else {
+      children.push(...keys.map((k) => chip(k, label(k))));
+    }
+    drawnKeys = new Set(keys);
+    rankBar.classList.toggle("distrun-compact", compact);
+    rankBar.replaceChildren(...children);
   }
 
   // The inspector: who is who (ranks, master, role) and how each process is doing.
@@ -165,75 +273,101 @@ function render({ model, el }) {
   ];
 
   function cell(tag, text) {
-    const td = document.createElement(tag);
-    td.textContent = text === null || text === undefined ? "" : String(text);
-    td.style.cssText = "padding: 0 8px; text-align: left;";
-    return td;
+    return element(tag, "", text === null || text === undefined ? "" : text);
   }
 
   function tfConfigCell(text) {
     const td = cell("td", "");
     if (!text) return td;
-    const details = document.createElement("details");
-    const summary = document.createElement("summary");
-    summary.textContent = "TF_CONFIG";
-    const pre = document.createElement("pre");
-    pre.className = "distrun-tf-config";
-    pre.style.margin = "0";
-    pre.textContent = JSON.stringify(JSON.parse(text), null, 2);
-    details.append(summary, pre);
+    const details = element("details");
+    const pre = element("pre", "distrun-tf-config", JSON.stringify(JSON.parse(text), null, 2));
+    details.append(element("summary", "", "TF_CONFIG"), pre);
     td.appendChild(details);
     return td;
   }
 
   function drawStatus() {
     const state = model.get("state");
-    headerText.textContent = `job ${model.get("job_id")}: ${state}` +
-      (model.get("log_dir") ? ` — full logs: ${model.get("log_dir")}` : "");
     const processes = model.get("processes");
+    jobState.textContent = state;
+    jobState.className = `distrun-chip distrun-job-state distrun-state-${state.replace(" ", "_")}`;
+    title.textContent = model.get("name") || model.get("job_id");
+    title.title = `job ${model.get("job_id")}`;
+    counts.textContent = processes.length ? stateCounts(processes) : "";
+    const logDir = actions.querySelector(".distrun-log-dir");
+    if (logDir) logDir.textContent = model.get("log_dir") ? `logs: ${model.get("log_dir")}` : "";
+    const master = processes.find((p) => p.master)?.master;
+    inspectorSummary.textContent = [model.get("summary"), master && `master ${master}`,
+      stateCounts(processes)].filter(Boolean).join(" · ");
     const withTf = processes.some((p) => p.tf_config);
-    const head = document.createElement("tr");
-    for (const [title] of COLUMNS) head.appendChild(cell("th", title));
+    const head = element("tr");
+    for (const [name] of COLUMNS) head.appendChild(cell("th", name));
     if (withTf) head.appendChild(cell("th", "TF_CONFIG"));
     const rows = processes.map((p) => {
-      const tr = document.createElement("tr");
-      for (const [, field] of COLUMNS) tr.appendChild(cell("td", p[field]));
+      const tr = element("tr", `distrun-process distrun-${p.state}`);
+      for (const [, field] of COLUMNS) {
+        const td = cell("td", p[field]);
+        if (field === "state") {
+          td.replaceChildren(element("span", `distrun-chip distrun-state-${p.state}`, p.state));
+        }
+        tr.appendChild(td);
+      }
       if (withTf) tr.appendChild(tfConfigCell(p.tf_config));
-      tr.className = `distrun-process distrun-${p.state}`;
       tr.dataset.process = p.name;
       return tr;
     });
     statusTable.replaceChildren(head, ...rows);
     cause.textContent = model.get("root_cause");
+    cause.style.display = model.get("root_cause") ? "" : "none";
+    drawRankBar();
+    tickClock();
   }
 
+  // Elapsed time: the kernel's figure, counted on in the browser while the job runs (no
+  // clock of the browser's is compared with the kernel's).
+  let since = { value: model.get("elapsed"), at: performance.now() };
+  const running = () => ["starting", "running"].includes(model.get("state"));
+  function tickClock() {
+    const extra = running() ? (performance.now() - since.at) / 1000 : 0;
+    elapsed.textContent = clock(since.value + extra);
+  }
+  model.on("change:elapsed", () => {
+    since = { value: model.get("elapsed"), at: performance.now() };
+    tickClock();
+  });
+  const timer = setInterval(() => { if (running()) tickClock(); }, 1000);
+
   function append(lines) {  // already in the model's buffers: draw them
-    const known = Object.keys(buffers).length;  // tabs: "all" and one per key
+    pane.querySelector(".distrun-placeholder")?.remove();
+    let newKey = false;
     for (const line of lines) {
       if (active === "all" || active === line.key) {
         pane.appendChild(lineNode(line, active === "all"));
       }
+      if (!drawnKeys.has(line.key)) newKey = true;
     }
     while (pane.childNodes.length > maxLines()) pane.removeChild(pane.firstChild);
     pane.scrollTop = pane.scrollHeight;
-    if (known !== tabs.childElementCount) drawTabs();
+    if (newKey) drawRankBar();
   }
 
   function redraw() {  // the buffers were replaced (lines this page had missed)
     if (!(active in buffers)) active = "all";
-    drawTabs();
+    drawRankBar();
     drawPane();
   }
 
   const view = { append, redraw };
   held.views.add(view);
-  model.on("change:processes", drawStatus);
-  model.on("change:state", drawStatus);
-  model.on("change:root_cause", drawStatus);
+  for (const name of ["processes", "state", "root_cause", "summary", "name"]) {
+    model.on(`change:${name}`, drawStatus);
+  }
   drawStatus();
-  drawTabs();
   drawPane();
-  return () => held.views.delete(view);
+  return () => {
+    clearInterval(timer);
+    held.views.delete(view);
+  };
 }
 
 export default { initialize, render };

@@ -1,4 +1,6 @@
-"""The live view of a running job (anywidget): statuses, per-rank tabs, root cause.
+"""The live view of a running job (anywidget): the job's state and elapsed time, a chip per
+rank (its state; pick one to see its output), the output, the root cause, and the inspector
+folded under a one-line summary. Styled by live.css with JupyterLab's own variables.
 
 Lines reach the browser as deltas in custom messages, one message per tick at most (the
 cell's thread ticks about ten times a second), never re-sending history. The browser keeps
@@ -18,20 +20,25 @@ from collections import deque
 from pathlib import Path
 
 import anywidget
-from traitlets import Dict, Int, List, Unicode
+from traitlets import Dict, Float, Int, List, Unicode
 
-from jupyter_dist.describe import plan_rows
+from jupyter_dist.describe import launch_summary, plan_rows
 from jupyter_dist.run.events import JobListener, JobResult, OutputLine, ProcessState
 
 MAX_LINES_PER_MESSAGE = 5000
 MIN_INTERVAL_S = 0.1
+ELAPSED_INTERVAL_S = 1.0  # the browser counts on between updates
 TEXT_LINES = 200
 
 
 class LiveView(anywidget.AnyWidget):
     _esm = Path(__file__).with_name("live.js")
+    _css = Path(__file__).with_name("live.css")
 
     job_id = Unicode("").tag(sync=True)
+    name = Unicode("").tag(sync=True)  # the job's name, if it has one
+    summary = Unicode("").tag(sync=True)  # "4 ranks on 2 nodes"
+    elapsed = Float(0.0).tag(sync=True)  # seconds since the job started, as the kernel saw
     state = Unicode("starting").tag(sync=True)
     processes = List(Dict()).tag(sync=True)
     root_cause = Unicode("").tag(sync=True)
@@ -42,10 +49,14 @@ class LiveView(anywidget.AnyWidget):
     def __init__(self, job, **kwargs):
         # Who is who (ranks, master, role, TF_CONFIG) is fixed by the plan; states change.
         self._who = {row["process"]: row for row in plan_rows(job.plan)}
+        self._keys = {p.name: _log_keys(p) for p in job.plan.processes}
         super().__init__(
-            job_id=job.job_id, log_dir=str(job.record.logs_dir),
+            job_id=job.job_id, name=job.name, summary=launch_summary(job.plan),
+            log_dir=str(job.record.logs_dir),
             processes=[self._row(state) for state in job.processes.values()], **kwargs,
         )  # fmt: skip
+        self._job = job  # its start time, for the elapsed clock
+        self._last_elapsed = 0.0
         self.listener = _Collector()
         job.add_listener(self.listener)
         self.messages_sent = 0
@@ -63,6 +74,11 @@ class LiveView(anywidget.AnyWidget):
         if not force and now - self._last_send < MIN_INTERVAL_S:
             return
         lines, states, result = self.listener.take()
+        started = self._job.started
+        due = force or result is not None or now - self._last_elapsed >= ELAPSED_INTERVAL_S
+        if started and due:
+            self.elapsed = round((self._job.ended or time.time()) - started, 1)
+            self._last_elapsed = now
         if states:
             by_name = {row["name"]: row for row in self.processes}
             for state in states:
@@ -130,7 +146,15 @@ class LiveView(anywidget.AnyWidget):
             **self._who.get(state.name, {}),
             "name": state.name, "label": state.label, "node": state.node, "host": state.host,
             "state": state.state, "exit": state.signal or state.exit_code,
+            "keys": self._keys.get(state.name, [state.name]),
         }  # fmt: skip
+
+
+def _log_keys(proc) -> list[str]:
+    """The output tabs a process's lines go to: its own, and the ranks a launcher carries."""
+    if proc.output == "plain":
+        return [proc.name]
+    return [proc.name, *(f"rank-{rank}" for rank in proc.ranks)]
 
 
 class _Collector(JobListener):

@@ -4,7 +4,11 @@
  */
 // eslint-disable-next-line @typescript-eslint/ban-ts-comment
 // @ts-ignore: a plain JavaScript module without types
-import live, { ansiToNodes } from '../../../jupyter_dist/widgets/live.js';
+import live, {
+  ansiToNodes,
+  clock,
+  stateCounts
+} from '../../../jupyter_dist/widgets/live.js';
 
 type Handler = (...args: any[]) => void;
 
@@ -29,11 +33,14 @@ class FakeModel {
   }
 }
 
-function model(jobId: string, maxLines = 5, linesTotal = 0): FakeModel {
+function model(jobId: string, maxLines = 5, linesTotal = 0, processes: any[] = []): FakeModel {
   return new FakeModel({
     job_id: jobId,
+    name: '',
+    summary: '',
+    elapsed: 0,
     state: 'running',
-    processes: [],
+    processes,
     root_cause: '',
     log_dir: '/tmp/logs',
     max_lines: maxLines,
@@ -97,8 +104,10 @@ describe('live view buffers', () => {
     m.emit('msg:custom', lines(2, 2, 'rank-0'));
     for (const el of [first, second]) {
       expect(el.querySelectorAll('pre.distrun-lines > div')).toHaveLength(3);
-      const tabs = Array.from(el.querySelectorAll('button.distrun-tab')).map(b => b.textContent);
-      expect(tabs).toEqual(['all ranks', 'rank-0', 'rank-1']);
+      const tabs = Array.from(el.querySelectorAll('.distrun-rankbar button')).map(
+        b => b.textContent
+      );
+      expect(tabs).toEqual(['All ranks', 'rank 0', 'rank 1']);
     }
     cleanup(); // a removed view is no longer drawn into
     m.emit('msg:custom', lines(4, 1, 'rank-0'));
@@ -129,8 +138,8 @@ describe('live view buffers', () => {
     history.total = 7;
     m.emit('msg:custom', history);
     expect(shown(el)).toEqual(['[rank 1] line 4', '[rank 0] line 5', '[rank 0] line 6']);
-    const tabs = Array.from(el.querySelectorAll('button.distrun-tab'));
-    expect(tabs.map(b => b.textContent)).toEqual(['all ranks', 'rank-0', 'rank-1']);
+    const tabs = Array.from(el.querySelectorAll('.distrun-rankbar button'));
+    expect(tabs.map(b => b.textContent)).toEqual(['All ranks', 'rank 0', 'rank 1']);
     (tabs[2] as HTMLButtonElement).click();
     expect(shown(el)).toEqual(['line 3', 'line 4']);
     m.emit('msg:custom', lines(7, 1, 'rank-1')); // and goes on with new lines
@@ -145,5 +154,64 @@ describe('live view buffers', () => {
     m.emit('msg:custom', lines(0, 3));
     m.emit('msg:custom', lines(0, 1, 'rank-0', 'history')); // total 1 < 3 held
     expect(shown(el)).toEqual(['[rank 0] line 0', '[rank 0] line 1', '[rank 0] line 2']);
+  });
+});
+
+function ranks(count: number, failed: number[] = []): any[] {
+  return Array.from({ length: count }, (_, r) => ({
+    name: `rank-${r}`,
+    label: `rank ${r}`,
+    state: failed.includes(r) ? 'failed' : 'running',
+    keys: [`rank-${r}`]
+  }));
+}
+
+describe('live view at scale and state', () => {
+  it('gives each rank a chip coloured by its state, with labels while there are few', () => {
+    const m = model('job-few', 5, 0, ranks(4, [2]));
+    live.initialize({ model: m });
+    const el = document.createElement('div');
+    live.render({ model: m, el });
+    const chips = Array.from(el.querySelectorAll('.distrun-rankbar button.distrun-rank'));
+    expect(chips.map(c => c.textContent)).toEqual(['rank 0', 'rank 1', 'rank 2', 'rank 3']);
+    expect(chips[2].className).toContain('distrun-state-failed');
+    expect(chips[0].className).toContain('distrun-state-running');
+    expect(el.querySelector('.distrun-counts')?.textContent).toBe('1 failed · 3 running');
+    expect(el.querySelector('.distrun-inspector')?.hasAttribute('open')).toBe(false);
+  });
+
+  it('keeps 64 ranks usable: a numbered grid, the failed ranks first by name', () => {
+    const m = model('job-64', 5, 0, ranks(64, [41, 7]));
+    live.initialize({ model: m });
+    const el = document.createElement('div');
+    live.render({ model: m, el });
+    const bar = el.querySelector('.distrun-rankbar') as HTMLElement;
+    expect(bar.classList.contains('distrun-compact')).toBe(true);
+    const failed = Array.from(bar.querySelectorAll('.distrun-failed-group button'));
+    expect(failed.map(b => b.textContent)).toEqual(['rank 7', 'rank 41']);
+    const grid = Array.from(bar.querySelectorAll('.distrun-grid button'));
+    expect(grid).toHaveLength(64);
+    expect(grid.slice(0, 3).map(b => b.textContent)).toEqual(['0', '1', '2']);
+    m.emit('msg:custom', lines(0, 2, 'rank-41'));
+    m.emit('msg:custom', lines(2, 1, 'rank-3'));
+    (failed[1] as HTMLButtonElement).click(); // rank 41, from the failed group
+    expect(shown(el)).toEqual(['line 0', 'line 1']);
+    expect(bar.querySelector('.distrun-showing')?.textContent).toBe('rank 41');
+  });
+
+  it('says how many processes are in which state, and all of them when they agree', () => {
+    expect(stateCounts(ranks(3))).toBe('all running');
+    expect(stateCounts([...ranks(2), { state: 'succeeded' }, { state: 'failed' }])).toBe(
+      '1 failed · 2 running · 1 succeeded'
+    );
+  });
+
+  it('shows elapsed time as a clock', () => {
+    expect([clock(0), clock(7.9), clock(725), clock(3723)]).toEqual([
+      '0:00',
+      '0:07',
+      '12:05',
+      '1:02:03'
+    ]);
   });
 });
