@@ -1,8 +1,13 @@
 """The submission form: every option of `%%distrun` as a control, a live YAML preview with
-the spec loader's own error messages, and Submit, which runs the magic's own path."""
+the spec loader's own error messages, and Submit, which runs the magic's own path.
+
+It looks like JupyterLab: controls in two columns that fold into one on a narrow page,
+the preview and the problem line drawn with JupyterLab's own CSS variables (light and dark
+themes)."""
 
 from __future__ import annotations
 
+import html
 import os
 from pathlib import Path
 from types import SimpleNamespace
@@ -57,8 +62,7 @@ class SubmitForm(w.VBox):
                                  layout=w.Layout(width="95%", height="10em"))  # fmt: skip
         self.script_path = w.Text(placeholder="or a script file to run (python FILE)",
                                   description="script file", style=style)  # fmt: skip
-        self.preview = w.Textarea(description="job spec", disabled=True, style=style,
-                                  layout=w.Layout(width="95%", height="12em"))  # fmt: skip
+        self.preview = w.HTML(layout=w.Layout(width="95%"))
         self.problem = w.HTML(_problem_html(inventory_problem))
         self.submit_button = w.Button(description="Submit", button_style="primary")
         self.output = w.Output()
@@ -72,12 +76,23 @@ class SubmitForm(w.VBox):
         for control in self._controls:
             control.observe(lambda _: self.refresh(), names="value")
         self.tf_box = w.VBox([self.worker_count, self.ps_count, self.chief, self.evaluator])
+        columns = w.GridBox(
+            [
+                w.VBox([_heading("Distribution"), self.type, self.nodes, self.procs_per_node,
+                        self.launcher, self.tf_box, self.node_names]),
+                w.VBox([_heading("Job"), self.name, self.timeout, self.code, self.env]),
+            ],
+            layout=w.Layout(grid_template_columns="repeat(auto-fit, minmax(380px, 1fr))",
+                            grid_gap="0 24px"),
+        )  # fmt: skip
         super().__init__(
             [
-                self.type, self.nodes, self.procs_per_node, self.launcher, self.tf_box,
-                self.node_names, self.env, self.code, self.timeout, self.name, self.script,
-                self.script_path, self.preview, self.problem, self.submit_button, self.output,
+                _title(), columns, _heading("Code"), self.script, self.script_path,
+                _heading("Job spec (YAML)"), self.preview, self.problem,
+                w.HBox([self.submit_button]), self.output,
             ],
+            layout=w.Layout(padding="4px 8px", border="var(--jp-border-width, 1px) solid "
+                            "var(--jp-border-color2, #ddd)"),
             **kwargs,
         )  # fmt: skip
         self.refresh()
@@ -134,7 +149,7 @@ class SubmitForm(w.VBox):
             self.problem.value = _problem_html(str(exc))
             self.submit_button.disabled = True
             return None
-        self.preview.value = spec.to_yaml()
+        self.preview.value = _code_html(spec.to_yaml())
         self.problem.value = ""
         self.submit_button.disabled = False
         return spec
@@ -161,6 +176,36 @@ class SubmitForm(w.VBox):
 
 
 def _problem_html(message: str) -> str:
-    import html
+    if not message:
+        return ""
+    return f'<span style="color: var(--jp-error-color1, #d32f2f)">{html.escape(message)}</span>'
 
-    return f'<span style="color:#c33">{html.escape(message)}</span>' if message else ""
+
+def _code_html(text: str) -> str:
+    """Text as a code block in JupyterLab's look (the preview of the spec)."""
+    style = (
+        "margin: 0; padding: 6px 8px; max-height: 16em; overflow: auto;"
+        "font-family: var(--jp-code-font-family, monospace);"
+        "font-size: var(--jp-code-font-size, 12px);"
+        "color: var(--jp-content-font-color1, inherit);"
+        "background: var(--jp-cell-editor-background, #f7f7f7);"
+        "border: 1px solid var(--jp-cell-editor-border-color, #e0e0e0);"
+        "border-radius: var(--jp-border-radius, 2px);"
+    )
+    return f'<pre class="distrun-form-preview" style="{style}">{html.escape(text)}</pre>'
+
+
+def _title() -> w.HTML:
+    return w.HTML(
+        '<div style="font-size: var(--jp-ui-font-size2, 15px); font-weight: 600;'
+        'color: var(--jp-ui-font-color0, inherit); margin: 2px 0 4px">'
+        "Run a distributed job</div>"
+    )
+
+
+def _heading(text: str) -> w.HTML:
+    return w.HTML(
+        '<div style="font-size: var(--jp-ui-font-size0, 11px); font-weight: 600;'
+        "text-transform: uppercase; letter-spacing: 0.04em;"
+        f'color: var(--jp-ui-font-color2, #666); margin: 8px 0 2px">{html.escape(text)}</div>'
+    )

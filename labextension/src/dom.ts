@@ -25,3 +25,9 @@ export function duration(started: number | null, ended: number | null): string {
   const seconds = (ended ?? Date.now() / 1000) - started;
   return seconds < 90 ? `${seconds.toFixed(1)}s` : `${(seconds / 60).toFixed(1)}m`;
 }
+
+/** "1 rank", "4 ranks", "2 processes". */
+export function plural(count: number, noun: string): string {
+  const many = /(s|sh|ch)$/.test(noun) ? `${noun}es` : `${noun}s`;
+  return `${count} ${count === 1 ? noun : many}`;
+}

@@ -163,7 +163,10 @@ const plugin: JupyterFrontEndPlugin<void> = {
       execute: async () => {
         const panel = tracker.currentWidget;
         if (panel) {
-          insertCells(panel, [`${LOAD_EXT}\n%distrun form`]);
+          // As the template does: %load_ext only where the notebook lacks it (again, it
+          // would print "already loaded" above the form).
+          const form = '%distrun form';
+          insertCells(panel, [hasLoadExt(panel) ? form : `${LOAD_EXT}\n${form}`]);
           await NotebookActions.run(panel.content, panel.sessionContext);
         }
       }

@@ -153,7 +153,11 @@ export class JobLogViewer extends Widget {
     const shown = Array.from(this.tabs.children).map(t => (t as HTMLElement).dataset.key);
     for (const key of keys) {
       if (!shown.includes(key)) {
-        const tab = h('button', { class: 'jp-distrun-log-tab', role: 'tab', 'data-key': key });
+        const tab = h('button', {
+          class: 'jp-Button jp-mod-styled jp-mod-minimal jp-distrun-log-tab',
+          role: 'tab',
+          'data-key': key
+        });
         tab.textContent = keyLabel(key);
         tab.addEventListener('click', () => this.select(key));
         this.tabs.append(tab);

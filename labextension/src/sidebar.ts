@@ -8,7 +8,10 @@ import { Poll } from '@lumino/polling';
 import { Widget } from '@lumino/widgets';
 
 import { DistrunApi, FINAL_STATES, IJobSummary, INodes } from './api';
-import { duration, h } from './dom';
+import { duration, h, plural } from './dom';
+
+/** JupyterLab's own button look (made compact by style/index.css). */
+const BUTTON = 'jp-Button jp-mod-styled';
 
 export interface ISidebarOptions {
   api: DistrunApi;
@@ -138,21 +141,30 @@ export class DistrunSidebar extends Widget {
     if (!running) {
       this.cancelling.delete(job.job_id); // asked, and now it has stopped
     }
-    const logs = h('button', { class: 'jp-distrun-button', title: 'Open per-rank logs' }, 'Logs');
+    const logs = h(
+      'button',
+      { class: `${BUTTON} jp-mod-reject jp-distrun-button`, title: 'Open per-rank logs' },
+      'Logs'
+    );
     logs.addEventListener('click', () => this.openLogs(job.job_id));
     const buttons = [logs];
     if (running) {
       const pending = this.cancelling.has(job.job_id);
       const cancel = h(
         'button',
-        { class: 'jp-distrun-button jp-distrun-cancel', title: 'Stop every rank of this job' },
+        {
+          class: `${BUTTON} jp-mod-warn jp-distrun-button jp-distrun-cancel`,
+          title: 'Stop every rank of this job'
+        },
         pending ? 'Cancelling…' : 'Cancel'
       );
       cancel.disabled = pending;
       cancel.addEventListener('click', () => void this.cancel(job.job_id));
       buttons.push(cancel);
     }
-    const what = `${job.type} · ${job.processes} processes · ${job.nodes.join(', ')}`;
+    const ranked = ['pytorch', 'mpi'].includes(job.type) && job.world_size;
+    const size = ranked ? plural(job.world_size!, 'rank') : plural(job.processes, 'process');
+    const what = `${job.type} · ${size} · ${job.nodes.join(', ')}`;
     return h(
       'div',
       { class: 'jp-distrun-job', 'data-job-id': job.job_id, 'data-state': job.state },
