@@ -131,6 +131,7 @@ def test_a_cell_shows_every_rank_and_the_inspector(lab_page):
     assert {c[6] for c in cells} == {"4"} and {c[8] for c in cells} == {"succeeded"}
     assert re.fullmatch(r"127\.0\.0\.1:\d+", cells[0][7])
     _shot(page, "1-ddp-cell-inspector")
+    view.screenshot(path=str(ARTIFACTS / "live-view.png"))  # the README's picture
     # A rank's chip shows that rank's output alone.
     chips.nth(2).click()
     assert "rank 2 says" in view.locator(".distrun-lines").inner_text()
@@ -167,6 +168,7 @@ def test_the_live_view_reads_well_in_the_dark_theme(lab_page):
         _use_theme(page, "JupyterLab Dark")
         view.scroll_into_view_if_needed()
         _shot(page, "1-ddp-cell-dark")
+        view.screenshot(path=str(ARTIFACTS / "live-view-dark.png"))
         colours = view.locator(".distrun-lines").evaluate(
             "el => [getComputedStyle(el).color, getComputedStyle(el).backgroundColor]"
         )
@@ -252,6 +254,7 @@ def test_64_ranks_stay_usable_and_the_failed_one_comes_first(lab_page):
     assert "hello from rank 41" in lines and "hello from rank 40" not in lines
     assert bar.locator(".distrun-showing").inner_text() == "rank 41"
     _shot(page, "8-64-ranks-rank-41")
+    view.screenshot(path=str(ARTIFACTS / "live-view-64-ranks.png"))
 
 
 def test_toolbar_and_palette_commands(lab_page):
