@@ -1,7 +1,7 @@
 """A tiny DistributedDataParallel training run: every rank reports what it saw.
 
 Uses the environment jupyter-dist (or torchrun, or Azure ML) gives each rank: RANK,
-WORLD_SIZE, LOCAL_RANK, MASTER_ADDR, MASTER_PORT. gloo on CPU, nccl when GPUs are there.
+WORLD_SIZE, LOCAL_RANK, MASTER_ADDR, MASTER_PORT. gloo on CPU, nccl when every rank has a GPU.
 """
 
 import argparse
@@ -20,7 +20,9 @@ def main() -> None:
     parser.add_argument("--epochs", type=int, default=3)
     args = parser.parse_args()
 
-    use_cuda = torch.cuda.is_available()
+    # A GPU per rank where the node has enough of them (NCCL); the CPU otherwise (gloo): a
+    # 1-GPU workstation running 2 ranks per node would otherwise give two ranks one GPU.
+    use_cuda = torch.cuda.device_count() >= int(os.environ.get("LOCAL_WORLD_SIZE", "1"))
     dist.init_process_group("nccl" if use_cuda else "gloo")
     rank, world = dist.get_rank(), dist.get_world_size()
     local_rank = int(os.environ["LOCAL_RANK"])
