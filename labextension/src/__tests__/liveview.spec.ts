@@ -206,6 +206,30 @@ describe('live view at scale and state', () => {
     );
   });
 
+  it('counts the elapsed time on while the job runs, and stops when it ends', () => {
+    jest.useFakeTimers();
+    try {
+      const m = model('job-clock', 5, 0, ranks(2));
+      (m as any).traits.elapsed = 5;
+      live.initialize({ model: m });
+      const el = document.createElement('div');
+      live.render({ model: m, el });
+      const shownClock = () => el.querySelector('.distrun-elapsed')?.textContent;
+      expect(shownClock()).toBe('0:05');
+      jest.advanceTimersByTime(3000);
+      expect(shownClock()).toBe('0:08');
+      (m as any).traits.state = 'succeeded';
+      (m as any).traits.elapsed = 9.2; // the kernel's final figure wins
+      m.emit('change:elapsed');
+      m.emit('change:state');
+      expect(shownClock()).toBe('0:09');
+      jest.advanceTimersByTime(5000);
+      expect(shownClock()).toBe('0:09');
+    } finally {
+      jest.useRealTimers();
+    }
+  });
+
   it('shows elapsed time as a clock', () => {
     expect([clock(0), clock(7.9), clock(725), clock(3723)]).toEqual([
       '0:00',
