@@ -30,6 +30,7 @@ from traitlets import Int, Unicode
 from jupyter_dist.describe import PLAN_COLUMNS, format_table, launch_summary, plan_rows
 from jupyter_dist.errors import DistrunError, SpecError
 from jupyter_dist.nodes import load_inventory
+from jupyter_dist.options import LaunchOptions, has_code
 from jupyter_dist.run.events import JobListener, JobResult, OutputLine
 from jupyter_dist.run.job import Job
 from jupyter_dist.spec import JobSpec, load_spec, script_command, spec_from_dict
@@ -92,64 +93,6 @@ class QueuedPrinter(JobListener):
             sys.stderr.flush()
 
 
-# Distribution keys set by options that only one job type has: key -> (type, flag).
-_TYPE_FLAGS = {
-    "worker_count": ("tensorflow", "--worker-count"),
-    "parameter_server_count": ("tensorflow", "--ps-count"),
-    "chief_count": ("tensorflow", "--chief"),
-    "evaluator_count": ("tensorflow", "--evaluator"),
-    "threads_per_process": ("dask", "--threads"),
-    "scheduler_port": ("dask", "--scheduler-port"),
-    "dashboard_port": ("dask", "--dashboard-port"),
-}
-
-
-def _env_pairs(pairs: list[str] | None) -> dict[str, str]:
-    env: dict[str, str] = {}
-    for pair in pairs or []:
-        name, sep, value = pair.partition("=")
-        if not sep or not name:
-            raise SpecError(f"--env: {pair!r} is not NAME=VALUE")
-        env[name] = value
-    return env
-
-
-def build_spec(args: Any, script: str, base_dir: Path | str) -> JobSpec:
-    """The job spec the magic's options and the cell describe (validated like any YAML)."""
-    dist: dict[str, Any] = {"type": args.type}
-    if args.procs_per_node is not None:
-        if args.type == "tensorflow":
-            raise SpecError("--procs-per-node does not apply to tensorflow; use --worker-count")
-        dist["process_count_per_instance"] = args.procs_per_node
-    if args.launcher:
-        dist["launcher"] = args.launcher
-    typed_options = {
-        "worker_count": args.worker_count, "parameter_server_count": args.ps_count,
-        "chief_count": 1 if args.chief else None, "evaluator_count": 1 if args.evaluator else None,
-        "threads_per_process": args.threads, "scheduler_port": args.scheduler_port,
-        "dashboard_port": args.dashboard_port,
-    }  # fmt: skip
-    for key, value in typed_options.items():
-        if value is not None:
-            job_type, flag = _TYPE_FLAGS[key]
-            if args.type != job_type:
-                raise SpecError(f"{flag} applies to {job_type} jobs only (this is {args.type})")
-            dist[key] = value
-    data: dict[str, Any] = {"resources": {"instance_count": args.nodes}, "distribution": dist}
-    if _has_code(script) or args.type != "dask":  # an empty dask cell: an interactive cluster
-        data["script"] = script
-    env = _env_pairs(args.env)
-    if env:
-        data["environment_variables"] = env
-    if args.code:
-        data["code"] = args.code
-    if args.name:
-        data["name"] = args.name
-    if args.timeout:
-        data["limits"] = {"timeout": args.timeout}
-    return spec_from_dict(data, base_dir=base_dir, source="%%distrun")
-
-
 def _options(func: Callable) -> Callable:
     decorators = [
         argument("-t", "--type", default=None,
@@ -206,7 +149,6 @@ class DistrunMagics(Magics):
         "'auto': the widget under a Jupyter server or VS Code, text elsewhere "
         "(nbconvert, papermill, terminal IPython)",
     ).tag(config=True)
-    last_view = None  # the latest live view, for inspection from the kernel
     last_job_id: str | None = None  # the latest job this kernel started
 
     @_options
@@ -231,7 +173,7 @@ class DistrunMagics(Magics):
         if args.procs_per_node is None and self.procs_per_node:
             args.procs_per_node = self.procs_per_node
         with _one_line_errors():
-            interactive = args.type == "dask" and not _has_code(cell)
+            interactive = args.type == "dask" and not has_code(cell)
             if not interactive:
                 for flag, value in (("--client-name", args.client_name),
                                     ("--start-timeout", args.start_timeout)):  # fmt: skip
@@ -246,7 +188,7 @@ class DistrunMagics(Magics):
             if args.out_all and not outs:
                 raise SpecError("--out-all needs --out NAMES")
             pushed = self._pushed(_names(args.push, "--push"))
-            spec = build_spec(args, cell, base_dir=os.getcwd())
+            spec = LaunchOptions.take(args).to_spec(cell, base_dir=os.getcwd())
             extra: dict[str, str] = {}
             if outs:  # the runner that runs the cell also saves the values asked for
                 spec = spec_from_dict(
@@ -274,6 +216,8 @@ class DistrunMagics(Magics):
         if mode == "text":
             job, result = run_in_cell(spec, inventory, extra_files=extra)
         else:
+            from jupyter_dist.widgets.live import run_with_view
+
             job, result, _ = run_with_view(spec, inventory, extra_files=extra)
         DistrunMagics.last_job_id = job.job_id
         if not result.ok:
@@ -433,25 +377,6 @@ def _default_view(shell) -> str:
     return "widget" if any(name in os.environ for name in front_end) else "text"
 
 
-def run_with_view(spec: JobSpec, inventory, store: JobStore | None = None, extra_files=None):
-    """Run a job with its live view displayed in the cell; returns (job, result, view)."""
-    from IPython.display import display
-
-    from jupyter_dist.run.launch import prepare_job, start_and_wait
-    from jupyter_dist.widgets.live import LiveView
-
-    job = prepare_job(spec, inventory=inventory, store=store, extra_files=extra_files)
-    view = LiveView(job)
-    DistrunMagics.last_view = view
-    handle = display(view, display_id=True)
-    try:
-        result = start_and_wait(job, on_tick=view.tick)
-    finally:
-        view.tick(force=True)
-        handle.update(view)  # the final text form, for notebooks saved without widgets
-    return job, result, view
-
-
 def _names(text: str | None, flag: str) -> list[str]:
     names = [n.strip() for n in (text or "").split(",") if n.strip()]
     bad = [n for n in names if not n.isidentifier()]
@@ -480,11 +405,6 @@ def run_in_cell(
     return job, result
 
 
-def _has_code(cell: str) -> bool:
-    """Whether a cell has anything to run (blank lines and comments are nothing)."""
-    return any(line.strip() and not line.strip().startswith("#") for line in cell.splitlines())
-
-
 def keep_empty_distrun_cells(lines: list[str]) -> list[str]:
     """IPython refuses a cell magic whose body is empty before the magic is called; an
     empty `%%distrun --type dask` cell starts an interactive cluster, so it gets a blank
@@ -500,4 +420,4 @@ def load(ipython) -> None:
         ipython.input_transformers_cleanup.append(keep_empty_distrun_cells)
 
 
-__all__ = ["DistrunMagics", "JobFailed", "build_spec", "load", "run_in_cell"]
+__all__ = ["DistrunMagics", "JobFailed", "load", "run_in_cell"]

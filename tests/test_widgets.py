@@ -17,8 +17,8 @@ WIDGET_MIME = "application/vnd.jupyter.widget-view+json"
 
 
 STATE = (
-    "from jupyter_dist.magics import DistrunMagics\n"
-    "v = DistrunMagics.last_view\n"
+    "from jupyter_dist.widgets.live import LiveView\n"
+    "v = LiveView.last\n"
     "print(v.state, sorted(p['state'] for p in v.processes), v.messages_sent, v.lines_sent,\n"
     "      v.lines_skipped, v.lines_total, sep='|')"
 )
@@ -66,7 +66,7 @@ def test_failed_job_shows_the_root_cause_in_the_view(kernel_env):
         "%config DistrunMagics.view = 'widget'",
         "%%distrun --nodes 2\nimport os\nif os.environ['RANK'] == '1':\n"
         "    raise SystemExit('rank 1 is out of memory')\n",
-        "from jupyter_dist.magics import DistrunMagics\nprint(DistrunMagics.last_view.root_cause)",
+        "from jupyter_dist.widgets.live import LiveView\nprint(LiveView.last.root_cause)",
         allow_errors=True,
     )
     display, error = nb.cells[2].outputs
@@ -106,8 +106,8 @@ def test_form_validates_previews_and_submits_through_the_magics_path(kernel_env)
         "f.nodes.value = 2\nf.procs_per_node.value = 2\nf.env.value = 'GREETING=hi'\n"
         "print(f.problem.value == '', f.submit_button.disabled)\nprint(f.preview.value)",
         "result = f.submit()\nprint(result.state)\n"
-        "from jupyter_dist.magics import DistrunMagics\n"
-        "print(sorted(DistrunMagics.last_view.text().splitlines()[-4:]))",
+        "from jupyter_dist.widgets.live import LiveView\n"
+        "print(sorted(LiveView.last.text().splitlines()[-4:]))",
         "f.type.value = 'tensorflow'\nf.ps_count.value = 1\nf.chief.value = True\n"
         "print(f.preview.value)",
         "%distrun form",
@@ -130,10 +130,10 @@ def test_the_live_view_carries_the_inspector_columns(kernel_env):
     nb = execute_notebook(
         "%config DistrunMagics.view = 'widget'",
         "%%distrun --type tensorflow --worker-count 2 --ps-count 1\nprint('ok')\n",
-        "import json\nfrom jupyter_dist.magics import DistrunMagics\n"
-        "print(json.dumps(DistrunMagics.last_view.processes))",
+        "import json\nfrom jupyter_dist.widgets.live import LiveView\n"
+        "print(json.dumps(LiveView.last.processes))",
         "%%distrun --nodes 2 --procs-per-node 2\nprint('ok')\n",
-        "print(json.dumps(DistrunMagics.last_view.processes))",
+        "print(json.dumps(LiveView.last.processes))",
     )
     import json
 
@@ -166,8 +166,8 @@ def test_a_page_loaded_again_gets_the_last_lines_of_every_tab_from_the_store(ker
         "%%distrun --nodes 2\nimport os, sys\nfor i in range(30):\n"
         "    print('line', i, 'of rank', os.environ['RANK'], flush=True)\n"
         "print('done', file=sys.stderr)\n",
-        "import json\nfrom jupyter_dist.magics import DistrunMagics\n"
-        "v = DistrunMagics.last_view\nv.max_lines = 4\nprint(json.dumps(v.stored_lines()))\n"
+        "import json\nfrom jupyter_dist.widgets.live import LiveView\n"
+        "v = LiveView.last\nv.max_lines = 4\nprint(json.dumps(v.stored_lines()))\n"
         "v.max_lines = 100\nprint(v.lines_total, json.dumps(v.stored_lines()))",
     )
     last_four, everything = nb.cells[3].outputs[0].text.splitlines()

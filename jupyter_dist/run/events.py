@@ -62,12 +62,14 @@ def describe_exit(code: int) -> tuple[int | None, str | None]:
     return code, None
 
 
-def exit_text(exit_code: int | None, signal_name: str | None) -> str:
-    """How a process ended, in words: "exit code 127 (command not found)", "signal SIGKILL"."""
+def exit_text(exit_code: int | None, signal_name: str | None, verb: bool = False) -> str:
+    """How a process ended, in words: "exit code 127 (command not found)", "signal SIGKILL";
+    with `verb`, as a root cause says it: "exited with code 1", "was killed by SIGKILL"."""
     if signal_name:
-        return f"signal {signal_name}"
+        return f"was killed by {signal_name}" if verb else f"signal {signal_name}"
     meaning = SHELL_EXIT_MEANING.get(exit_code) if exit_code is not None else None
-    return f"exit code {exit_code}" + (f" ({meaning})" if meaning else "")
+    said = f"exited with code {exit_code}" if verb else f"exit code {exit_code}"
+    return said + (f" ({meaning})" if meaning else "")
 
 
 def ranges(labels: list[str]) -> str:
@@ -116,12 +118,7 @@ class RootCause:
 
     @property
     def how(self) -> str:
-        if self.note:
-            return self.note
-        if self.signal:
-            return f"was killed by {self.signal}"
-        meaning = SHELL_EXIT_MEANING.get(self.exit_code) if self.exit_code is not None else None
-        return f"exited with code {self.exit_code}" + (f" ({meaning})" if meaning else "")
+        return self.note or exit_text(self.exit_code, self.signal, verb=True)
 
     def summary(self) -> str:
         """One line: who failed, where, how, and the last stderr line."""

@@ -10,13 +10,14 @@ from __future__ import annotations
 import html
 import os
 from pathlib import Path
-from types import SimpleNamespace
 
 import ipywidgets as w
 
-from jupyter_dist.errors import DistrunError
+from jupyter_dist.errors import DistrunError, SpecError
 from jupyter_dist.nodes import Inventory, load_inventory
-from jupyter_dist.spec import JOB_TYPES, JobSpec
+from jupyter_dist.options import LaunchOptions
+from jupyter_dist.spec import JOB_TYPES, JobSpec, spec_from_dict
+from jupyter_dist.widgets.live import run_with_view
 
 _LAUNCHERS = {"pytorch": ["per_process", "torchrun"], "mpi": ["mpirun", "horovodrun"]}
 
@@ -97,12 +98,12 @@ class SubmitForm(w.VBox):
         )  # fmt: skip
         self.refresh()
 
-    def options(self) -> SimpleNamespace:
-        """The controls as the magic's options (the same names, the same meaning)."""
+    def options(self) -> LaunchOptions:
+        """The controls as the magic's options (one model, the same meaning)."""
         job_type = self.type.value
         tf = job_type == "tensorflow"
         env = [line.strip() for line in self.env.value.splitlines() if line.strip()]
-        return SimpleNamespace(
+        return LaunchOptions(
             type=job_type,
             nodes=len(self.node_names.value) or self.nodes.value,
             procs_per_node=None if tf else self.procs_per_node.value,
@@ -111,19 +112,14 @@ class SubmitForm(w.VBox):
             ps_count=(self.ps_count.value or None) if tf else None,
             chief=tf and self.chief.value, evaluator=tf and self.evaluator.value,
             env=env, code=self.code.value.strip() or None, timeout=self.timeout.value or None,
-            name=self.name.value.strip() or None,
-            threads=None, scheduler_port=None, dashboard_port=None,  # dask: the spec's defaults
+            name=self.name.value.strip() or None,  # dask's threads and ports: the defaults
         )  # fmt: skip
 
     def spec(self) -> JobSpec:
         """The job these controls describe, validated like a YAML file (SpecError if not)."""
-        from jupyter_dist.errors import SpecError
-        from jupyter_dist.magics import build_spec
-        from jupyter_dist.spec import spec_from_dict
-
         if not self.script.value.strip() and not self.script_path.value.strip():
             raise SpecError("code: write the code every process runs, or give a script file")
-        spec = build_spec(self.options(), self.script.value, base_dir=os.getcwd())
+        spec = self.options().to_spec(self.script.value, base_dir=os.getcwd(), source="form")
         extra = {}
         if self.script_path.value.strip():
             extra["command"] = f"python {Path(self.script_path.value.strip()).expanduser()}"
@@ -156,8 +152,6 @@ class SubmitForm(w.VBox):
 
     def submit(self):
         """Run the job exactly as `%%distrun` would, its live view below the form."""
-        from jupyter_dist.magics import run_with_view
-
         spec = self.refresh()
         if spec is None:
             return None

@@ -24,6 +24,8 @@ from traitlets import Dict, Float, Int, List, Unicode
 
 from jupyter_dist.describe import launch_summary, plan_rows
 from jupyter_dist.run.events import JobListener, JobResult, OutputLine, ProcessState
+from jupyter_dist.spec import JobSpec
+from jupyter_dist.store import JobStore
 
 MAX_LINES_PER_MESSAGE = 5000
 MIN_INTERVAL_S = 0.1
@@ -32,6 +34,8 @@ TEXT_LINES = 200
 
 
 class LiveView(anywidget.AnyWidget):
+    last: LiveView | None = None  # the latest view shown, for inspection from the kernel
+
     _esm = Path(__file__).with_name("live.js")
     _css = Path(__file__).with_name("live.css")
 
@@ -155,6 +159,24 @@ def _log_keys(proc) -> list[str]:
     if proc.output == "plain":
         return [proc.name]
     return [proc.name, *(f"rank-{rank}" for rank in proc.ranks)]
+
+
+def run_with_view(spec: JobSpec, inventory, store: JobStore | None = None, extra_files=None):
+    """Run a job with its live view displayed in the cell (the magic's and the form's way);
+    returns (job, result, view). Blocks; an interrupt cancels the job."""
+    from IPython.display import display
+
+    from jupyter_dist.run.launch import prepare_job, start_and_wait
+
+    job = prepare_job(spec, inventory=inventory, store=store, extra_files=extra_files)
+    view = LiveView.last = LiveView(job)
+    handle = display(view, display_id=True)
+    try:
+        result = start_and_wait(job, on_tick=view.tick)
+    finally:
+        view.tick(force=True)
+        handle.update(view)  # the final text form, for notebooks saved without widgets
+    return job, result, view
 
 
 class _Collector(JobListener):
