@@ -5,8 +5,10 @@ from __future__ import annotations
 import posixpath
 from collections.abc import Mapping
 from dataclasses import dataclass
+from typing import Any
 
 from jupyter_dist.nodes import Node
+from jupyter_dist.plan.model import ProcessPlan
 from jupyter_dist.spec import JobSpec
 
 SHELL = "/bin/sh"
@@ -75,3 +77,24 @@ class PlanContext:
 
     def shell(self, command: str) -> list[str]:
         return [SHELL, "-c", command]
+
+    def process(
+        self,
+        node_rank: int,
+        name: str,
+        argv: list[str],
+        env: dict[str, str],
+        world_size: int,
+        label: str | None = None,
+        role: str | None = None,
+        **details: Any,
+    ) -> ProcessPlan:
+        """One process on the node of rank `node_rank`: where it runs (node, host, working
+        folder) comes from that node; `label` and `role` default to `name`; `details` are
+        the rest of ProcessPlan's fields (rank, local_rank, ranks, output, service, ...)."""
+        node = self.nodes[node_rank]
+        return ProcessPlan(
+            name=name, label=label or name, role=role or name, node=node.name,
+            node_rank=node_rank, host=node.host, argv=argv, env=env, cwd=self.cwd(node),
+            world_size=world_size, **details,
+        )  # fmt: skip

@@ -54,14 +54,10 @@ def build(ctx: PlanContext, dist: DaskDistribution) -> tuple[list[ProcessPlan], 
         return {**QUIET, **ctx.base_env(node_rank), **extra}
 
     procs = [
-        ProcessPlan(
-            name="scheduler",
-            label="scheduler",
-            role="scheduler",
-            node=node0.name,
-            node_rank=0,
-            host=node0.host,
-            argv=[
+        ctx.process(
+            0,
+            "scheduler",
+            [
                 node0.python,
                 "-m",
                 "distributed.cli.dask_scheduler",
@@ -72,9 +68,8 @@ def build(ctx: PlanContext, dist: DaskDistribution) -> tuple[list[ProcessPlan], 
                 "--dashboard-address",
                 f"{node0.host}:{ctx.port('dask-dashboard')}",
             ],
-            env=env(0),
-            cwd=ctx.cwd(node0),
-            world_size=workers,
+            env(0),
+            workers,
             service=True,
         )
     ]
@@ -104,17 +99,14 @@ def build(ctx: PlanContext, dist: DaskDistribution) -> tuple[list[ProcessPlan], 
                 argv += ["--memory-limit", f"{1 / on_host:.4f}"]
             index = n * per_node + local
             procs.append(
-                ProcessPlan(
-                    name=f"dask-worker-{index}",
+                ctx.process(
+                    n,
+                    f"dask-worker-{index}",
+                    argv,
+                    env(n),
+                    workers,
                     label=f"dask worker {index}",
                     role="dask-worker",
-                    node=node.name,
-                    node_rank=n,
-                    host=node.host,
-                    argv=argv,
-                    env=env(n),
-                    cwd=ctx.cwd(node),
-                    world_size=workers,
                     local_rank=local,
                     service=True,
                 )
@@ -125,21 +117,16 @@ def build(ctx: PlanContext, dist: DaskDistribution) -> tuple[list[ProcessPlan], 
         files.append(PlannedFile(0, wait, _WAIT_SOURCE))
         ready = f"{shlex.quote(node0.python)} {shlex.quote(wait)}"
         procs.append(
-            ProcessPlan(
-                name="client",
-                label="client",
-                role="client",
-                node=node0.name,
-                node_rank=0,
-                host=node0.host,
-                argv=ctx.shell(f"{ready} && {ctx.command}"),
-                env={
+            ctx.process(
+                0,
+                "client",
+                ctx.shell(f"{ready} && {ctx.command}"),
+                {
                     **env(0),
                     "DISTRUN_DASK_WORKER_NAMES": ",".join(names),
                     "DISTRUN_DASK_READY_TIMEOUT": str(READY_TIMEOUT_S),
                 },
-                cwd=ctx.cwd(node0),
-                world_size=workers,
+                workers,
             )
         )
     return procs, files

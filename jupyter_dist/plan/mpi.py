@@ -77,18 +77,5 @@ def build(ctx: PlanContext, dist: MpiDistribution) -> tuple[list[ProcessPlan], l
         env["OMPI_ALLOW_RUN_AS_ROOT"] = "1"
         env["OMPI_ALLOW_RUN_AS_ROOT_CONFIRM"] = "1"
     argv += ctx.shell(ctx.command)
-    proc = ProcessPlan(
-        name="mpirun",
-        label="mpirun",
-        role="mpirun",
-        node=node0.name,
-        node_rank=0,
-        host=node0.host,
-        argv=argv,
-        env=env,
-        cwd=ctx.cwd(node0),
-        world_size=world,
-        ranks=tuple(range(world)),
-        output=output,
-    )
+    proc = ctx.process(0, "mpirun", argv, env, world, ranks=tuple(range(world)), output=output)
     return [proc], files

@@ -41,17 +41,14 @@ def build(ctx: PlanContext, dist: PyTorchDistribution) -> list[ProcessPlan]:
             if per_node > 1:  # as torchrun does: several ranks must not each take every core
                 env.setdefault("OMP_NUM_THREADS", "1")
             procs.append(
-                ProcessPlan(
-                    name=f"rank-{rank}",
+                ctx.process(
+                    n,
+                    f"rank-{rank}",
+                    ctx.shell(ctx.command),
+                    env,
+                    world,
                     label=f"rank {rank}",
                     role="rank",
-                    node=node.name,
-                    node_rank=n,
-                    host=node.host,
-                    argv=ctx.shell(ctx.command),
-                    env=env,
-                    cwd=ctx.cwd(node),
-                    world_size=world,
                     rank=rank,
                     local_rank=local,
                     ranks=(rank,),
@@ -85,17 +82,14 @@ def _torchrun(ctx: PlanContext, node, n: int, per_node: int, port: int) -> Proce
         *ctx.shell(ctx.command),
     ]
     first = n * per_node
-    return ProcessPlan(
-        name=f"torchrun-{n}",
+    return ctx.process(
+        n,
+        f"torchrun-{n}",
+        argv,
+        {**ctx.base_env(n), **_master_env(ctx, port, n)},
+        ctx.num_nodes * per_node,
         label=f"node {n}",
         role="torchrun",
-        node=node.name,
-        node_rank=n,
-        host=node.host,
-        argv=argv,
-        env={**ctx.base_env(n), **_master_env(ctx, port, n)},
-        cwd=ctx.cwd(node),
-        world_size=ctx.num_nodes * per_node,
         ranks=tuple(range(first, first + per_node)),
         output="torchrun",
     )

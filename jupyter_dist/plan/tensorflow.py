@@ -77,7 +77,6 @@ def build(ctx: PlanContext, dist: TensorFlowDistribution) -> list[ProcessPlan]:
     world = sum(len(v) for v in cluster.values())
     procs = []
     for t in all_tasks:
-        node = ctx.nodes[t.node_rank]
         # An evaluator is not part of the training cluster: it sees only itself.
         task_cluster = {"evaluator": [address[t]]} if t.type == "evaluator" else cluster
         tf_config = {
@@ -87,17 +86,14 @@ def build(ctx: PlanContext, dist: TensorFlowDistribution) -> list[ProcessPlan]:
         }
         label = t.type if t.type in ("chief", "evaluator") else f"{t.type} {t.index}"
         procs.append(
-            ProcessPlan(
-                name=f"{t.type}-{t.index}",
+            ctx.process(
+                t.node_rank,
+                f"{t.type}-{t.index}",
+                ctx.shell(ctx.command),
+                {**ctx.base_env(t.node_rank), "TF_CONFIG": json.dumps(tf_config)},
+                world,
                 label=label,
                 role=t.type,
-                node=node.name,
-                node_rank=t.node_rank,
-                host=node.host,
-                argv=ctx.shell(ctx.command),
-                env={**ctx.base_env(t.node_rank), "TF_CONFIG": json.dumps(tf_config)},
-                cwd=ctx.cwd(node),
-                world_size=world,
                 tf_config=tf_config,
                 service=t.type in serving,
             )
