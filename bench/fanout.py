@@ -28,9 +28,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
 
 import sshnodes
 
+from jupyter_dist.backends.ssh import CONNECTIONS
 from jupyter_dist.nodes import load_inventory
 from jupyter_dist.run.launch import run
-from jupyter_dist.run.ssh import CONNECTIONS
 from jupyter_dist.spec import parse_spec
 from jupyter_dist.store import JobStore
 

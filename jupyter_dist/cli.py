@@ -18,6 +18,7 @@ from jupyter_dist.describe import (
     INSPECT_COLUMNS,
     PLAN_COLUMNS,
     duration,
+    format_commands,
     inspect_rows,
     job_size,
     job_summary,
@@ -169,17 +170,21 @@ def _load(args: argparse.Namespace) -> JobSpec:
 
 
 def cmd_plan(args: argparse.Namespace, store: JobStore) -> int:
-    from jupyter_dist.run.launch import make_plan
+    from jupyter_dist.run.launch import dry_run
 
     spec = _load(args)
     inventory = load_inventory(args.nodes_file)
-    launch_plan, _, _ = make_plan(spec, inventory=inventory, store=store, job_id="dry-run")
+    launch_plan, commands = dry_run(spec, inventory=inventory, store=store)
     if args.json:
         keys = ("name", "node", "host", "argv", "env", "role", "rank", "local_rank", "cwd")
-        procs = [{k: getattr(p, k) for k in keys} for p in launch_plan.processes]
+        procs = [
+            {**{k: getattr(p, k) for k in keys}, "command": commands[p.name]}
+            for p in launch_plan.processes
+        ]
         print(json.dumps(procs, indent=1))
         return EXIT_OK
     _print_table(plan_rows(launch_plan), PLAN_COLUMNS, title=f"{spec.job_type} job plan")
+    print(format_commands(launch_plan, commands))
     return EXIT_OK
 
 
@@ -247,7 +252,7 @@ def cmd_nodes(args: argparse.Namespace, store: JobStore) -> int:
         print("no node inventory: jobs run on local nodes (this machine)", file=sys.stderr)
         return EXIT_OK
     if args.trust:
-        from jupyter_dist.run.ssh import trust
+        from jupyter_dist.backends.ssh import trust
 
         (node,) = inventory.select(1, [args.trust], workdir="")
         print(f"trusted {node.name} ({node.host}:{node.port}): {trust(node)}")

@@ -90,7 +90,7 @@ def job_size(summary: dict[str, Any]) -> str:
 
 def node_health(nodes: list[Node]) -> list[dict[str, Any]]:
     """Every SSH node checked at once: reachable or not, latency, python, hostname, GPUs."""
-    from jupyter_dist.run.ssh import check_nodes  # paramiko only when nodes need it
+    from jupyter_dist.backends.ssh import check_nodes  # paramiko only when nodes need it
 
     return [
         {
@@ -104,6 +104,14 @@ def node_health(nodes: list[Node]) -> list[dict[str, Any]]:
         }
         for node, info, error in check_nodes(nodes)
     ]  # fmt: skip
+
+
+def format_commands(plan: LaunchPlan, commands: dict[str, str]) -> str:
+    """Each process's exact start command (a dry run's), under its label and node."""
+    lines = ["Commands (what each process is started with, as its backend runs it):"]
+    for proc in plan.processes:
+        lines += [f"{proc.label} on {proc.node}:", f"  {commands[proc.name]}"]
+    return "\n".join(lines)
 
 
 def counted(number: int, noun: str) -> str:

@@ -27,7 +27,13 @@ from IPython.core.magic import Magics, line_cell_magic, magics_class
 from IPython.core.magic_arguments import argument, magic_arguments, parse_argstring
 from traitlets import Int, Unicode
 
-from jupyter_dist.describe import PLAN_COLUMNS, format_table, launch_summary, plan_rows
+from jupyter_dist.describe import (
+    PLAN_COLUMNS,
+    format_commands,
+    format_table,
+    launch_summary,
+    plan_rows,
+)
 from jupyter_dist.errors import DistrunError, SpecError
 from jupyter_dist.nodes import load_inventory
 from jupyter_dist.options import LaunchOptions, has_code
@@ -352,11 +358,12 @@ class DistrunMagics(Magics):
             raise _user_error(f"%distrun {words[0]} failed (see above)")
 
     def _dry_run(self, spec: JobSpec, inventory) -> None:
-        from jupyter_dist.run.launch import make_plan
+        from jupyter_dist.run.launch import dry_run
 
-        plan, _, _ = make_plan(spec, inventory=inventory, job_id="dry-run")
+        plan, commands = dry_run(spec, inventory=inventory)
         print(_spec_yaml(spec))
         print(format_table(plan_rows(plan), PLAN_COLUMNS))
+        print(format_commands(plan, commands))
         for proc in plan.processes:
             if proc.tf_config:
                 import json

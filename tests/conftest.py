@@ -31,7 +31,7 @@ def ssh_cluster(tmp_path_factory):
 
     cluster = sshnodes.start(2, tmp_path_factory.mktemp("sshnodes"))
     yield cluster
-    from jupyter_dist.run.ssh import CONNECTIONS
+    from jupyter_dist.backends.ssh import CONNECTIONS
 
     CONNECTIONS.close_all()
     leftovers = sshnodes.stop(cluster)

@@ -94,3 +94,20 @@ def execute_notebook(*sources: str, allow_errors: bool = False, timeout: int = 1
 def stream_text(cell) -> str:
     """What a cell printed (stdout and stderr)."""
     return "".join(o.get("text", "") for o in cell.outputs if o.output_type == "stream")
+
+
+def run_command_line(command: str, timeout: float = 60) -> tuple[int, str]:
+    """A dry run's command line, run by a shell as a user would paste it: (exit code,
+    stdout). Its stdin stays open until it ends (the node agent stops its process when its
+    stdin closes, as when the launcher dies)."""
+    proc = subprocess.Popen(
+        ["/bin/sh", "-c", command], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+        stderr=subprocess.DEVNULL, text=True,
+    )  # fmt: skip
+    try:
+        out = proc.stdout.read()
+        return proc.wait(timeout=timeout), out
+    finally:
+        proc.stdin.close()
+        if proc.poll() is None:
+            proc.kill()

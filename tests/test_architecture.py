@@ -14,7 +14,7 @@ VIEWS = ("jupyter_dist.magics", "jupyter_dist.cli", "jupyter_dist.widgets", "jup
 ENGINE = (
     "jupyter_dist.spec", "jupyter_dist.validation", "jupyter_dist.errors", "jupyter_dist.nodes",
     "jupyter_dist.options", "jupyter_dist.plan", "jupyter_dist.run", "jupyter_dist.store",
-    "jupyter_dist.describe",
+    "jupyter_dist.describe", "jupyter_dist.backends",
 )  # fmt: skip
 
 

@@ -11,7 +11,7 @@ import textwrap
 import time
 from pathlib import Path
 
-from helpers import LONG_JOB, job_processes, run_cli, start_cli_run
+from helpers import LONG_JOB, job_processes, run_cli, run_command_line, start_cli_run
 
 
 def _write(tmp_path: Path, text: str) -> Path:
@@ -38,6 +38,24 @@ def test_plan_json_lists_every_process(tmp_path: Path, store):
     assert all(p["argv"] == ["/bin/sh", "-c", "python train.py"] for p in procs)
     assert [p["env"]["RANK"] for p in procs] == ["0", "1", "2", "3"]
     assert store.jobs() == []  # planning records nothing and runs nothing
+
+
+def test_the_dry_run_shows_the_exact_command_each_process_starts_with(tmp_path: Path, store):
+    spec = _write(
+        tmp_path,
+        """\
+        command: echo "hello from $RANK of $WORLD_SIZE"
+        resources: {instance_count: 2}
+    """,
+    )
+    table = run_cli("plan", str(spec), store=store)
+    assert "Commands (what each process is started with" in table.stdout
+    assert "rank 1 on local1:\n  env " in table.stdout
+    procs = json.loads(run_cli("plan", str(spec), "--json", store=store).stdout)
+    command = procs[1]["command"]
+    assert command.startswith("env ") and "RANK=1 " in command and "agent.py" in command
+    code, out = run_command_line(command)  # as pasted into a shell: the same process
+    assert (code, out) == (0, "hello from 1 of 2\n")
 
 
 def test_plan_table_and_overrides(tmp_path: Path, store):

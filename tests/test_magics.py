@@ -120,6 +120,7 @@ def test_dry_run_shows_spec_plan_and_tf_config(kernel_env):
     assert "type: tensorflow" in text and "parameter_server_count: 1" in text
     assert re.search(r"ps-0\s+ps\s+local1", text)
     assert '"task": {\n    "type": "ps",\n    "index": 0\n  }' in text  # pretty-printed
+    assert re.search(r"\nps 0 on local1:\n  env .*TF_CONFIG=.*agent\.py", text)  # its command
     assert "never runs" not in text.replace("print('never runs')", "")
     assert not kernel_env.exists() or os.listdir(kernel_env) == []
 

@@ -12,12 +12,19 @@ from pathlib import Path
 import paramiko
 import pytest
 import yaml
-from helpers import EXAMPLES, LONG_JOB, result_reports, run_cli, start_cli_run
+from helpers import (
+    EXAMPLES,
+    LONG_JOB,
+    result_reports,
+    run_cli,
+    run_command_line,
+    start_cli_run,
+)
 
+from jupyter_dist.backends.ssh import CONNECTIONS, sync_folder
 from jupyter_dist.errors import NodeError
 from jupyter_dist.nodes import load_inventory
 from jupyter_dist.run.launch import launch, run
-from jupyter_dist.run.ssh import CONNECTIONS, sync_folder
 from jupyter_dist.spec import parse_spec
 
 SCRIPTS = Path(__file__).parent / "scripts"
@@ -289,3 +296,23 @@ def test_loopback_fallback_nodes_run_a_job(store, tmp_path):
     finally:
         CONNECTIONS.close_all()
         assert sshnodes.stop(cluster) == []
+
+
+def test_the_dry_run_command_is_the_one_ssh_runs(ssh_nodes, store, tmp_path):
+    """The dry run's line for an SSH node is a plain `ssh` command with the inventory's
+    port, key and host-key checking; run by OpenSSH it starts the same process."""
+    from jupyter_dist.run.launch import make_plan
+
+    spec = _spec("""\
+        command: echo "rank $RANK on $(hostname)"
+        resources: {instance_count: 2}
+    """)
+    inventory = ssh_nodes.load_inventory(tmp_path)
+    plan, nodes, backend = make_plan(spec, inventory=inventory, store=store, job_id="dry-1")
+    backend.prepare(plan, nodes)  # the agent and the job's folder, as a real start would
+    proc = plan.processes[1]
+    command = backend.command_line(proc, nodes[1], 5)
+    checking = "-o BatchMode=yes -o StrictHostKeyChecking=yes"
+    assert command.startswith(f"ssh -p {nodes[1].port} {checking} ")
+    assert f"UserKnownHostsFile={ssh_nodes.known_hosts}" in command
+    assert run_command_line(command) == (0, "rank 1 on node1\n")

@@ -1,7 +1,8 @@
 """The launcher's side of the node agent (agent.py): handshake, output, stop, exit code.
 
-A transport supplies the byte pipes (a local subprocess, an SSH channel); this class speaks
-the protocol over them, so every transport stops processes the same way.
+A backend supplies the byte pipes (a local subprocess, an SSH channel); this class speaks
+the protocol over them (backends.base.ProcessHandle), so every backend stops processes the
+same way.
 """
 
 from __future__ import annotations
@@ -49,7 +50,7 @@ class AgentProcess:
         self.pid: int | None = None
         self.agent_exit: int | None = None  # the code the agent reported as it exited
 
-    # -- raw pipes, provided by the transport --------------------------------------------
+    # -- raw pipes, provided by the backend ----------------------------------------------
 
     def _read(self, stream: str) -> bytes:
         """Some bytes of `stream`, b"" at its end."""

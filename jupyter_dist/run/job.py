@@ -9,8 +9,8 @@ import threading
 import time
 from collections import deque
 from concurrent.futures import ThreadPoolExecutor
-from typing import Protocol
 
+from jupyter_dist.backends.base import Backend, ProcessHandle
 from jupyter_dist.errors import DistrunError
 from jupyter_dist.nodes import Node
 from jupyter_dist.plan.model import LaunchPlan, ProcessPlan
@@ -27,27 +27,9 @@ from jupyter_dist.run.events import (
 )
 from jupyter_dist.store import JobRecord, timestamp
 
+GRACE_PERIOD_S = 5.0  # between SIGTERM and SIGKILL when a process is stopped
 TAIL_LINES = 40  # stderr lines kept per log key for the root-cause report
 _MAX_LINE = 1 << 20  # a "line" longer than this is cut into pieces
-
-
-class ProcessHandle(Protocol):
-    def confirm(self) -> None: ...
-    def chunks(self, stream: str): ...
-    def wait(self) -> int: ...
-    def terminate(self) -> None: ...
-    def kill(self) -> None: ...
-
-
-class Transport(Protocol):
-    name: str
-
-    def resolve(self, nodes: list[Node]) -> list[Node]: ...
-    def choose_ports(self, requests: list, nodes: list[Node]) -> dict[str, int]: ...
-    def prepare(self, plan: LaunchPlan, nodes: list[Node]) -> None: ...
-    def start(self, proc: ProcessPlan, node: Node, grace: float) -> ProcessHandle: ...
-    def sweep(self, job_id: str, node_names: set[str]) -> list[int]: ...
-    def collect(self, node: Node, folder: str) -> dict[str, bytes]: ...
 
 
 class Job:
@@ -57,11 +39,11 @@ class Job:
         self,
         plan: LaunchPlan,
         nodes: list[Node],
-        transport: Transport,
+        backend: Backend,
         record: JobRecord,
         name: str = "",
         timeout: float | None = None,
-        grace_period: float = 5.0,
+        grace_period: float = GRACE_PERIOD_S,
     ):
         self.plan = plan
         self.job_id = plan.job_id
@@ -70,7 +52,7 @@ class Job:
         self.timeout = timeout
         self.grace_period = grace_period
         self._nodes = {n.name: n for n in nodes}
-        self._transport = transport
+        self._backend = backend
         self._listeners: list[JobListener] = []
         self._emit_lock = threading.Lock()
         self._status_lock = threading.Lock()
@@ -114,7 +96,7 @@ class Job:
             self._starting = True  # a process that ends meanwhile must not end the job
         started: list[tuple[ProcessPlan, ProcessHandle]] = []
         try:
-            self._transport.prepare(self.plan, list(self._nodes.values()))
+            self._backend.prepare(self.plan, list(self._nodes.values()))
             self._start_processes(started)  # on failure, the handler below stops them
             for _, handle in started:
                 handle.confirm()  # every process reports it started before any is watched
@@ -144,7 +126,7 @@ class Job:
         procs = self.plan.processes
         with ThreadPoolExecutor(max_workers=min(16, len(procs))) as pool:
             futures = [
-                pool.submit(self._transport.start, p, self._nodes[p.node], self.grace_period)
+                pool.submit(self._backend.start, p, self._nodes[p.node], self.grace_period)
                 for p in procs
             ]
         failures = []
@@ -213,7 +195,7 @@ class Job:
             path = posixpath.join(node.workdir, self.job_id, folder)  # a node's own paths
             if (node.host, path) not in seen:  # local nodes share one folder
                 seen.add((node.host, path))
-                found.update(self._transport.collect(node, path))
+                found.update(self._backend.collect(node, path))
         return found
 
     @property
@@ -319,7 +301,7 @@ class Job:
         with self._state_lock:
             state = self.processes[proc.name]
             state.exit_code, state.signal, state.ended = exit_code, sig, time.time()
-            state.note = getattr(handle, "exit_note", None)
+            state.note = handle.exit_note
             failed = code != 0
             if self._stopping:
                 state.stopped_by_us = failed
@@ -434,7 +416,8 @@ class Job:
                 ]
             self.state = final
             self.ended = time.time()
-        self._transport.sweep(self.job_id, self._unclean_nodes())  # nothing survives the job
+        self._backend.sweep(self.job_id, self._unclean_nodes())  # nothing survives the job
+        self._backend.release()
         self._result = JobResult(
             job_id=self.job_id,
             state=self.state,

@@ -9,25 +9,13 @@ import threading
 from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
 
-from jupyter_dist.errors import DistrunError
+from jupyter_dist.backends import Backend, backend_for
 from jupyter_dist.nodes import Inventory, Node
 from jupyter_dist.plan import LaunchPlan, plan, port_requests
 from jupyter_dist.run.events import JobListener, JobResult
-from jupyter_dist.run.job import Job, Transport
-from jupyter_dist.run.local import LocalTransport
+from jupyter_dist.run.job import GRACE_PERIOD_S, Job
 from jupyter_dist.spec import JobSpec
 from jupyter_dist.store import JobStore
-
-
-def transport_for(nodes: list[Node]) -> Transport:
-    kinds = {n.transport for n in nodes}
-    if kinds == {"local"}:
-        return LocalTransport()
-    if kinds == {"ssh"}:
-        from jupyter_dist.run.ssh import SshTransport  # paramiko only when nodes need it
-
-        return SshTransport()
-    raise DistrunError(f"a job cannot mix nodes of kinds {', '.join(sorted(kinds))}")
 
 
 def _gpus_as_default(spec: JobSpec, nodes: list[Node]) -> JobSpec:
@@ -56,16 +44,33 @@ def make_plan(
     job_id: str | None = None,
     cwd: Path | str | None = None,
     extra_files: Mapping[str, str] | None = None,
-) -> tuple[LaunchPlan, list[Node], Transport]:
-    """Pick the nodes, find free ports on them, and plan the job."""
+) -> tuple[LaunchPlan, list[Node], Backend]:
+    """Pick the nodes, check them through their backend, find free ports on them, and plan
+    the job."""
     store = store or JobStore()
     nodes = _select(spec, inventory, store, cwd or os.getcwd())
     spec = _gpus_as_default(spec, nodes)
-    transport = transport_for(nodes)
-    nodes = transport.resolve(nodes)  # preflight: every node reachable, python found
-    ports = transport.choose_ports(port_requests(spec, nodes), nodes)
+    backend = backend_for(nodes)
+    nodes = backend.preflight(nodes)  # every node reachable, python found
+    ports = backend.choose_ports(port_requests(spec, nodes), nodes)
     job_id = job_id or store.new_job_id()
-    return plan(spec, nodes, job_id, ports, extra_files), nodes, transport
+    return plan(spec, nodes, job_id, ports, extra_files), nodes, backend
+
+
+def dry_run(
+    spec: JobSpec, *, inventory: Inventory | None = None, store: JobStore | None = None
+) -> tuple[LaunchPlan, dict[str, str]]:
+    """The plan, and the exact command line each process would be started with (process
+    name -> command), as its backend would run it. Nodes are checked; nothing starts."""
+    launch_plan, nodes, backend = make_plan(
+        spec, inventory=inventory, store=store, job_id="dry-run"
+    )
+    by_name = {node.name: node for node in nodes}
+    commands = {
+        proc.name: backend.command_line(proc, by_name[proc.node], GRACE_PERIOD_S)
+        for proc in launch_plan.processes
+    }
+    return launch_plan, commands
 
 
 def prepare_job(
@@ -75,17 +80,17 @@ def prepare_job(
     inventory: Inventory | None = None,
     store: JobStore | None = None,
     cwd: Path | str | None = None,
-    grace_period: float = 5.0,
+    grace_period: float = GRACE_PERIOD_S,
     extra_files: Mapping[str, str] | None = None,
 ) -> Job:
     """Plan the job and record it in the store; nothing is started yet."""
     store = store or JobStore()
-    launch_plan, nodes, transport = make_plan(
+    launch_plan, nodes, backend = make_plan(
         spec, inventory=inventory, store=store, cwd=cwd, extra_files=extra_files
     )
     record = store.create(launch_plan.job_id, spec.to_yaml(), launch_plan.to_dict())
     job = Job(
-        launch_plan, nodes, transport, record,
+        launch_plan, nodes, backend, record,
         name=spec.display_name_or_default(), timeout=spec.timeout, grace_period=grace_period,
     )  # fmt: skip
     for listener in listeners:

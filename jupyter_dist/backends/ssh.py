@@ -1,4 +1,4 @@
-"""The SSH transport (paramiko): nodes from the inventory, reached over kept connections.
+"""The SSH backend (paramiko): nodes from the inventory, reached over kept connections.
 
 Every value that reaches a remote shell goes through `shlex.quote`. Host keys are checked
 against known_hosts; an unknown host is refused unless the node says `accept-new`.
@@ -24,6 +24,7 @@ from pathlib import Path
 
 import paramiko
 
+from jupyter_dist.backends.base import Backend
 from jupyter_dist.errors import DistrunError, NodeError
 from jupyter_dist.nodes import Node
 from jupyter_dist.plan.context import PortRequest
@@ -384,16 +385,16 @@ def agent_file_name() -> str:
     return f"agent-{digest}.py"
 
 
-class SshTransport:
+class SshBackend(Backend):
     """Starts a plan's processes on inventory nodes over SSH."""
 
     name = "ssh"
 
-    def __init__(self, connections: Connections = CONNECTIONS):
+    def __init__(self, connections: Connections = CONNECTIONS) -> None:
         self.connections = connections
         self._nodes: dict[str, Node] = {}
 
-    def resolve(self, nodes: list[Node]) -> list[Node]:
+    def preflight(self, nodes: list[Node]) -> list[Node]:
         """Preflight: connect to every node in parallel, check python, resolve workdirs.
         Nothing is started anywhere if a node fails."""
         infos = parallel(nodes, self.connections.info)
@@ -472,16 +473,33 @@ class SshTransport:
         node = self._nodes.get(node.name, node)
 
         def open_channel(node: Node) -> SshProcess:
-            agent = posixpath.join(node.workdir, agent_file_name())
-            env_words = [f"{name}={value}" for name, value in proc.env.items()]
-            command = agent_argv(node.python, agent, proc.cwd, proc.argv, grace)
             channel = self.connections.open_session(node)
-            # `env NAME=VALUE ...`: sshd rarely accepts variables (AcceptEnv), so they go in
-            # the command line, each word quoted.
-            channel.exec_command(shlex.join(["exec", "env", *env_words, *command]))
+            channel.exec_command(self._remote_command(proc, node, grace))
             return SshProcess(channel, f"{proc.label} on {node.name}")
 
         return _on_node(open_channel, node)
+
+    def _remote_command(self, proc: ProcessPlan, node: Node, grace: float) -> str:
+        """What the node's shell runs. `env NAME=VALUE ...`: sshd rarely accepts variables
+        (AcceptEnv), so they go in the command line, each word quoted."""
+        agent = posixpath.join(node.workdir, agent_file_name())
+        env_words = [f"{name}={value}" for name, value in proc.env.items()]
+        command = agent_argv(node.python, agent, proc.cwd, proc.argv, grace)
+        return shlex.join(["exec", "env", *env_words, *command])
+
+    def command_line(self, proc: ProcessPlan, node: Node, grace: float) -> str:
+        """The same as OpenSSH's `ssh` would run it (paramiko holds the connection, with the
+        inventory's user, port, key and host-key policy: so does this line)."""
+        node = self._nodes.get(node.name, node)
+        target = f"{node.user}@{node.host}" if node.user else node.host
+        checking = "accept-new" if node.host_key_policy == "accept-new" else "yes"
+        options = [
+            "-p", str(node.port), "-o", "BatchMode=yes", "-o", f"StrictHostKeyChecking={checking}",
+            "-o", f"UserKnownHostsFile={known_hosts_path(node)}",
+            *(["-i", os.path.expanduser(node.key_file)] if node.key_file else []),
+        ]  # fmt: skip
+        remote = self._remote_command(proc, node, grace)
+        return shlex.join(["ssh", *options, target, remote])
 
     def _run_checked(self, node: Node, argv: list[str]) -> str:
         code, out, err = self.connections.run(node, argv)

@@ -1,14 +1,16 @@
-"""The local transport: processes on this machine, each under a node agent (agent.py)."""
+"""The local backend: processes on this machine, each under a node agent (run/agent.py)."""
 
 from __future__ import annotations
 
 import os
+import shlex
 import subprocess
 import sys
 import threading
 import time
 from pathlib import Path
 
+from jupyter_dist.backends.base import Backend
 from jupyter_dist.errors import DistrunError
 from jupyter_dist.nodes import Node
 from jupyter_dist.plan.context import PortRequest
@@ -65,10 +67,14 @@ class LocalProcess(AgentProcess):
         return self.popen.wait()
 
 
-class LocalTransport:
-    """Starts a plan's processes on this machine."""
+class LocalBackend(Backend):
+    """Starts a plan's processes on this machine: every local "node" is this machine with a
+    node rank of its own."""
 
     name = "local"
+
+    def preflight(self, nodes: list[Node]) -> list[Node]:
+        return nodes  # this machine: nothing to check or resolve
 
     def choose_ports(self, requests: list[PortRequest], nodes: list[Node]) -> dict[str, int]:
         """Free ports for the requests that need one; the spec's own ports checked free
@@ -89,9 +95,8 @@ class LocalTransport:
             path.write_text(planned.content)
 
     def start(self, proc: ProcessPlan, node: Node, grace: float) -> LocalProcess:
-        argv = agent_argv(sys.executable, str(AGENT_SOURCE), proc.cwd, proc.argv, grace)
         popen = subprocess.Popen(
-            argv,
+            self._argv(proc, grace),
             env={**os.environ, **proc.env},
             stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,
@@ -100,15 +105,20 @@ class LocalTransport:
         )
         return LocalProcess(popen, proc.label)
 
+    def command_line(self, proc: ProcessPlan, node: Node, grace: float) -> str:
+        env_words = [f"{name}={value}" for name, value in proc.env.items()]
+        return shlex.join(["env", *env_words, *self._argv(proc, grace)])
+
+    @staticmethod
+    def _argv(proc: ProcessPlan, grace: float) -> list[str]:
+        return agent_argv(sys.executable, str(AGENT_SOURCE), proc.cwd, proc.argv, grace)
+
     def collect(self, node: Node, folder: str) -> dict[str, bytes]:
         """Every file directly in `folder` (name -> content); none if it does not exist."""
         path = Path(folder)
         if not path.is_dir():
             return {}
         return {f.name: f.read_bytes() for f in sorted(path.iterdir()) if f.is_file()}
-
-    def resolve(self, nodes: list[Node]) -> list[Node]:
-        return nodes  # this machine: nothing to check or resolve
 
     def sweep(self, job_id: str, node_names: set[str]) -> list[int]:
         """Kill any process still carrying this job's id (a rank that daemonized, an orphan).

@@ -1,0 +1,111 @@
+"""The contract every backend keeps: how a job's nodes are checked and prepared, how each of
+its processes is started, watched and stopped, and what is left to clean up.
+
+A backend is where processes run: `local` (this machine), `ssh` (inventory nodes over SSH);
+a batch system later (an allocation's nodes). The job (run/job.py) drives it in this order,
+and a backend may rely on that order:
+
+    nodes = backend.preflight(nodes)            # every node usable, or NodeError; nothing runs
+    ports = backend.choose_ports(requests, nodes)
+    plan = ...                                  # pure, from the spec, nodes and ports
+    backend.prepare(plan, nodes)                # files on the nodes; still nothing runs
+    handles = [backend.start(proc, node, grace) for each process]   # in parallel
+    handle.confirm() for each                   # every process started, or the job stops
+    ... handle.chunks(stream), handle.wait() ... handle.terminate() / handle.kill()
+    backend.collect(node, folder)               # files the ranks left (e.g. --out values)
+    backend.sweep(job_id, node_names)           # last: nothing of the job survives
+    backend.release()                           # give back what preflight acquired
+
+`command_line(proc, node, grace)` is the dry run: the exact command that `start` would run
+for that process, as one line a user could paste (shown by `--dry-run` and `jupyter distrun
+plan`).
+
+Every process runs under the node agent (run/agent.py), so stopping is the same everywhere:
+the backend only moves bytes (see run/agent_client.AgentProcess, which implements
+ProcessHandle over a backend's pipes).
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from collections.abc import Iterator
+from typing import Protocol
+
+from jupyter_dist.nodes import Node
+from jupyter_dist.plan.context import PortRequest
+from jupyter_dist.plan.model import LaunchPlan, ProcessPlan
+
+
+class ProcessHandle(Protocol):
+    """One started process of a job, as the job sees it. Methods may be called from several
+    threads (one reader per stream, one waiter, a canceller)."""
+
+    def confirm(self) -> None:
+        """Block until the process is known to run; `DistrunError` with a one-line reason
+        (no such folder, command not found, node unreachable) if it never started."""
+
+    def chunks(self, stream: str) -> Iterator[bytes]:
+        """The bytes the process writes to `stream` ("stdout" or "stderr"), as they come,
+        until the stream ends. Control messages of the agent are never part of them."""
+
+    def wait(self) -> int:
+        """Block until the process ended; its exit code (128+N for a signal N)."""
+
+    def terminate(self) -> None:
+        """Ask the process tree to stop: SIGTERM, then SIGKILL after the grace period the
+        process was started with. Idempotent; does nothing once the process ended."""
+
+    def kill(self) -> None:
+        """SIGKILL the process tree now. Idempotent."""
+
+    @property
+    def exit_note(self) -> str | None:
+        """Why the exit code is not the process's own (its agent or link died), or None.
+        Read once the output is drained."""
+
+
+class Backend(ABC):
+    """Where and how a job's processes run. One instance serves one job."""
+
+    #: The name users choose it by (`--backend NAME`), and the registry's key.
+    name: str = ""
+
+    @abstractmethod
+    def preflight(self, nodes: list[Node]) -> list[Node]:
+        """Check every node before anything starts (reachable, python found) and return them
+        with what only the node knows filled in (its resolved workdir). Raises NodeError
+        naming the first node that cannot be used; starts nothing, leaves nothing behind."""
+
+    @abstractmethod
+    def choose_ports(self, requests: list[PortRequest], nodes: list[Node]) -> dict[str, int]:
+        """A free port on its node for each request without a fixed port (key -> port); a
+        fixed port is checked free there, else DistrunError (request.taken_message)."""
+
+    @abstractmethod
+    def prepare(self, plan: LaunchPlan, nodes: list[Node]) -> None:
+        """Everything a node needs before its processes start: the job's folder, the agent,
+        the code folder, the plan's generated files (an MPI hostfile). Safe to repeat."""
+
+    @abstractmethod
+    def start(self, proc: ProcessPlan, node: Node, grace: float) -> ProcessHandle:
+        """Start one process under the node agent, with `proc.argv`, `proc.env` and
+        `proc.cwd`, stopped with `grace` seconds between SIGTERM and SIGKILL. Returns at once
+        (the handle's `confirm` says whether it really started); NodeError if the node
+        cannot be reached."""
+
+    @abstractmethod
+    def command_line(self, proc: ProcessPlan, node: Node, grace: float) -> str:
+        """The exact command `start` runs for `proc`, as one shell line (the dry run)."""
+
+    @abstractmethod
+    def collect(self, node: Node, folder: str) -> dict[str, bytes]:
+        """Every file directly in `folder` on the node, name -> content; {} if no folder."""
+
+    @abstractmethod
+    def sweep(self, job_id: str, node_names: set[str]) -> list[int]:
+        """Kill whatever still carries the job's id on the named nodes (the last safety net
+        after every agent stopped its tree); the pids killed. Never raises."""
+
+    def release(self) -> None:  # noqa: B027 (a hook: most backends acquire nothing)
+        """Give back what the backend acquired for the job (an allocation). Idempotent;
+        nothing to do for backends that acquire nothing."""

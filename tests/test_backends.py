@@ -1,0 +1,55 @@
+"""The backend registry: the built-in backends by name, a third-party backend added through
+the `jupyter_dist.backends` entry-point group (a real installed distribution on sys.path),
+and a clear error for an unknown name."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+
+from jupyter_dist.backends import Backend, available, backend_class, backend_for
+from jupyter_dist.backends.local import LocalBackend
+from jupyter_dist.errors import DistrunError
+from jupyter_dist.nodes import local_nodes
+
+
+def test_builtin_backends_by_name_and_by_node_kind(tmp_path: Path):
+    assert {"local", "ssh"} <= set(available())
+    assert backend_class("local") is LocalBackend
+    assert issubclass(backend_class("ssh"), Backend)
+    assert isinstance(backend_for(local_nodes(2, tmp_path)), LocalBackend)
+
+
+def test_an_unknown_backend_is_one_line_naming_the_valid_ones():
+    with pytest.raises(DistrunError, match=r"^unknown backend 'slurmm'; valid backends: .*local"):
+        backend_class("slurmm")
+
+
+def test_a_package_adds_a_backend_through_an_entry_point(tmp_path: Path):
+    (tmp_path / "my_backend.py").write_text(
+        textwrap.dedent("""\
+            from jupyter_dist.backends.local import LocalBackend
+
+            class MyBackend(LocalBackend):
+                name = "mine"
+        """)
+    )
+    info = tmp_path / "my_backend-0.1.dist-info"
+    info.mkdir()
+    (info / "METADATA").write_text("Metadata-Version: 2.1\nName: my-backend\nVersion: 0.1\n")
+    (info / "entry_points.txt").write_text("[jupyter_dist.backends]\nmine = my_backend:MyBackend\n")
+    probe = (
+        "from jupyter_dist.backends import available, backend_class, Backend\n"
+        "cls = backend_class('mine')\n"
+        "print(available()['mine'], cls.name, issubclass(cls, Backend))\n"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", probe], capture_output=True, text=True, timeout=60,
+        env={"PYTHONPATH": str(tmp_path), "PATH": "/usr/bin:/bin"},
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.split() == ["my_backend:MyBackend", "mine", "True"]
