@@ -13,8 +13,8 @@ as_root() { if [[ $(id -u) -eq 0 ]]; then "$@"; else sudo "$@"; fi; }
 
 # Open MPI runs the MPI examples and tests (mpi4py builds against its headers if it must);
 # node and npm build the JupyterLab extension from source (a wheel carries it prebuilt).
-# The tests also start real sshd servers as nodes, in network namespaces (iproute2), and
-# drive JupyterLab in Debian's headless Chromium.
+# The tests also start real sshd servers and a real Slurm cluster as nodes, in network
+# namespaces (iproute2), and drive JupyterLab in Debian's headless Chromium.
 packages=()
 command -v mpirun >/dev/null 2>&1 || packages+=(openmpi-bin)
 command -v mpicc >/dev/null 2>&1 || packages+=(libopenmpi-dev)
@@ -24,6 +24,9 @@ if [[ $want_tests -eq 1 ]]; then
     [[ -x /usr/sbin/sshd ]] || packages+=(openssh-server)
     command -v ip >/dev/null 2>&1 || packages+=(iproute2)
     command -v chromium >/dev/null 2>&1 || packages+=(chromium)
+    # A real Slurm cluster for the Slurm tests: slurmctld, slurmd and munge (tests/slurmnodes.py).
+    command -v slurmctld >/dev/null 2>&1 || packages+=(slurm-wlm)
+    command -v munged >/dev/null 2>&1 || packages+=(munge)
 fi
 if [[ ${#packages[@]} -gt 0 ]]; then
     as_root apt-get update -qq

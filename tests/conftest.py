@@ -38,6 +38,27 @@ def ssh_cluster(tmp_path_factory):
     assert leftovers == [], f"processes left on the nodes: {leftovers}"
 
 
+@pytest.fixture(scope="session")
+def slurm_cluster():
+    """A real Slurm cluster: a controller and two compute nodes in network namespaces. Its
+    files live in a folder the munge user can reach (pytest's own are root's alone)."""
+    import shutil
+    import tempfile
+
+    import slurmnodes
+
+    problem = slurmnodes.available()
+    if problem:
+        pytest.fail(f"no Slurm cluster can start here: {problem}")
+    root = Path(tempfile.mkdtemp(prefix="distrun-slurm-", dir="/var/tmp"))
+    root.chmod(0o755)
+    cluster = slurmnodes.start(2, root)
+    yield cluster
+    leftovers = slurmnodes.stop(cluster)
+    shutil.rmtree(root, ignore_errors=True)
+    assert leftovers == [], f"processes left on the Slurm nodes: {leftovers}"
+
+
 @pytest.fixture
 def ssh_nodes(ssh_cluster):
     """The cluster, checked after each test: nothing but sshd may run on a node."""

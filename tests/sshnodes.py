@@ -23,6 +23,7 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
+import netns
 import yaml
 
 SSHD = shutil.which("sshd") or "/usr/sbin/sshd"
@@ -118,22 +119,18 @@ def _children_of(root: int) -> list[int]:
     return []
 
 
-def _run(*argv: str) -> None:
-    subprocess.run(argv, check=True, capture_output=True)
-
-
 def namespaces_allowed() -> bool:
     name = f"drprobe{os.getpid() % 100000}"
     try:
-        _run("ip", "netns", "add", name)
-        _run("ip", "netns", "del", name)
+        netns.run("ip", "netns", "add", name)
+        netns.run("ip", "netns", "del", name)
         return True
     except (OSError, subprocess.CalledProcessError):
         return False
 
 
 def _keygen(path: Path, kind: str = "ed25519") -> None:
-    _run("ssh-keygen", "-q", "-t", kind, "-N", "", "-f", str(path))
+    netns.run("ssh-keygen", "-q", "-t", kind, "-N", "", "-f", str(path))
 
 
 def start(count: int, root: Path, use_namespaces: bool | None = None) -> SshNodes:
@@ -153,9 +150,7 @@ def start(count: int, root: Path, use_namespaces: bool | None = None) -> SshNode
     subnet = f"10.{200 + tag % 50}.{tag % 250}"
     if use_namespaces:
         cluster.bridge = f"drbr{tag}"
-        _run("ip", "link", "add", cluster.bridge, "type", "bridge")
-        _run("ip", "addr", "add", f"{subnet}.1/24", "dev", cluster.bridge)
-        _run("ip", "link", "set", cluster.bridge, "up")
+        netns.add_bridge(cluster.bridge, f"{subnet}.1/24")
     hosts = ["127.0.0.1 localhost"]
     for i in range(count):
         name = f"node{i}"
@@ -188,16 +183,8 @@ def start(count: int, root: Path, use_namespaces: bool | None = None) -> SshNode
                 "LogLevel ERROR\nSubsystem sftp internal-sftp\n"
             )
             if node.namespace:
-                veth = f"drv{tag}n{i}"
-                _run("ip", "netns", "add", node.namespace)
-                _run("ip", "link", "add", veth, "type", "veth", "peer", "name", "eth0",
-                     "netns", node.namespace)  # fmt: skip
-                _run("ip", "link", "set", veth, "master", cluster.bridge)
-                _run("ip", "link", "set", veth, "up")
+                netns.add_host(node.namespace, f"drv{tag}n{i}", cluster.bridge, f"{node.host}/24")
                 inside = ["ip", "netns", "exec", node.namespace]
-                _run(*inside, "ip", "addr", "add", f"{node.host}/24", "dev", "eth0")
-                _run(*inside, "ip", "link", "set", "eth0", "up")
-                _run(*inside, "ip", "link", "set", "lo", "up")
                 # Own hostname and /etc/hosts; an empty .bashrc (the image's runs pyenv init
                 # on every SSH command).
                 script = (
@@ -266,15 +253,9 @@ def main() -> None:
     if len(sys.argv) != 4 or sys.argv[1] != "up":
         raise SystemExit("usage: python tests/sshnodes.py up COUNT DIR")
     cluster = start(int(sys.argv[2]), Path(sys.argv[3]))
-    print(f"{len(cluster.nodes)} nodes up; inventory: {cluster.inventory}", flush=True)
-    print("Ctrl-C (or SIGTERM) tears them down.", flush=True)
-    signal.signal(signal.SIGTERM, signal.default_int_handler)
-    try:
-        signal.pause()
-    except KeyboardInterrupt:
-        pass
-    finally:
-        stop(cluster)
+    netns.hold_until_interrupted(
+        f"{len(cluster.nodes)} nodes up; inventory: {cluster.inventory}", lambda: stop(cluster)
+    )
 
 
 if __name__ == "__main__":

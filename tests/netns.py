@@ -1,0 +1,44 @@
+"""Network namespaces as test hosts (for the sshd nodes and the Slurm nodes): a bridge on
+this machine, and per host a namespace joined to it by a veth pair, with its own address."""
+
+from __future__ import annotations
+
+import signal
+import subprocess
+from collections.abc import Callable
+
+
+def run(*argv: str) -> None:
+    subprocess.run(argv, check=True, capture_output=True)
+
+
+def add_bridge(name: str, address: str) -> None:
+    """A bridge holding `address` (CIDR, e.g. 10.1.2.1/24): this machine's side."""
+    run("ip", "link", "add", name, "type", "bridge")
+    run("ip", "addr", "add", address, "dev", name)
+    run("ip", "link", "set", name, "up")
+
+
+def add_host(namespace: str, veth: str, bridge: str, address: str) -> None:
+    """A namespace whose eth0 (holding `address`, CIDR) is on the bridge, lo up."""
+    run("ip", "netns", "add", namespace)
+    run("ip", "link", "add", veth, "type", "veth", "peer", "name", "eth0", "netns", namespace)
+    run("ip", "link", "set", veth, "master", bridge)
+    run("ip", "link", "set", veth, "up")
+    inside = ["ip", "netns", "exec", namespace]
+    run(*inside, "ip", "addr", "add", address, "dev", "eth0")
+    run(*inside, "ip", "link", "set", "eth0", "up")
+    run(*inside, "ip", "link", "set", "lo", "up")
+
+
+def hold_until_interrupted(message: str, stop: Callable[[], object]) -> None:
+    """For `... up` by hand: say `message`, wait for Ctrl-C or SIGTERM, then `stop()`."""
+    print(message, flush=True)
+    print("Ctrl-C (or SIGTERM) tears them down.", flush=True)
+    signal.signal(signal.SIGTERM, signal.default_int_handler)
+    try:
+        signal.pause()
+    except KeyboardInterrupt:
+        pass
+    finally:
+        stop()
