@@ -26,9 +26,10 @@ def test_two_idle_nodes_run_a_job_step_across_both(slurm_cluster):
     ]  # fmt: skip
 
 
-def test_a_cancelled_job_leaves_nothing_on_the_nodes(slurm_cluster):
+def test_a_cancelled_job_leaves_nothing_on_the_nodes(slurm_cluster, tmp_path):
     submitted = slurm_cluster.run(
-        "sbatch", "--parsable", "-N2", "--ntasks-per-node=1", "--wrap",
+        "sbatch", "--parsable", "-N2", "--ntasks-per-node=1", f"--output={tmp_path}/%j.out",
+        "--wrap",
         "srun sh -c 'sleep 300 & sleep 300'",
     )  # fmt: skip
     assert submitted.returncode == 0, submitted.stderr
