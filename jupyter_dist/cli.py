@@ -109,6 +109,12 @@ def _parser() -> argparse.ArgumentParser:
             metavar="P",
             help="processes per node (pytorch, mpi, dask)",
         )
+        p.add_argument(
+            "--backend", metavar="NAME",
+            help="where the processes run: local, ssh, slurm (inside an allocation) or an "
+            "installed one; default: slurm where SLURM_JOB_ID is set, ssh with a node "
+            "inventory, else local",
+        )  # fmt: skip
 
     plan = sub.add_parser(
         "plan", parents=[common], help="show every process the job would start; runs nothing"
@@ -174,7 +180,7 @@ def cmd_plan(args: argparse.Namespace, store: JobStore) -> int:
 
     spec = _load(args)
     inventory = load_inventory(args.nodes_file)
-    launch_plan, commands = dry_run(spec, inventory=inventory, store=store)
+    launch_plan, commands = dry_run(spec, inventory=inventory, store=store, backend=args.backend)
     if args.json:
         keys = ("name", "node", "host", "argv", "env", "role", "rank", "local_rank", "cwd")
         procs = [
@@ -228,9 +234,12 @@ def cmd_run(args: argparse.Namespace, store: JobStore) -> int:
         colour = False
     printer = TerminalPrinter(colour=colour)
     inventory = load_inventory(args.nodes_file)
-    job = prepare_job(spec, listeners=[printer], store=store, inventory=inventory)
+    job = prepare_job(
+        spec, listeners=[printer], store=store, inventory=inventory, backend=args.backend
+    )
     print(
-        f"job {job.job_id}: {launch_summary(job.plan)}; logs in {job.record.path}",
+        f"job {job.job_id}: {launch_summary(job.plan)} ({job.backend_name}); "
+        f"logs in {job.record.path}",
         file=sys.stderr,
     )
     try:

@@ -123,6 +123,10 @@ def _options(func: Callable) -> Callable:
                  help="environment variable for every process (repeatable)"),
         argument("--code", metavar="DIR", help="folder shipped to every node; the cwd"),
         argument("--nodes-file", metavar="FILE", help="node inventory"),
+        argument("--backend", metavar="NAME",
+                 help="where the processes run: local, ssh, slurm (inside an allocation); "
+                      "default: slurm where SLURM_JOB_ID is set, ssh with an inventory, "
+                      "else local"),
         argument("--timeout", type=int, metavar="SECONDS", help="stop the job after this"),
         argument("--name", help="job name (shown in job lists)"),
         argument("-i", "--push", metavar="NAMES",
@@ -207,24 +211,26 @@ class DistrunMagics(Magics):
                 Path(args.save).write_text(spec.to_yaml())
             inventory = load_inventory(args.nodes_file or self.nodes_file or None)
             if args.dry_run:
-                self._dry_run(spec, inventory)
+                self._dry_run(spec, inventory, args.backend)
                 return
             if interactive:
                 self._start_dask(spec, inventory, args)
                 return
-            job = self._run(spec, inventory, extra)
+            job = self._run(spec, inventory, extra, args.backend)
             if outs:
                 self._bring_back(job, outs, args.out_all)
 
-    def _run(self, spec: JobSpec, inventory, extra: dict[str, str]) -> Job:
+    def _run(
+        self, spec: JobSpec, inventory, extra: dict[str, str], backend: str | None = None
+    ) -> Job:
         """Run the job in the cell; JobFailed unless it succeeded."""
         mode = self.view if self.view in ("widget", "text") else _default_view(self.shell)
         if mode == "text":
-            job, result = run_in_cell(spec, inventory, extra_files=extra)
+            job, result = run_in_cell(spec, inventory, extra_files=extra, backend=backend)
         else:
             from jupyter_dist.widgets.live import run_with_view
 
-            job, result, _ = run_with_view(spec, inventory, extra_files=extra)
+            job, result, _ = run_with_view(spec, inventory, extra_files=extra, backend=backend)
         DistrunMagics.last_job_id = job.job_id
         if not result.ok:
             raise JobFailed(result)
@@ -240,7 +246,7 @@ class DistrunMagics(Magics):
         name = args.client_name or "client"
         if not name.isidentifier():
             raise SpecError(f"--client-name: {name!r} is not a Python variable name")
-        job = prepare_job(spec, inventory=inventory)
+        job = prepare_job(spec, inventory=inventory, backend=args.backend)
         print(f"Starting a Dask cluster (job {job.job_id}): {launch_summary(job.plan)}, "
               f"the scheduler on {job.plan.processes[0].node}...", flush=True)  # fmt: skip
         cluster = DaskCluster(job, client_name=name).start(
@@ -357,10 +363,10 @@ class DistrunMagics(Magics):
         if cli.main(words) == cli.EXIT_USAGE:
             raise _user_error(f"%distrun {words[0]} failed (see above)")
 
-    def _dry_run(self, spec: JobSpec, inventory) -> None:
+    def _dry_run(self, spec: JobSpec, inventory, backend: str | None = None) -> None:
         from jupyter_dist.run.launch import dry_run
 
-        plan, commands = dry_run(spec, inventory=inventory)
+        plan, commands = dry_run(spec, inventory=inventory, backend=backend)
         print(_spec_yaml(spec))
         print(format_table(plan_rows(plan), PLAN_COLUMNS))
         print(format_commands(plan, commands))
@@ -393,16 +399,17 @@ def _names(text: str | None, flag: str) -> list[str]:
 
 
 def run_in_cell(
-    spec: JobSpec, inventory, store: JobStore | None = None, extra_files=None
+    spec: JobSpec, inventory, store: JobStore | None = None, extra_files=None, backend=None
 ) -> tuple[Job, JobResult]:
     """Run a job from the cell's thread, printing its lines there as they come."""
     from jupyter_dist.run.launch import prepare_job, start_and_wait
 
     printer = QueuedPrinter()
     job = prepare_job(
-        spec, listeners=[printer], inventory=inventory, store=store, extra_files=extra_files
-    )
-    print(f"job {job.job_id}: {launch_summary(job.plan)}", flush=True)
+        spec, listeners=[printer], inventory=inventory, store=store, extra_files=extra_files,
+        backend=backend,
+    )  # fmt: skip
+    print(f"job {job.job_id}: {launch_summary(job.plan)} ({job.backend_name})", flush=True)
     try:
         result = start_and_wait(job, on_tick=printer.flush)
     finally:

@@ -34,6 +34,9 @@ class Node:
     host_key_policy: str = "strict"
     gpus: int | None = None
     extra: dict = field(default_factory=dict, compare=False, hash=False)
+    # The node sees this machine's files at the same paths (local nodes; a cluster's shared
+    # filesystem): code runs in place, nothing is shipped.
+    shares_files: bool = False
 
     @property
     def is_local(self) -> bool:
@@ -49,6 +52,7 @@ def local_nodes(count: int, workdir: Path | str, cwd: Path | str | None = None) 
             python=sys.executable,
             workdir=str(workdir),
             cwd=str(cwd or os.getcwd()),
+            shares_files=True,
         )
         for i in range(count)
     ]

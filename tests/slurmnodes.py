@@ -55,9 +55,9 @@ class SlurmCluster:
         """A Slurm client command (sinfo, srun, squeue, ...) against this cluster."""
         return subprocess.run(argv, env=self.env, capture_output=True, text=True, timeout=timeout)
 
-    def jobs(self) -> list[str]:
+    def jobs(self, timeout: float = 60) -> list[str]:
         """Ids of the jobs Slurm still knows as pending or running."""
-        out = self.run("squeue", "-h", "-o", "%i").stdout
+        out = self.run("squeue", "-h", "-o", "%i", timeout=timeout).stdout
         return out.split()
 
     def pids(self, node: SlurmNode) -> list[int]:
@@ -65,7 +65,15 @@ class SlurmCluster:
         out = subprocess.run(
             ["ip", "netns", "pids", node.namespace], capture_output=True, text=True
         ).stdout
-        return [p for p in map(int, out.split()) if _name(p) not in ("slurmd", "sh", None)]
+        return [p for p in map(int, out.split()) if _live(p) and _name(p) not in ("slurmd", "sh")]
+
+
+def _live(pid: int) -> bool:
+    """Running, not a zombie (this machine's pid 1 reaps an orphaned slurmstepd late)."""
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
+    except (OSError, IndexError):
+        return False
 
 
 def _name(pid: int) -> str | None:
@@ -234,7 +242,7 @@ def stop(cluster: SlurmCluster) -> list[str]:
     leftovers = []
     if cluster.slurmctld and cluster.slurmctld.poll() is None:
         with contextlib.suppress(Exception):
-            cluster.run("scancel", "--full", *cluster.jobs(), timeout=10)
+            cluster.run("scancel", "--full", *cluster.jobs(timeout=10), timeout=10)
     for node in cluster.nodes:
         with contextlib.suppress(OSError):
             for pid in cluster.pids(node):

@@ -11,17 +11,21 @@ from pathlib import Path
 
 import pytest
 
-from jupyter_dist.backends import Backend, available, backend_class, backend_for
+from jupyter_dist.backends import Backend, available, backend_class, choose_backend
 from jupyter_dist.backends.local import LocalBackend
 from jupyter_dist.errors import DistrunError
-from jupyter_dist.nodes import local_nodes
+from jupyter_dist.nodes import Inventory, Node
 
 
-def test_builtin_backends_by_name_and_by_node_kind(tmp_path: Path):
-    assert {"local", "ssh"} <= set(available())
+def test_builtin_backends_by_name_and_the_default_choice():
+    assert {"local", "ssh", "slurm"} <= set(available())
     assert backend_class("local") is LocalBackend
-    assert issubclass(backend_class("ssh"), Backend)
-    assert isinstance(backend_for(local_nodes(2, tmp_path)), LocalBackend)
+    assert all(issubclass(backend_class(name), Backend) for name in ("ssh", "slurm"))
+    inventory = Inventory(nodes=(Node(name="gpu1", host="10.0.0.5", transport="ssh"),))
+    assert choose_backend(Inventory(), environ={}).name == "local"  # no inventory
+    assert choose_backend(inventory, environ={}).name == "ssh"
+    assert choose_backend(inventory, environ={"SLURM_JOB_ID": "7"}).name == "slurm"  # inside
+    assert choose_backend(inventory, "local", environ={"SLURM_JOB_ID": "7"}).name == "local"
 
 
 def test_an_unknown_backend_is_one_line_naming_the_valid_ones():

@@ -113,7 +113,7 @@ def test_jobs_and_logs_read_the_store(tmp_path: Path, store):
     )
     done = run_cli("run", str(spec), store=store)
     assert done.returncode == 1  # rank 1 exits 1
-    assert re.match(r"job \S+: 2 ranks on 1 node; logs in ", done.stderr)
+    assert re.match(r"job \S+: 2 ranks on 1 node \(local\); logs in ", done.stderr)
     assert "Root cause: rank 1 on local0 (127.0.0.1) exited with code 1" in done.stderr
     jobs = run_cli("jobs", "--json", store=store)
     (status,) = json.loads(jobs.stdout)

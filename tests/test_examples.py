@@ -61,7 +61,7 @@ def test_the_demo_runs_the_notebook_and_prints_no_warning(tmp_path):
     )  # fmt: skip
     out = done.stdout + done.stderr
     assert done.returncode == 0, out[-3000:]
-    assert re.search(r"job \S+: 4 ranks on 2 nodes\n", out)
+    assert re.search(r"job \S+: 4 ranks on 2 nodes \(local\)\n", out)
     assert all(f"[rank {r}] epoch 2: loss" in out for r in range(4))
     assert re.search(r"Job \S+ succeeded in [\d.]+ s\.", out)
     assert "4 ranks, identical weights:" in out and "every cell succeeded" in out

@@ -119,7 +119,8 @@ def test_a_cell_shows_every_rank_and_the_inspector(lab_page):
     # The inspector is folded under its one-line summary, and opens.
     summary = view.locator(".distrun-inspector-summary")
     assert re.fullmatch(
-        r"4 ranks on 2 nodes · master 127\.0\.0\.1:\d+ · all succeeded", summary.inner_text()
+        r"4 ranks on 2 nodes \(local\) · master 127\.0\.0\.1:\d+ · all succeeded",
+        summary.inner_text(),
     )
     rows = view.locator("tr.distrun-process")
     assert not rows.first.is_visible()

@@ -10,11 +10,13 @@ The class implements `jupyter_dist.backends.base.Backend`; `--backend mycluster`
 from __future__ import annotations
 
 import importlib
+import os
+from collections.abc import Mapping
 from importlib.metadata import entry_points
 
 from jupyter_dist.backends.base import Backend, ProcessHandle
 from jupyter_dist.errors import DistrunError
-from jupyter_dist.nodes import Node
+from jupyter_dist.nodes import Inventory
 
 ENTRY_POINT_GROUP = "jupyter_dist.backends"
 
@@ -22,6 +24,7 @@ ENTRY_POINT_GROUP = "jupyter_dist.backends"
 BUILTIN = {
     "local": "jupyter_dist.backends.local:LocalBackend",
     "ssh": "jupyter_dist.backends.ssh:SshBackend",
+    "slurm": "jupyter_dist.backends.slurm:SlurmBackend",
 }
 
 
@@ -43,12 +46,17 @@ def backend_class(name: str) -> type[Backend]:
     return getattr(importlib.import_module(module), attribute)
 
 
-def backend_for(nodes: list[Node]) -> Backend:
-    """The backend the nodes were given for (the inventory's kind: local or ssh)."""
-    kinds = {n.transport for n in nodes}
-    if len(kinds) != 1:
-        raise DistrunError(f"a job cannot mix nodes of kinds {', '.join(sorted(kinds))}")
-    return backend_class(kinds.pop())()
+def choose_backend(
+    inventory: Inventory, name: str | None = None, environ: Mapping[str, str] = os.environ
+) -> Backend:
+    """The backend a job runs on: the one named (`--backend`); else, inside a Slurm
+    allocation (SLURM_JOB_ID set), its nodes; else the inventory's SSH nodes, or local nodes
+    when there is no inventory."""
+    if name:
+        return backend_class(name)()
+    if environ.get("SLURM_JOB_ID"):
+        return backend_class("slurm")()
+    return backend_class("local" if inventory.is_local else "ssh")()
 
 
-__all__ = ["Backend", "ProcessHandle", "available", "backend_class", "backend_for"]
+__all__ = ["Backend", "ProcessHandle", "available", "backend_class", "choose_backend"]

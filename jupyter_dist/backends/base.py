@@ -5,6 +5,7 @@ A backend is where processes run: `local` (this machine), `ssh` (inventory nodes
 a batch system later (an allocation's nodes). The job (run/job.py) drives it in this order,
 and a backend may rely on that order:
 
+    nodes = backend.acquire(spec, inventory, workdir, cwd)   # the job's nodes
     nodes = backend.preflight(nodes)            # every node usable, or NodeError; nothing runs
     ports = backend.choose_ports(requests, nodes)
     plan = ...                                  # pure, from the spec, nodes and ports
@@ -31,9 +32,10 @@ from abc import ABC, abstractmethod
 from collections.abc import Iterator
 from typing import Protocol
 
-from jupyter_dist.nodes import Node
+from jupyter_dist.nodes import Inventory, Node
 from jupyter_dist.plan.context import PortRequest
 from jupyter_dist.plan.model import LaunchPlan, ProcessPlan
+from jupyter_dist.spec import JobSpec
 
 
 class ProcessHandle(Protocol):
@@ -69,6 +71,12 @@ class Backend(ABC):
 
     #: The name users choose it by (`--backend NAME`), and the registry's key.
     name: str = ""
+
+    def acquire(self, spec: JobSpec, inventory: Inventory, workdir: str, cwd: str) -> list[Node]:
+        """The job's nodes: the ones `spec.nodes` names, else the first `instance_count` of
+        the inventory (local nodes when it has none). A backend that allocates nodes does
+        it here and frees them in `release`. NodeError when there are not enough."""
+        return inventory.select(spec.instance_count, spec.nodes, workdir=workdir, cwd=cwd)
 
     @abstractmethod
     def preflight(self, nodes: list[Node]) -> list[Node]:

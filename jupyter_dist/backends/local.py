@@ -12,12 +12,13 @@ from pathlib import Path
 
 from jupyter_dist.backends.base import Backend
 from jupyter_dist.errors import DistrunError
-from jupyter_dist.nodes import Node
+from jupyter_dist.nodes import Inventory, Node
 from jupyter_dist.plan.context import PortRequest
 from jupyter_dist.plan.model import LaunchPlan, ProcessPlan
 from jupyter_dist.run import agent
 from jupyter_dist.run.agent_client import AGENT_SOURCE, AgentProcess, agent_argv
 from jupyter_dist.run.ports import free_ports, why_taken
+from jupyter_dist.spec import JobSpec
 
 _CHUNK = 65536
 # Ports handed out recently by this process, so two jobs started together never share one.
@@ -73,6 +74,10 @@ class LocalBackend(Backend):
 
     name = "local"
 
+    def acquire(self, spec: JobSpec, inventory: Inventory, workdir: str, cwd: str) -> list[Node]:
+        """Local nodes, whatever the inventory holds (`--backend local` forces them)."""
+        return Inventory().select(spec.instance_count, spec.nodes, workdir=workdir, cwd=cwd)
+
     def preflight(self, nodes: list[Node]) -> list[Node]:
         return nodes  # this machine: nothing to check or resolve
 
@@ -86,13 +91,7 @@ class LocalBackend(Backend):
         return {r.key: free_port() for r in requests if r.fixed is None}
 
     def prepare(self, plan: LaunchPlan, nodes: list[Node]) -> None:
-        """Write the plan's generated files (an MPI hostfile) before anything starts."""
-        for node in nodes:
-            Path(node.workdir, plan.job_id).mkdir(parents=True, exist_ok=True)
-        for planned in plan.files:
-            path = Path(planned.path)
-            path.parent.mkdir(parents=True, exist_ok=True)
-            path.write_text(planned.content)
+        write_plan_files(plan, nodes)
 
     def start(self, proc: ProcessPlan, node: Node, grace: float) -> LocalProcess:
         popen = subprocess.Popen(
@@ -114,13 +113,28 @@ class LocalBackend(Backend):
         return agent_argv(sys.executable, str(AGENT_SOURCE), proc.cwd, proc.argv, grace)
 
     def collect(self, node: Node, folder: str) -> dict[str, bytes]:
-        """Every file directly in `folder` (name -> content); none if it does not exist."""
-        path = Path(folder)
-        if not path.is_dir():
-            return {}
-        return {f.name: f.read_bytes() for f in sorted(path.iterdir()) if f.is_file()}
+        return read_folder(folder)
 
     def sweep(self, job_id: str, node_names: set[str]) -> list[int]:
         """Kill any process still carrying this job's id (a rank that daemonized, an orphan).
         Cheap here, so always done, whatever `node_names` says."""
         return agent.sweep(job_id)
+
+
+def write_plan_files(plan: LaunchPlan, nodes: list[Node]) -> None:
+    """The job's folder on each node and the plan's generated files (an MPI hostfile), for
+    nodes that see this machine's files."""
+    for node in nodes:
+        Path(node.workdir, plan.job_id).mkdir(parents=True, exist_ok=True)
+    for planned in plan.files:
+        path = Path(planned.path)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(planned.content)
+
+
+def read_folder(folder: str) -> dict[str, bytes]:
+    """Every file directly in `folder` (name -> content); none if it does not exist."""
+    path = Path(folder)
+    if not path.is_dir():
+        return {}
+    return {f.name: f.read_bytes() for f in sorted(path.iterdir()) if f.is_file()}

@@ -25,12 +25,13 @@ from pathlib import Path
 import paramiko
 
 from jupyter_dist.backends.base import Backend
+from jupyter_dist.backends.node_ports import ports_on_nodes
 from jupyter_dist.errors import DistrunError, NodeError
-from jupyter_dist.nodes import Node
+from jupyter_dist.nodes import Inventory, Node
 from jupyter_dist.plan.context import PortRequest
 from jupyter_dist.plan.model import LaunchPlan, ProcessPlan
 from jupyter_dist.run.agent_client import AGENT_SOURCE, AgentProcess, agent_argv
-from jupyter_dist.run.ports import __file__ as _ports_file
+from jupyter_dist.spec import JobSpec
 
 CONNECT_TIMEOUT = 10.0
 SESSIONS_PER_CONNECTION = 10  # OpenSSH's default MaxSessions
@@ -51,7 +52,6 @@ if shutil.which("nvidia-smi"):
 print(json.dumps({"python": platform.python_version(), "workdir": work,
                   "hostname": platform.node(), "gpus": gpus, "executable": sys.executable}))
 """
-PORTS_SOURCE = Path(_ports_file).read_text()  # run as it is on the nodes
 
 
 @dataclass(frozen=True)
@@ -394,6 +394,14 @@ class SshBackend(Backend):
         self.connections = connections
         self._nodes: dict[str, Node] = {}
 
+    def acquire(self, spec: JobSpec, inventory: Inventory, workdir: str, cwd: str) -> list[Node]:
+        if inventory.is_local:
+            raise NodeError(
+                "the ssh backend needs a node inventory (--nodes-file FILE, $DISTRUN_NODES_FILE "
+                "or the Jupyter config dir's distrun/nodes.yml)"
+            )
+        return super().acquire(spec, inventory, workdir, cwd)
+
     def preflight(self, nodes: list[Node]) -> list[Node]:
         """Preflight: connect to every node in parallel, check python, resolve workdirs.
         Nothing is started anywhere if a node fails."""
@@ -403,29 +411,7 @@ class SshBackend(Backend):
         return resolved
 
     def choose_ports(self, requests: list[PortRequest], nodes: list[Node]) -> dict[str, int]:
-        """Free ports found on each node for the requests that need one, and the spec's own
-        ports checked free there (the planner takes those from the requests). The nodes
-        that need any are asked at once."""
-        wanted: dict[str, list[PortRequest]] = {}  # node name -> its requests
-        for request in requests:
-            wanted.setdefault(nodes[request.node_rank].name, []).append(request)
-
-        def on_node(node: Node) -> dict[str, int]:
-            mine = wanted[node.name]
-            free = [r for r in mine if r.fixed is None]
-            fixed = {r.fixed: r for r in mine if r.fixed is not None}
-            argv = [node.python, "-c", PORTS_SOURCE, str(len(free)), *map(str, fixed)]
-            code, out, err = self.connections.run(node, argv)
-            if code != 0:
-                raise NodeError(f"node {node.name}: could not find free ports: {err.strip()}")
-            found, *taken = out.splitlines() or [""]
-            for line in taken:
-                port, _, reason = line.partition(" ")
-                raise DistrunError(fixed[int(port)].taken_message(node, reason))
-            return dict(zip((r.key for r in free), map(int, found.split()), strict=True))
-
-        asked = [node for node in nodes if node.name in wanted]
-        return {key: port for ports in parallel(asked, on_node) for key, port in ports.items()}
+        return ports_on_nodes(requests, nodes, self.connections.run, parallel)
 
     def prepare(self, plan: LaunchPlan, nodes: list[Node]) -> None:
         """Ship the agent (once per version), the code folder (only what changed) and the

@@ -61,7 +61,7 @@ class PlanContext:
     def cwd(self, node: Node) -> str:
         code = self.spec.code_dir()
         if code is not None:
-            return str(code) if node.is_local else posixpath.join(self.job_dir(node), "code")
+            return str(code) if node.shares_files else posixpath.join(self.job_dir(node), "code")
         return node.cwd or self.job_dir(node)
 
     def base_env(self, node_rank: int) -> dict[str, str]:

@@ -53,6 +53,7 @@ class Job:
         self.grace_period = grace_period
         self._nodes = {n.name: n for n in nodes}
         self._backend = backend
+        self.backend_name = backend.name  # where it runs: local, ssh, slurm, ...
         self._listeners: list[JobListener] = []
         self._emit_lock = threading.Lock()
         self._status_lock = threading.Lock()

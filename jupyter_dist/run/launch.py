@@ -9,7 +9,7 @@ import threading
 from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
 
-from jupyter_dist.backends import Backend, backend_for
+from jupyter_dist.backends import Backend, choose_backend
 from jupyter_dist.nodes import Inventory, Node
 from jupyter_dist.plan import LaunchPlan, plan, port_requests
 from jupyter_dist.run.events import JobListener, JobResult
@@ -31,11 +31,6 @@ def _gpus_as_default(spec: JobSpec, nodes: list[Node]) -> JobSpec:
     return spec
 
 
-def _select(spec: JobSpec, inventory: Inventory | None, store: JobStore, cwd) -> list[Node]:
-    inventory = inventory or Inventory()
-    return inventory.select(spec.instance_count, spec.nodes, workdir=store.root, cwd=cwd)
-
-
 def make_plan(
     spec: JobSpec,
     *,
@@ -44,32 +39,45 @@ def make_plan(
     job_id: str | None = None,
     cwd: Path | str | None = None,
     extra_files: Mapping[str, str] | None = None,
+    backend: str | None = None,
 ) -> tuple[LaunchPlan, list[Node], Backend]:
-    """Pick the nodes, check them through their backend, find free ports on them, and plan
-    the job."""
+    """Choose the backend (named, or as `choose_backend` says), take the job's nodes from
+    it, check them, find free ports on them, and plan the job. On a failure, what the
+    backend acquired is released."""
     store = store or JobStore()
-    nodes = _select(spec, inventory, store, cwd or os.getcwd())
-    spec = _gpus_as_default(spec, nodes)
-    backend = backend_for(nodes)
-    nodes = backend.preflight(nodes)  # every node reachable, python found
-    ports = backend.choose_ports(port_requests(spec, nodes), nodes)
-    job_id = job_id or store.new_job_id()
-    return plan(spec, nodes, job_id, ports, extra_files), nodes, backend
+    chosen = choose_backend(inventory or Inventory(), backend)
+    nodes = chosen.acquire(spec, inventory or Inventory(), str(store.root), str(cwd or os.getcwd()))
+    try:
+        spec = _gpus_as_default(spec, nodes)
+        nodes = chosen.preflight(nodes)  # every node reachable, python found
+        ports = chosen.choose_ports(port_requests(spec, nodes), nodes)
+        job_id = job_id or store.new_job_id()
+        return plan(spec, nodes, job_id, ports, extra_files), nodes, chosen
+    except BaseException:
+        chosen.release()
+        raise
 
 
 def dry_run(
-    spec: JobSpec, *, inventory: Inventory | None = None, store: JobStore | None = None
+    spec: JobSpec,
+    *,
+    inventory: Inventory | None = None,
+    store: JobStore | None = None,
+    backend: str | None = None,
 ) -> tuple[LaunchPlan, dict[str, str]]:
     """The plan, and the exact command line each process would be started with (process
     name -> command), as its backend would run it. Nodes are checked; nothing starts."""
-    launch_plan, nodes, backend = make_plan(
-        spec, inventory=inventory, store=store, job_id="dry-run"
+    launch_plan, nodes, chosen = make_plan(
+        spec, inventory=inventory, store=store, job_id="dry-run", backend=backend
     )
-    by_name = {node.name: node for node in nodes}
-    commands = {
-        proc.name: backend.command_line(proc, by_name[proc.node], GRACE_PERIOD_S)
-        for proc in launch_plan.processes
-    }
+    try:
+        by_name = {node.name: node for node in nodes}
+        commands = {
+            proc.name: chosen.command_line(proc, by_name[proc.node], GRACE_PERIOD_S)
+            for proc in launch_plan.processes
+        }
+    finally:
+        chosen.release()
     return launch_plan, commands
 
 
@@ -82,15 +90,16 @@ def prepare_job(
     cwd: Path | str | None = None,
     grace_period: float = GRACE_PERIOD_S,
     extra_files: Mapping[str, str] | None = None,
+    backend: str | None = None,
 ) -> Job:
     """Plan the job and record it in the store; nothing is started yet."""
     store = store or JobStore()
-    launch_plan, nodes, backend = make_plan(
-        spec, inventory=inventory, store=store, cwd=cwd, extra_files=extra_files
+    launch_plan, nodes, chosen = make_plan(
+        spec, inventory=inventory, store=store, cwd=cwd, extra_files=extra_files, backend=backend
     )
     record = store.create(launch_plan.job_id, spec.to_yaml(), launch_plan.to_dict())
     job = Job(
-        launch_plan, nodes, backend, record,
+        launch_plan, nodes, chosen, record,
         name=spec.display_name_or_default(), timeout=spec.timeout, grace_period=grace_period,
     )  # fmt: skip
     for listener in listeners:

@@ -1,0 +1,203 @@
+"""The Slurm backend, inside an allocation: a job's processes run as job steps on the nodes
+of a Slurm job that already holds them (JupyterLab or `jupyter distrun run` started under
+`salloc`/`sbatch`, where SLURM_JOB_ID is set). No SSH: every process is one
+`srun --jobid JOB --nodelist NODE -N1 -n1 --overlap ... agent.py ...`, run from here, whose
+pipes carry the agent's protocol like a local process's.
+
+The nodes must see this machine's files at the same paths (a cluster's shared filesystem):
+the notebook's Python, the job store and the code folder are used in place.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import shlex
+import shutil
+import subprocess
+import sys
+from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
+
+from jupyter_dist.backends.base import Backend
+from jupyter_dist.backends.local import LocalProcess, read_folder, write_plan_files
+from jupyter_dist.backends.node_ports import ports_on_nodes
+from jupyter_dist.errors import DistrunError, NodeError
+from jupyter_dist.nodes import Inventory, Node
+from jupyter_dist.plan.context import PortRequest
+from jupyter_dist.plan.model import LaunchPlan, ProcessPlan
+from jupyter_dist.run.agent_client import AGENT_SOURCE, agent_argv
+from jupyter_dist.spec import JobSpec
+
+COMMAND_TIMEOUT_S = 60
+# What srun says of a task's exit: the agent already reports it, so these are not output.
+_SRUN_EXIT_NOTE = re.compile(
+    rb"srun: (error: \S+: task \d+: (Exited with exit code \d+|Killed|Terminated)"
+    rb"|launch/slurm: _step_signal: Terminating StepId=\S+)\s*"
+)
+
+
+class SlurmProcess(LocalProcess):
+    """A process started by srun: the agent's protocol over srun's pipes, srun's own notes
+    of the task's exit left out of the output."""
+
+    def chunks(self, stream: str) -> Iterator[bytes]:
+        if stream == "stdout":
+            yield from super().chunks(stream)
+            return
+        held = b""
+        for data in super().chunks(stream):
+            held += data
+            *lines, held = held.split(b"\n")
+            kept = b"".join(line + b"\n" for line in lines if not _SRUN_EXIT_NOTE.fullmatch(line))
+            if kept:
+                yield kept
+        if held and not _SRUN_EXIT_NOTE.fullmatch(held):
+            yield held
+
+
+def _slurm(*argv: str, timeout: float = COMMAND_TIMEOUT_S) -> str:
+    """A Slurm client command's output; NodeError with its last line when it fails."""
+    if not shutil.which(argv[0]):
+        raise NodeError(f"slurm: {argv[0]} not found on PATH (is Slurm's client installed?)")
+    try:
+        done = subprocess.run(argv, capture_output=True, text=True, timeout=timeout)
+    except subprocess.TimeoutExpired:
+        raise NodeError(f"slurm: {argv[0]} did not answer within {timeout:g} s") from None
+    if done.returncode != 0:
+        last = (done.stderr.strip().splitlines() or [f"exit code {done.returncode}"])[-1]
+        raise NodeError(f"slurm: {shlex.join(argv[:3])} failed: {last}")
+    return done.stdout
+
+
+class SlurmBackend(Backend):
+    """Job steps on the nodes of the Slurm job in SLURM_JOB_ID."""
+
+    name = "slurm"
+
+    def __init__(self, job_id: str | None = None) -> None:
+        self.job_id = job_id or os.environ.get("SLURM_JOB_ID", "")
+
+    def acquire(self, spec: JobSpec, inventory: Inventory, workdir: str, cwd: str) -> list[Node]:
+        """The allocation's nodes (the first `instance_count`, or those `spec.nodes`
+        names), each with the address Slurm knows it by."""
+        if not self.job_id:
+            raise NodeError(
+                "slurm: no allocation (SLURM_JOB_ID is not set); run inside salloc or sbatch"
+            )
+        if spec.job_type == "mpi":  # its mpirun would reach the nodes over SSH, not Slurm
+            raise DistrunError(
+                "slurm: mpi jobs do not run on the slurm backend yet; pytorch, tensorflow and "
+                "dask jobs do (or run mpirun yourself in a pytorch job's command)"
+            )
+        state, _, nodelist = _slurm("squeue", "-h", "-j", self.job_id, "-o", "%T %N").partition(" ")
+        if state.strip() != "RUNNING":
+            raise NodeError(
+                f"slurm: job {self.job_id} is {state.strip().lower() or 'gone'}, not running"
+            )
+        names = _slurm("scontrol", "show", "hostnames", nodelist.strip()).split()
+        if spec.nodes:
+            unknown = [n for n in spec.nodes if n not in names]
+            if unknown:
+                raise NodeError(
+                    f"node {unknown[0]!r} is not in Slurm job {self.job_id} "
+                    f"(its nodes: {', '.join(names)})"
+                )
+            names = list(spec.nodes)
+        elif spec.instance_count > len(names):
+            raise NodeError(
+                f"the job asks for {spec.instance_count} nodes but Slurm job {self.job_id} "
+                f"has {len(names)} ({', '.join(names)})"
+            )
+        chosen = names[: spec.instance_count]
+        return [
+            Node(
+                name=name,
+                host=_address(name),
+                transport="slurm",
+                python=sys.executable,
+                workdir=workdir,
+                cwd=cwd,
+                shares_files=True,
+            )
+            for name in chosen
+        ]
+
+    def preflight(self, nodes: list[Node]) -> list[Node]:
+        return nodes  # acquire asked Slurm; a step that cannot start says why in confirm
+
+    def choose_ports(self, requests: list[PortRequest], nodes: list[Node]) -> dict[str, int]:
+        return ports_on_nodes(requests, nodes, self._run_on, _on_every_node)
+
+    def prepare(self, plan: LaunchPlan, nodes: list[Node]) -> None:
+        write_plan_files(plan, nodes)  # the nodes see these files where they are written
+
+    def start(self, proc: ProcessPlan, node: Node, grace: float) -> SlurmProcess:
+        popen = subprocess.Popen(
+            self._argv(proc, node, grace),
+            env={**os.environ, **proc.env},
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            start_new_session=True,
+        )
+        return SlurmProcess(popen, f"{proc.label} on {node.name}")
+
+    def command_line(self, proc: ProcessPlan, node: Node, grace: float) -> str:
+        env_words = [f"{name}={value}" for name, value in proc.env.items()]
+        return shlex.join(["env", *env_words, *self._argv(proc, node, grace)])
+
+    def collect(self, node: Node, folder: str) -> dict[str, bytes]:
+        return read_folder(folder)
+
+    def sweep(self, job_id: str, node_names: set[str]) -> list[int]:
+        """The agent's sweep on every node where one did not report a clean exit."""
+
+        def sweep_node(name: str) -> list[int]:
+            node = Node(name=name, host=name, transport="slurm", python=sys.executable)
+            code, out, _ = self._run_on(
+                node, [sys.executable, str(AGENT_SOURCE), "--sweep", job_id]
+            )
+            return [int(p) for p in out.split()] if code == 0 else []
+
+        with ThreadPoolExecutor(max_workers=max(1, len(node_names))) as pool:
+            return [pid for pids in pool.map(sweep_node, sorted(node_names)) for pid in pids]
+
+    def _step(self, node: Node) -> list[str]:
+        """An srun that runs one task on `node` within the allocation, beside other steps."""
+        return [
+            "srun", f"--jobid={self.job_id}", f"--nodelist={node.name}", "--nodes=1",
+            "--ntasks=1", "--overlap", "--kill-on-bad-exit=1", "--quiet",
+        ]  # fmt: skip
+
+    def _argv(self, proc: ProcessPlan, node: Node, grace: float) -> list[str]:
+        agent = agent_argv(node.python, str(AGENT_SOURCE), proc.cwd, proc.argv, grace)
+        return [*self._step(node), *agent]
+
+    def _run_on(self, node: Node, argv: list[str]) -> tuple[int, str, str]:
+        try:
+            done = subprocess.run(
+                [*self._step(node), *argv], capture_output=True, text=True,
+                timeout=COMMAND_TIMEOUT_S, stdin=subprocess.DEVNULL,
+            )  # fmt: skip
+        except (OSError, subprocess.TimeoutExpired) as exc:
+            return 1, "", f"srun: {exc}"
+        return done.returncode, done.stdout, done.stderr
+
+
+def _address(name: str) -> str:
+    """The address Slurm reaches a node at (its NodeAddr), which the others reach it at."""
+    fields = dict(
+        word.split("=", 1)
+        for word in _slurm("scontrol", "show", "node", "-o", name).split()
+        if "=" in word
+    )
+    return fields.get("NodeAddr") or name
+
+
+def _on_every_node(nodes: list[Node], work) -> list:
+    if not nodes:
+        return []
+    with ThreadPoolExecutor(max_workers=len(nodes)) as pool:
+        futures = [pool.submit(work, node) for node in nodes]
+        return [f.result() for f in futures]

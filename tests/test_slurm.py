@@ -1,0 +1,206 @@
+"""The Slurm backend inside an allocation, on the real test cluster: `jupyter distrun run`
+where SLURM_JOB_ID is set (as under `salloc`) runs every process as a job step on the
+allocation's nodes, with the same environment as anywhere, live output, fail-fast with the
+root cause, and nothing left on a node."""
+
+from __future__ import annotations
+
+import json
+import re
+import subprocess
+import textwrap
+import time
+from pathlib import Path
+
+import pytest
+from helpers import EXAMPLES, result_reports, run_cli
+
+pytestmark = pytest.mark.slurm
+
+
+@pytest.fixture
+def allocation(slurm_cluster):
+    """Two nodes held by a Slurm job (salloc --no-shell), given back afterwards; yields the
+    environment a process inside that allocation has."""
+    granted = slurm_cluster.run("salloc", "--no-shell", "-N2", "--ntasks-per-node=2")
+    found = re.search(r"Granted job allocation (\d+)", granted.stderr)
+    assert found, granted.stderr
+    job = found.group(1)
+    yield {**slurm_cluster.env, "SLURM_JOB_ID": job}
+    slurm_cluster.run("scancel", job)
+    deadline = time.monotonic() + 30  # Slurm ends steps asynchronously (KillWait is 5 s)
+    while slurm_cluster.jobs() or any(slurm_cluster.pids(n) for n in slurm_cluster.nodes):
+        if time.monotonic() > deadline:
+            left = {n.name: _described(slurm_cluster.pids(n)) for n in slurm_cluster.nodes}
+            pytest.fail(f"left after the job: {slurm_cluster.jobs()} {left}")
+        time.sleep(0.2)
+
+
+def _described(pids: list[int]) -> list[str]:
+    found = []
+    for pid in pids:
+        try:
+            found.append(f"{pid}: " + Path(f"/proc/{pid}/cmdline").read_text().replace("\0", " "))
+        except OSError:
+            continue
+    return found
+
+
+def _spec(tmp_path: Path, text: str) -> Path:
+    path = tmp_path / "job.yml"
+    path.write_text(textwrap.dedent(text))
+    return path
+
+
+@pytest.mark.parametrize("launcher", ["per_process", "torchrun"])
+def test_ddp_runs_as_job_steps_on_the_allocations_nodes(
+    launcher, allocation, slurm_cluster, store, tmp_path
+):
+    spec = _spec(
+        tmp_path,
+        f"""\
+        code: {EXAMPLES / "src"}
+        command: python ddp_train.py --epochs 2
+        environment_variables: {{GLOO_SOCKET_IFNAME: eth0, OMP_NUM_THREADS: "1"}}
+        resources: {{instance_count: 2}}
+        distribution: {{type: pytorch, process_count_per_instance: 2, launcher: {launcher}}}
+    """,
+    )
+    done = run_cli("run", str(spec), store=store, env=allocation, timeout=180)
+    assert done.returncode == 0, done.stderr[-3000:]
+    said = re.match(
+        r"job \S+: 4 ranks (in 2 torchrun processes )?on 2 nodes \(slurm\); ", done.stderr
+    )
+    assert said and bool(said.group(1)) == (launcher == "torchrun")
+    (record,) = store.jobs()
+    reports = result_reports(store, record.job_id)
+    assert sorted(reports) == [0, 1, 2, 3]
+    node0 = slurm_cluster.nodes[0].host
+    for rank, report in reports.items():
+        assert report["host"] == f"sln{rank // 2 + 1}"  # really on that node
+        assert report["world_size"] == 4 and report["env"]["MASTER_ADDR"] == node0
+        assert report["allreduce"] == 10.0  # 1 + 2 + 3 + 4: every rank took part
+    assert "[rank 3] " in done.stdout
+
+
+def test_a_failing_rank_stops_the_others_with_the_root_cause(allocation, store, tmp_path):
+    spec = _spec(
+        tmp_path,
+        """\
+        command: if [ "$RANK" = 2 ]; then sleep 1; echo "rank 2 gives up" >&2; exit 3; fi; sleep 300
+        resources: {instance_count: 2}
+        distribution: {type: pytorch, process_count_per_instance: 2}
+    """,
+    )
+    started = time.monotonic()
+    done = run_cli("run", str(spec), store=store, env=allocation, timeout=120)
+    assert done.returncode == 1 and time.monotonic() - started < 60
+    assert "Root cause: rank 2 on sln2 " in done.stderr and "exited with code 3" in done.stderr
+    assert "rank 2 gives up" in done.stderr
+    status = json.loads((store.jobs()[0].path / "status.json").read_text())
+    assert status["state"] == "failed" and status["root_cause"]["rank"] == 2
+
+
+def test_an_mpi_job_is_refused_in_one_line_before_anything_starts(allocation, store, tmp_path):
+    spec = _spec(tmp_path, "command: hostname\ndistribution: {type: mpi}\n")
+    done = run_cli("run", str(spec), store=store, env=allocation)
+    assert done.returncode == 2 and store.jobs() == []
+    assert done.stderr.strip().startswith("error: slurm: mpi jobs do not run on the slurm backend")
+
+
+def test_outside_an_allocation_the_slurm_backend_says_what_is_missing(
+    slurm_cluster, store, tmp_path
+):
+    spec = _spec(tmp_path, "command: hostname\nresources: {instance_count: 2}\n")
+    env = {k: v for k, v in slurm_cluster.env.items() if not k.startswith("SLURM_JOB")}
+    done = run_cli("run", str(spec), "--backend", "slurm", store=store, env=env)
+    assert done.returncode == 2
+    assert done.stderr.strip().endswith("slurm: no allocation (SLURM_JOB_ID is not set); "
+                                        "run inside salloc or sbatch")  # fmt: skip
+
+
+def test_ctrl_c_stops_every_step_and_leaves_nothing(allocation, slurm_cluster, store, tmp_path):
+    import os
+    import signal
+
+    from helpers import LONG_JOB, start_cli_run
+
+    spec = tmp_path / "long.yml"
+    spec.write_text(LONG_JOB)
+    saved = dict(os.environ)
+    os.environ.update(allocation)  # the launcher runs inside the allocation
+    try:
+        proc, _ = start_cli_run(spec, store, stderr=subprocess.PIPE)
+    finally:
+        os.environ.clear()
+        os.environ.update(saved)
+    assert all(slurm_cluster.pids(n) for n in slurm_cluster.nodes)  # ranks on both nodes
+    proc.send_signal(signal.SIGINT)
+    assert proc.wait(timeout=60) == 130
+    assert "cancelled: every process was stopped" in proc.stderr.read()
+    deadline = time.monotonic() + 20
+    while any(slurm_cluster.pids(n) for n in slurm_cluster.nodes):
+        assert time.monotonic() < deadline, [slurm_cluster.pids(n) for n in slurm_cluster.nodes]
+        time.sleep(0.2)
+
+
+def test_a_notebook_cell_inside_an_allocation_runs_on_its_nodes(
+    allocation, monkeypatch, kernel_env
+):
+    """A kernel started inside the allocation (as JupyterLab under salloc would start it):
+    a plain %%distrun cell runs its ranks as job steps there, with live prefixed output."""
+    from helpers import execute_notebook, stream_text
+
+    for name in ("SLURM_CONF", "SLURM_JOB_ID"):
+        monkeypatch.setenv(name, allocation[name])
+    nb = execute_notebook(
+        "%%distrun --nodes 2 --procs-per-node 2\n"
+        "import os, socket\n"
+        "print(os.environ['RANK'], 'of', os.environ['WORLD_SIZE'], 'on', socket.gethostname())\n"
+    )
+    text = stream_text(nb.cells[1])
+    assert re.search(r"job \S+: 4 ranks on 2 nodes \(slurm\)\n", text)
+    for rank in range(4):
+        assert f"[rank {rank}] {rank} of 4 on sln{rank // 2 + 1}" in text
+
+
+@pytest.mark.tensorflow
+def test_tensorflow_workers_run_as_job_steps_with_their_tf_config(allocation, store, tmp_path):
+    spec = _spec(
+        tmp_path,
+        f"""\
+        code: {EXAMPLES / "src"}
+        command: python tf_mwms_train.py
+        environment_variables: {{OMP_NUM_THREADS: '1'}}
+        resources: {{instance_count: 2}}
+        distribution: {{type: tensorflow, worker_count: 2}}
+    """,
+    )
+    done = run_cli("run", str(spec), store=store, env=allocation, timeout=300)
+    assert done.returncode == 0, done.stderr[-3000:]
+    reports = result_reports(store, store.jobs()[0].job_id)
+    assert [reports[i]["host"] for i in (0, 1)] == ["sln1", "sln2"]
+    assert {r["allreduce"] for r in reports.values()} == {3.0}  # both replicas took part
+    assert len({json.dumps(r["weights"]) for r in reports.values()}) == 1
+
+
+@pytest.mark.dask
+def test_a_dask_job_runs_its_scheduler_and_workers_as_job_steps(allocation, store, tmp_path):
+    spec = _spec(
+        tmp_path,
+        """\
+        command: >-
+          python -c "import os, socket; from distributed import Client;
+          c = Client(os.environ['DASK_SCHEDULER_ADDRESS']);
+          hosts = c.run(socket.gethostname);
+          print('workers', len(hosts), 'on', sorted(set(hosts.values())));
+          print('total', sum(c.gather(c.map(lambda x: x * x, range(100)))))"
+        resources: {instance_count: 2}
+        distribution: {type: dask, process_count_per_instance: 2, threads_per_process: 1}
+    """,
+    )
+    done = run_cli("run", str(spec), store=store, env=allocation, timeout=180)
+    assert done.returncode == 0, done.stderr[-3000:]
+    record = store.jobs()[0]
+    lines = [line.text for line in record.iter_log("client", "stdout")]
+    assert lines == ["workers 4 on ['sln1', 'sln2']", "total 328350"]
