@@ -29,6 +29,7 @@ from jupyter_dist.describe import (
 )
 from jupyter_dist.errors import DistrunError
 from jupyter_dist.nodes import load_inventory
+from jupyter_dist.options import LaunchOptions
 from jupyter_dist.run.control import effective_state, request_cancel, wait_until_ended
 from jupyter_dist.run.events import (
     FINAL_STATES,
@@ -99,6 +100,15 @@ def _parser() -> argparse.ArgumentParser:
             "distrun/nodes.yml; none means local nodes)",
         )  # fmt: skip
 
+    def slurm_options(p: argparse.ArgumentParser) -> None:
+        group = p.add_argument_group("slurm (an allocation asked for when none holds you)")
+        group.add_argument("--partition", metavar="NAME")
+        group.add_argument("--time", metavar="LIMIT", help="e.g. 01:00:00")
+        group.add_argument("--gpus-per-node", type=int, metavar="N")
+        group.add_argument("--account", metavar="NAME")
+        group.add_argument("--qos", metavar="NAME")
+        group.add_argument("--constraint", metavar="FEATURES")
+
     def spec_options(p: argparse.ArgumentParser) -> None:
         p.add_argument("spec", metavar="SPEC.yml", help="job spec (an Azure ML command job works)")
         nodes_file(p)
@@ -111,10 +121,11 @@ def _parser() -> argparse.ArgumentParser:
         )
         p.add_argument(
             "--backend", metavar="NAME",
-            help="where the processes run: local, ssh, slurm (inside an allocation) or an "
-            "installed one; default: slurm where SLURM_JOB_ID is set, ssh with a node "
-            "inventory, else local",
+            help="where the processes run: local, ssh, slurm or an installed one; default: "
+            "the spec's backend, else slurm where SLURM_JOB_ID is set, ssh with a node "
+            "inventory, local without",
         )  # fmt: skip
+        slurm_options(p)
 
     plan = sub.add_parser(
         "plan", parents=[common], help="show every process the job would start; runs nothing"
@@ -172,6 +183,9 @@ def _load(args: argparse.Namespace) -> JobSpec:
                 "distribution.worker_count (and parameter_server_count) instead"
             )
         overrides["process_count_per_instance"] = args.procs_per_node
+    backend = LaunchOptions.take(args).backend_section()
+    if backend:
+        overrides["backend"] = backend
     return spec.with_overrides(**overrides)
 
 

@@ -124,9 +124,14 @@ def _options(func: Callable) -> Callable:
         argument("--code", metavar="DIR", help="folder shipped to every node; the cwd"),
         argument("--nodes-file", metavar="FILE", help="node inventory"),
         argument("--backend", metavar="NAME",
-                 help="where the processes run: local, ssh, slurm (inside an allocation); "
-                      "default: slurm where SLURM_JOB_ID is set, ssh with an inventory, "
-                      "else local"),
+                 help="where the processes run: local, ssh, slurm; default: slurm where "
+                      "SLURM_JOB_ID is set, ssh with an inventory, else local"),
+        argument("--partition", metavar="NAME", help="slurm: the partition to allocate in"),
+        argument("--time", metavar="LIMIT", help="slurm: the allocation's time limit"),
+        argument("--gpus-per-node", type=int, metavar="N", help="slurm: GPUs per node"),
+        argument("--account", metavar="NAME", help="slurm: the account to charge"),
+        argument("--qos", metavar="NAME", help="slurm: quality of service"),
+        argument("--constraint", metavar="FEATURES", help="slurm: node features"),
         argument("--timeout", type=int, metavar="SECONDS", help="stop the job after this"),
         argument("--name", help="job name (shown in job lists)"),
         argument("-i", "--push", metavar="NAMES",

@@ -30,6 +30,10 @@ _TYPE_FLAGS = {
 }
 
 
+# Options of the slurm backend (spec keys of `backend:`, flags --partition, --time, ...).
+SLURM_OPTIONS = ("partition", "time", "gpus_per_node", "account", "qos", "constraint")
+
+
 @dataclass
 class LaunchOptions:
     """What a cell (or the form) asks for; None means "the spec's default"."""
@@ -49,6 +53,13 @@ class LaunchOptions:
     code: str | None = None
     name: str | None = None
     timeout: int | None = None
+    backend: str | None = None  # the spec's backend section, with the options below
+    partition: str | None = None  # slurm
+    time: str | None = None  # slurm
+    gpus_per_node: int | None = None  # slurm
+    account: str | None = None  # slurm
+    qos: str | None = None  # slurm
+    constraint: str | None = None  # slurm
 
     @classmethod
     def take(cls, source: Any) -> LaunchOptions:
@@ -92,7 +103,21 @@ class LaunchOptions:
             data["name"] = self.name
         if self.timeout:
             data["limits"] = {"timeout": self.timeout}
+        backend = self.backend_section()
+        if backend:
+            data["backend"] = backend
         return spec_from_dict(data, base_dir=base_dir, source=source)
+
+    def backend_section(self) -> dict[str, Any]:
+        """The spec's `backend:` keys these options set ({} when none): the backend's name
+        and its options (a Slurm option without --backend means --backend slurm)."""
+        options = {key: getattr(self, key) for key in SLURM_OPTIONS if getattr(self, key)}
+        if options and self.backend not in (None, "slurm"):
+            flag = "--" + next(iter(options)).replace("_", "-")
+            raise SpecError(f"{flag} applies to the slurm backend only (this is {self.backend})")
+        if options or self.backend:
+            return {"type": self.backend or "slurm", **options}
+        return {}
 
 
 def env_pairs(pairs: list[str] | None) -> dict[str, str]:

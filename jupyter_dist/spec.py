@@ -120,6 +120,24 @@ class Limits(StrictSection):
     timeout: count(1) | None = None
 
 
+class BackendSection(StrictSection):
+    """Ours: where the job runs (`--backend`), with the backend's own options. Slurm's:
+    when no allocation holds the notebook, the one jupyter-dist asks for."""
+
+    type: str
+    partition: str | None = None
+    time: str | None = None  # Slurm's time limit, e.g. "01:00:00"
+    gpus_per_node: count(0) | None = None
+    account: str | None = None
+    qos: str | None = None
+    constraint: str | None = None
+
+    @field_validator("type", mode="before")
+    @classmethod
+    def _lower(cls, value: Any) -> Any:
+        return value.lower() if isinstance(value, str) else value
+
+
 InputValue = str | int | float | bool | dict
 
 
@@ -138,6 +156,7 @@ class JobSpec(StrictSection):
     limits: Limits | None = None
     nodes: list[str] | None = None
     name: str | None = None
+    backend: BackendSection | None = None
     # Azure-only: accepted and kept, never acted on.
     type: Any = None
     display_name: Any = None
@@ -327,7 +346,8 @@ class JobSpec(StrictSection):
     def with_overrides(self, **changes: Any) -> JobSpec:
         """A copy with some keys changed, validated again (the same errors as the YAML).
 
-        Keys: `instance_count`, `nodes`, and any key of the distribution section.
+        Keys: `instance_count`, `nodes`, `timeout`, `backend` (a mapping merged into the
+        backend section), and any key of the distribution section.
         """
         data = self.to_dict()
         dist = dict(data.get("distribution") or {"type": self.job_type})
@@ -340,6 +360,8 @@ class JobSpec(StrictSection):
                 data["nodes"] = value
             elif key == "timeout":
                 data["limits"] = {**data.get("limits", {}), "timeout": value}
+            elif key == "backend":  # {type: ..., option: value}: merged into the section
+                data["backend"] = {**(data.get("backend") or {}), **value}
             else:
                 dist[key] = value
         data["distribution"] = dist

@@ -134,6 +134,7 @@ def test_dry_run_shows_spec_plan_and_tf_config(kernel_env):
         ("--env NOEQUALS", "--env: 'NOEQUALS' is not NAME=VALUE"),
         ("--nodes two", "argument -n/--nodes: invalid int value: 'two'"),
         ("--env RANK=3", "RANK cannot be set here"),
+        ("--backend ssh --partition gpu", "--partition applies to the slurm backend only"),
     ],
 )
 def test_bad_options_give_one_line(kernel_env, line, message):

@@ -108,15 +108,18 @@ def test_an_mpi_job_is_refused_in_one_line_before_anything_starts(allocation, st
     assert done.stderr.strip().startswith("error: slurm: mpi jobs do not run on the slurm backend")
 
 
-def test_outside_an_allocation_the_slurm_backend_says_what_is_missing(
-    slurm_cluster, store, tmp_path
-):
+def test_without_slurm_commands_the_slurm_backend_says_so_in_one_line(store, tmp_path):
+    import os
+    import sys
+
     spec = _spec(tmp_path, "command: hostname\nresources: {instance_count: 2}\n")
-    env = {k: v for k, v in slurm_cluster.env.items() if not k.startswith("SLURM_JOB")}
+    env = {**os.environ, "PATH": str(Path(sys.executable).parent)}  # python, no Slurm
+    env.pop("SLURM_JOB_ID", None)
     done = run_cli("run", str(spec), "--backend", "slurm", store=store, env=env)
-    assert done.returncode == 2
-    assert done.stderr.strip().endswith("slurm: no allocation (SLURM_JOB_ID is not set); "
-                                        "run inside salloc or sbatch")  # fmt: skip
+    assert done.returncode == 2 and store.jobs() == []
+    assert done.stderr.strip() == (
+        "error: slurm: salloc not found on PATH (is Slurm's client installed?)"
+    )
 
 
 def test_ctrl_c_stops_every_step_and_leaves_nothing(allocation, slurm_cluster, store, tmp_path):
@@ -204,3 +207,90 @@ def test_a_dask_job_runs_its_scheduler_and_workers_as_job_steps(allocation, stor
     record = store.jobs()[0]
     lines = [line.text for line in record.iter_log("client", "stdout")]
     assert lines == ["workers 4 on ['sln1', 'sln2']", "total 328350"]
+
+
+def test_outside_an_allocation_one_is_asked_for_used_and_given_back(slurm_cluster, store, tmp_path):
+    spec = _spec(
+        tmp_path,
+        """\
+        command: echo "rank $RANK on $(hostname) in job $SLURM_JOB_ID"
+        resources: {instance_count: 2}
+        distribution: {type: pytorch, process_count_per_instance: 2}
+    """,
+    )
+    done = run_cli(
+        "run", str(spec), "--backend", "slurm", "--partition", "debug", "--time", "00:05:00",
+        store=store, env=slurm_cluster.env, timeout=120,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr[-3000:]
+    jobs = set(re.findall(r"in job (\d+)", done.stdout))
+    assert len(jobs) == 1  # every rank in the one allocation asked for
+    for rank in range(4):
+        assert f"[rank {rank}] rank {rank} on sln{rank // 2 + 1}" in done.stdout
+    assert slurm_cluster.jobs() == []  # given back when the job ended
+
+
+def test_a_bad_partition_is_one_line_naming_the_valid_ones(slurm_cluster, store, tmp_path):
+    spec = _spec(tmp_path, "command: hostname\nresources: {instance_count: 1}\n")
+    done = run_cli(
+        "run", str(spec), "--partition", "gpu", store=store, env=slurm_cluster.env, timeout=60
+    )
+    assert done.returncode == 2 and store.jobs() == []
+    line = done.stderr.strip()
+    assert "\n" not in line and "invalid partition" in line.lower(), line
+    assert line.endswith("valid partitions: debug"), line
+    assert slurm_cluster.jobs() == []
+
+
+def test_an_interrupt_while_pending_gives_the_request_back(allocation, slurm_cluster, tmp_path):
+    """Both nodes are held (the allocation fixture): a second request waits, says why, and
+    Ctrl-C takes it off the queue; nothing of it remains."""
+    import os
+    import signal
+    import sys
+
+    spec = _spec(tmp_path, "command: hostname\nresources: {instance_count: 2}\n"
+                 "distribution: {type: pytorch, process_count_per_instance: 2}\n")  # fmt: skip
+    env = {k: v for k, v in slurm_cluster.env.items() if k != "SLURM_JOB_ID"}
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "jupyter_dist.cli", "run", str(spec), "--backend", "slurm",
+         "--store", str(tmp_path / "jobs")],
+        env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+    )  # fmt: skip
+    line = proc.stderr.readline()
+    assert re.match(r"slurm: job (\d+) is pending \((Resources|Priority|Nodes.*|None)\)", line), (
+        line
+    )
+    pending = re.match(r"slurm: job (\d+)", line).group(1)
+    assert pending in slurm_cluster.jobs()
+    os.kill(proc.pid, signal.SIGINT)
+    assert proc.wait(timeout=60) == 130
+    deadline = time.monotonic() + 20
+    while pending in slurm_cluster.jobs():
+        assert time.monotonic() < deadline, "the pending request was not given back"
+        time.sleep(0.2)
+    assert slurm_cluster.jobs() == [allocation["SLURM_JOB_ID"]]
+
+
+def test_a_notebook_cell_asks_for_an_allocation_runs_ddp_and_gives_it_back(
+    slurm_cluster, monkeypatch, kernel_env
+):
+    from helpers import execute_notebook, stream_text
+
+    monkeypatch.setenv("SLURM_CONF", str(slurm_cluster.conf))
+    monkeypatch.delenv("SLURM_JOB_ID", raising=False)
+    nb = execute_notebook(
+        "%%distrun --backend slurm --nodes 2 --procs-per-node 2 --env GLOO_SOCKET_IFNAME=eth0\n"
+        "import socket, torch, torch.distributed as dist\n"
+        "dist.init_process_group('gloo')\n"
+        "total = torch.tensor([float(dist.get_rank())])\n"
+        "dist.all_reduce(total)\n"
+        "print(dist.get_rank(), 'on', socket.gethostname(), 'sum', total.item())\n"
+        "dist.barrier()\n"
+        "dist.destroy_process_group()\n"
+    )
+    text = stream_text(nb.cells[1])
+    assert re.search(r"job \S+: 4 ranks on 2 nodes \(slurm\)\n", text)
+    for rank in range(4):
+        assert f"[rank {rank}] {rank} on sln{rank // 2 + 1} sum 6.0" in text
+    assert slurm_cluster.jobs() == []  # the allocation was given back

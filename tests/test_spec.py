@@ -232,6 +232,12 @@ MALFORMED = [
     (D + "resources: {instance_typ: x}", "(did you mean 'instance_type'?)"),
     (D + "limits: {timout: 60}", "limits: unknown key 'timout' (did you mean 'timeout'?)"),
     (D + "limits: {max_trials: 3}", "limits: unknown key 'max_trials'; valid keys: timeout"),
+    (
+        D + "backend: {type: slurm, partiton: gpu}",
+        "backend: unknown key 'partiton' (did you mean 'partition'?)",
+    ),
+    (D + "backend: {partition: gpu}", "backend.type: missing"),
+    (D + "backend: {type: slurm, gpus_per_node: -1}", "backend.gpus_per_node: -1 is not valid"),
 ]
 
 

@@ -1,8 +1,12 @@
-"""The Slurm backend, inside an allocation: a job's processes run as job steps on the nodes
-of a Slurm job that already holds them (JupyterLab or `jupyter distrun run` started under
-`salloc`/`sbatch`, where SLURM_JOB_ID is set). No SSH: every process is one
-`srun --jobid JOB --nodelist NODE -N1 -n1 --overlap ... agent.py ...`, run from here, whose
-pipes carry the agent's protocol like a local process's.
+"""The Slurm backend: a job's processes run as job steps on the nodes of a Slurm allocation.
+Inside one (JupyterLab or `jupyter distrun run` started under `salloc`/`sbatch`, where
+SLURM_JOB_ID is set), its nodes; outside, an allocation asked for here (`salloc
+--no-shell`, sized from the spec, with the spec's `backend:` options: partition, time,
+gpus_per_node, account, qos, constraint), shown while it is pending, given back when the
+job ends, fails or is cancelled (an interrupt while pending gives it back too).
+
+No SSH: every process is one `srun --jobid JOB --nodelist NODE -N1 -n1 --overlap ...
+agent.py ...`, run from here, whose pipes carry the agent's protocol like a local process's.
 
 The nodes must see this machine's files at the same paths (a cluster's shared filesystem):
 the notebook's Python, the job store and the code folder are used in place.
@@ -22,6 +26,7 @@ from concurrent.futures import ThreadPoolExecutor
 from jupyter_dist.backends.base import Backend
 from jupyter_dist.backends.local import LocalProcess, read_folder, write_plan_files
 from jupyter_dist.backends.node_ports import ports_on_nodes
+from jupyter_dist.describe import counted
 from jupyter_dist.errors import DistrunError, NodeError
 from jupyter_dist.nodes import Inventory, Node
 from jupyter_dist.plan.context import PortRequest
@@ -75,21 +80,23 @@ class SlurmBackend(Backend):
 
     name = "slurm"
 
-    def __init__(self, job_id: str | None = None) -> None:
+    def __init__(self, job_id: str | None = None, report=None) -> None:
         self.job_id = job_id or os.environ.get("SLURM_JOB_ID", "")
+        self.allocated = False  # whether this backend asked for the allocation (and frees it)
+        self._report = report or (lambda text: print(text, file=sys.stderr, flush=True))
 
     def acquire(self, spec: JobSpec, inventory: Inventory, workdir: str, cwd: str) -> list[Node]:
         """The allocation's nodes (the first `instance_count`, or those `spec.nodes`
-        names), each with the address Slurm knows it by."""
-        if not self.job_id:
-            raise NodeError(
-                "slurm: no allocation (SLURM_JOB_ID is not set); run inside salloc or sbatch"
-            )
+        names), each with the address Slurm knows it by; outside an allocation, one is
+        asked for first (blocks while it is pending)."""
         if spec.job_type == "mpi":  # its mpirun would reach the nodes over SSH, not Slurm
             raise DistrunError(
                 "slurm: mpi jobs do not run on the slurm backend yet; pytorch, tensorflow and "
                 "dask jobs do (or run mpirun yourself in a pytorch job's command)"
             )
+        if not self.job_id:
+            self.job_id = self._allocate(spec)
+            self.allocated = True
         state, _, nodelist = _slurm("squeue", "-h", "-j", self.job_id, "-o", "%T %N").partition(" ")
         if state.strip() != "RUNNING":
             raise NodeError(
@@ -125,6 +132,45 @@ class SlurmBackend(Backend):
 
     def preflight(self, nodes: list[Node]) -> list[Node]:
         return nodes  # acquire asked Slurm; a step that cannot start says why in confirm
+
+    def release(self) -> None:
+        """Give back the allocation this backend asked for (none it found). Idempotent."""
+        if self.allocated:
+            self.allocated = False
+            subprocess.run(["scancel", self.job_id], capture_output=True, timeout=COMMAND_TIMEOUT_S)
+
+    def _allocate(self, spec: JobSpec) -> str:
+        """`salloc --no-shell` sized from the spec: its job id once granted. Says what
+        Slurm says while it is pending (state and reason); an interrupt gives it back."""
+        argv = salloc_argv(spec)
+        if not shutil.which("salloc"):
+            raise NodeError("slurm: salloc not found on PATH (is Slurm's client installed?)")
+        proc = subprocess.Popen(
+            argv, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+            text=True, start_new_session=True,
+        )  # fmt: skip
+        job_id, said = "", []
+        try:
+            for line in proc.stderr:
+                line = line.strip()
+                said.append(line)
+                found = re.search(r"(Pending|Granted) job allocation (\d+)", line)
+                if found:
+                    job_id = found.group(2)
+                    if found.group(1) == "Granted":
+                        return job_id
+                    self._report(f"slurm: job {job_id} is pending ({_reason(job_id)})")
+            proc.wait()
+            raise _allocation_error(said, spec)
+        except BaseException:
+            proc.terminate()  # salloc gives a pending request back when it is stopped
+            if job_id:
+                subprocess.run(["scancel", job_id], capture_output=True, timeout=COMMAND_TIMEOUT_S)
+            raise
+        finally:
+            proc.stderr.close()
+            if proc.poll() is None:
+                proc.wait(timeout=COMMAND_TIMEOUT_S)
 
     def choose_ports(self, requests: list[PortRequest], nodes: list[Node]) -> dict[str, int]:
         return ports_on_nodes(requests, nodes, self._run_on, _on_every_node)
@@ -183,6 +229,52 @@ class SlurmBackend(Backend):
         except (OSError, subprocess.TimeoutExpired) as exc:
             return 1, "", f"srun: {exc}"
         return done.returncode, done.stdout, done.stderr
+
+
+def salloc_argv(spec: JobSpec) -> list[str]:
+    """The salloc that asks for the job's nodes, with the spec's backend options."""
+    options = spec.backend
+    dist = spec.distribution
+    per_node = getattr(dist, "process_count_per_instance", None)
+    if spec.job_type == "tensorflow":  # its tasks, spread over the nodes
+        tasks = (dist.worker_count or spec.instance_count) + dist.parameter_server_count
+        tasks += dist.chief_count + dist.evaluator_count
+        per_node = -(-tasks // spec.instance_count)
+    elif spec.job_type == "dask":  # the scheduler (and a client) beside node 0's workers
+        per_node = (per_node or 1) + 2
+    argv = [
+        "salloc", "--no-shell", f"--nodes={spec.instance_count}",
+        f"--ntasks-per-node={per_node or 1}", "--job-name=jupyter-dist",
+    ]  # fmt: skip
+    for flag in ("partition", "time", "gpus_per_node", "account", "qos", "constraint"):
+        value = getattr(options, flag, None) if options else None
+        if value is not None:
+            argv.append(f"--{flag.replace('_', '-')}={value}")
+    return argv
+
+
+def _reason(job_id: str) -> str:
+    """Why a job waits, as squeue says it ("Resources", "Priority", ...)."""
+    try:
+        return _slurm("squeue", "-h", "-j", job_id, "-o", "%r", timeout=10).strip() or "queued"
+    except NodeError:
+        return "queued"
+
+
+def _allocation_error(said: list[str], spec: JobSpec) -> DistrunError:
+    """salloc's refusal in one line; for a partition, the valid ones."""
+    errors = [line.split("error:", 1)[1].strip() for line in said if "error:" in line]
+    message = errors[-1] if errors else (said[-1] if said else "salloc ended without a job")
+    if "partition" in message.lower():
+        try:
+            valid = sorted(set(_slurm("sinfo", "-h", "-o", "%R", timeout=10).split()))
+        except NodeError:
+            valid = []
+        if valid:
+            message += f"; valid partitions: {', '.join(valid)}"
+    return DistrunError(
+        f"slurm: no allocation for {counted(spec.instance_count, 'node')}: {message}"
+    )
 
 
 def _address(name: str) -> str:

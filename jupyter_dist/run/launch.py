@@ -45,7 +45,8 @@ def make_plan(
     it, check them, find free ports on them, and plan the job. On a failure, what the
     backend acquired is released."""
     store = store or JobStore()
-    chosen = choose_backend(inventory or Inventory(), backend)
+    named = backend or (spec.backend.type if spec.backend else None)
+    chosen = choose_backend(inventory or Inventory(), named)
     nodes = chosen.acquire(spec, inventory or Inventory(), str(store.root), str(cwd or os.getcwd()))
     try:
         spec = _gpus_as_default(spec, nodes)
