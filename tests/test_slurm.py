@@ -152,17 +152,13 @@ def test_a_notebook_cell_inside_an_allocation_runs_on_its_nodes(
 ):
     """A kernel started inside the allocation (as JupyterLab under salloc would start it):
     a plain %%distrun cell runs its ranks as job steps there, with live prefixed output."""
-    from helpers import execute_notebook, stream_text
-
     for name in ("SLURM_CONF", "SLURM_JOB_ID"):
         monkeypatch.setenv(name, allocation[name])
-    nb = execute_notebook(
+    text = _run_cell_on_slurm(
         "%%distrun --nodes 2 --procs-per-node 2\n"
         "import os, socket\n"
         "print(os.environ['RANK'], 'of', os.environ['WORLD_SIZE'], 'on', socket.gethostname())\n"
     )
-    text = stream_text(nb.cells[1])
-    assert re.search(r"job \S+: 4 ranks on 2 nodes \(slurm\)\n", text)
     for rank in range(4):
         assert f"[rank {rank}] {rank} of 4 on sln{rank // 2 + 1}" in text
 
@@ -275,11 +271,9 @@ def test_an_interrupt_while_pending_gives_the_request_back(allocation, slurm_clu
 def test_a_notebook_cell_asks_for_an_allocation_runs_ddp_and_gives_it_back(
     slurm_cluster, monkeypatch, kernel_env
 ):
-    from helpers import execute_notebook, stream_text
-
     monkeypatch.setenv("SLURM_CONF", str(slurm_cluster.conf))
     monkeypatch.delenv("SLURM_JOB_ID", raising=False)
-    nb = execute_notebook(
+    text = _run_cell_on_slurm(
         "%%distrun --backend slurm --nodes 2 --procs-per-node 2 --env GLOO_SOCKET_IFNAME=eth0\n"
         "import socket, torch, torch.distributed as dist\n"
         "dist.init_process_group('gloo')\n"
@@ -289,8 +283,16 @@ def test_a_notebook_cell_asks_for_an_allocation_runs_ddp_and_gives_it_back(
         "dist.barrier()\n"
         "dist.destroy_process_group()\n"
     )
-    text = stream_text(nb.cells[1])
-    assert re.search(r"job \S+: 4 ranks on 2 nodes \(slurm\)\n", text)
     for rank in range(4):
         assert f"[rank {rank}] {rank} on sln{rank // 2 + 1} sum 6.0" in text
     assert slurm_cluster.jobs() == []  # the allocation was given back
+
+
+def _run_cell_on_slurm(cell: str) -> str:
+    """A notebook with this %%distrun cell, run in a real kernel: what the cell printed,
+    once its banner said the 2x2 job runs on the slurm backend."""
+    from helpers import execute_notebook, stream_text
+
+    text = stream_text(execute_notebook(cell).cells[1])
+    assert re.search(r"job \S+: 4 ranks on 2 nodes \(slurm\)\n", text), text
+    return text
