@@ -22,7 +22,6 @@ from jupyter_dist.describe import (
     inspect_rows,
     job_size,
     job_summary,
-    launch_summary,
     node_health,
     plan_rows,
     tf_configs,
@@ -194,7 +193,7 @@ def cmd_plan(args: argparse.Namespace, store: JobStore) -> int:
 
     spec = _load(args)
     inventory = load_inventory(args.nodes_file)
-    launch_plan, commands = dry_run(spec, inventory=inventory, store=store, backend=args.backend)
+    launch_plan, commands = dry_run(spec, inventory=inventory, store=store)
     if args.json:
         keys = ("name", "node", "host", "argv", "env", "role", "rank", "local_rank", "cwd")
         procs = [
@@ -248,12 +247,9 @@ def cmd_run(args: argparse.Namespace, store: JobStore) -> int:
         colour = False
     printer = TerminalPrinter(colour=colour)
     inventory = load_inventory(args.nodes_file)
-    job = prepare_job(
-        spec, listeners=[printer], store=store, inventory=inventory, backend=args.backend
-    )
+    job = prepare_job(spec, listeners=[printer], store=store, inventory=inventory)
     print(
-        f"job {job.job_id}: {launch_summary(job.plan)} ({job.backend_name}); "
-        f"logs in {job.record.path}",
+        f"job {job.job_id}: {job.summary}; logs in {job.record.path}",
         file=sys.stderr,
     )
     try:

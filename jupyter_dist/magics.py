@@ -216,26 +216,24 @@ class DistrunMagics(Magics):
                 Path(args.save).write_text(spec.to_yaml())
             inventory = load_inventory(args.nodes_file or self.nodes_file or None)
             if args.dry_run:
-                self._dry_run(spec, inventory, args.backend)
+                self._dry_run(spec, inventory)
                 return
             if interactive:
                 self._start_dask(spec, inventory, args)
                 return
-            job = self._run(spec, inventory, extra, args.backend)
+            job = self._run(spec, inventory, extra)
             if outs:
                 self._bring_back(job, outs, args.out_all)
 
-    def _run(
-        self, spec: JobSpec, inventory, extra: dict[str, str], backend: str | None = None
-    ) -> Job:
+    def _run(self, spec: JobSpec, inventory, extra: dict[str, str]) -> Job:
         """Run the job in the cell; JobFailed unless it succeeded."""
         mode = self.view if self.view in ("widget", "text") else _default_view(self.shell)
         if mode == "text":
-            job, result = run_in_cell(spec, inventory, extra_files=extra, backend=backend)
+            job, result = run_in_cell(spec, inventory, extra_files=extra)
         else:
             from jupyter_dist.widgets.live import run_with_view
 
-            job, result, _ = run_with_view(spec, inventory, extra_files=extra, backend=backend)
+            job, result, _ = run_with_view(spec, inventory, extra_files=extra)
         DistrunMagics.last_job_id = job.job_id
         if not result.ok:
             raise JobFailed(result)
@@ -251,7 +249,7 @@ class DistrunMagics(Magics):
         name = args.client_name or "client"
         if not name.isidentifier():
             raise SpecError(f"--client-name: {name!r} is not a Python variable name")
-        job = prepare_job(spec, inventory=inventory, backend=args.backend)
+        job = prepare_job(spec, inventory=inventory)
         print(f"Starting a Dask cluster (job {job.job_id}): {launch_summary(job.plan)}, "
               f"the scheduler on {job.plan.processes[0].node}...", flush=True)  # fmt: skip
         cluster = DaskCluster(job, client_name=name).start(
@@ -368,10 +366,10 @@ class DistrunMagics(Magics):
         if cli.main(words) == cli.EXIT_USAGE:
             raise _user_error(f"%distrun {words[0]} failed (see above)")
 
-    def _dry_run(self, spec: JobSpec, inventory, backend: str | None = None) -> None:
+    def _dry_run(self, spec: JobSpec, inventory) -> None:
         from jupyter_dist.run.launch import dry_run
 
-        plan, commands = dry_run(spec, inventory=inventory, backend=backend)
+        plan, commands = dry_run(spec, inventory=inventory)
         print(_spec_yaml(spec))
         print(format_table(plan_rows(plan), PLAN_COLUMNS))
         print(format_commands(plan, commands))
@@ -404,17 +402,16 @@ def _names(text: str | None, flag: str) -> list[str]:
 
 
 def run_in_cell(
-    spec: JobSpec, inventory, store: JobStore | None = None, extra_files=None, backend=None
+    spec: JobSpec, inventory, store: JobStore | None = None, extra_files=None
 ) -> tuple[Job, JobResult]:
     """Run a job from the cell's thread, printing its lines there as they come."""
     from jupyter_dist.run.launch import prepare_job, start_and_wait
 
     printer = QueuedPrinter()
     job = prepare_job(
-        spec, listeners=[printer], inventory=inventory, store=store, extra_files=extra_files,
-        backend=backend,
-    )  # fmt: skip
-    print(f"job {job.job_id}: {launch_summary(job.plan)} ({job.backend_name})", flush=True)
+        spec, listeners=[printer], inventory=inventory, store=store, extra_files=extra_files
+    )
+    print(f"job {job.job_id}: {job.summary}", flush=True)
     try:
         result = start_and_wait(job, on_tick=printer.flush)
     finally:

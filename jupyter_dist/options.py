@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from jupyter_dist.errors import SpecError
-from jupyter_dist.spec import JobSpec, spec_from_dict
+from jupyter_dist.spec import BackendSection, JobSpec, spec_from_dict
 
 # Distribution keys set by options that only one job type has: key -> (type, flag).
 _TYPE_FLAGS = {
@@ -30,8 +30,8 @@ _TYPE_FLAGS = {
 }
 
 
-# Options of the slurm backend (spec keys of `backend:`, flags --partition, --time, ...).
-SLURM_OPTIONS = ("partition", "time", "gpus_per_node", "account", "qos", "constraint")
+# Options of the slurm backend: the spec's `backend:` keys (flags --partition, --time, ...).
+SLURM_OPTIONS = tuple(name for name in BackendSection.model_fields if name != "type")
 
 
 @dataclass

@@ -1,8 +1,8 @@
 """The contract every backend keeps: how a job's nodes are checked and prepared, how each of
 its processes is started, watched and stopped, and what is left to clean up.
 
-A backend is where processes run: `local` (this machine), `ssh` (inventory nodes over SSH);
-a batch system later (an allocation's nodes). The job (run/job.py) drives it in this order,
+A backend is where processes run: `local` (this machine), `ssh` (inventory nodes over SSH),
+`slurm` (an allocation's nodes). The job (run/job.py) drives it in this order,
 and a backend may rely on that order:
 
     nodes = backend.acquire(spec, inventory, workdir, cwd)   # the job's nodes
@@ -15,7 +15,7 @@ and a backend may rely on that order:
     ... handle.chunks(stream), handle.wait() ... handle.terminate() / handle.kill()
     backend.collect(node, folder)               # files the ranks left (e.g. --out values)
     backend.sweep(job_id, node_names)           # last: nothing of the job survives
-    backend.release()                           # give back what preflight acquired
+    backend.release()                           # give back what acquire took
 
 `command_line(proc, node, grace)` is the dry run: the exact command that `start` would run
 for that process, as one line a user could paste (shown by `--dry-run` and `jupyter distrun

@@ -70,7 +70,8 @@ class LocalProcess(AgentProcess):
 
 class LocalBackend(Backend):
     """Starts a plan's processes on this machine: every local "node" is this machine with a
-    node rank of its own."""
+    node rank of its own. A backend whose processes are local subprocesses too (Slurm's
+    srun) subclasses it and changes `_argv` and `_handle`."""
 
     name = "local"
 
@@ -95,22 +96,25 @@ class LocalBackend(Backend):
 
     def start(self, proc: ProcessPlan, node: Node, grace: float) -> LocalProcess:
         popen = subprocess.Popen(
-            self._argv(proc, grace),
+            self._argv(proc, node, grace),
             env={**os.environ, **proc.env},
             stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,
             stderr=subprocess.PIPE,
             start_new_session=True,  # a Ctrl-C in the terminal reaches us, not the ranks
         )
-        return LocalProcess(popen, proc.label)
+        return self._handle(popen, proc, node)
 
     def command_line(self, proc: ProcessPlan, node: Node, grace: float) -> str:
         env_words = [f"{name}={value}" for name, value in proc.env.items()]
-        return shlex.join(["env", *env_words, *self._argv(proc, grace)])
+        return shlex.join(["env", *env_words, *self._argv(proc, node, grace)])
 
-    @staticmethod
-    def _argv(proc: ProcessPlan, grace: float) -> list[str]:
+    def _argv(self, proc: ProcessPlan, node: Node, grace: float) -> list[str]:
+        """What this machine runs to start `proc`: its agent, here."""
         return agent_argv(sys.executable, str(AGENT_SOURCE), proc.cwd, proc.argv, grace)
+
+    def _handle(self, popen: subprocess.Popen, proc: ProcessPlan, node: Node) -> LocalProcess:
+        return LocalProcess(popen, proc.label)
 
     def collect(self, node: Node, folder: str) -> dict[str, bytes]:
         return read_folder(folder)

@@ -23,14 +23,14 @@ import sys
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 
-from jupyter_dist.backends.base import Backend
-from jupyter_dist.backends.local import LocalProcess, read_folder, write_plan_files
+from jupyter_dist.backends.local import LocalBackend, LocalProcess
 from jupyter_dist.backends.node_ports import ports_on_nodes
 from jupyter_dist.describe import counted
 from jupyter_dist.errors import DistrunError, NodeError
 from jupyter_dist.nodes import Inventory, Node
+from jupyter_dist.options import SLURM_OPTIONS
 from jupyter_dist.plan.context import PortRequest
-from jupyter_dist.plan.model import LaunchPlan, ProcessPlan
+from jupyter_dist.plan.model import ProcessPlan
 from jupyter_dist.run.agent_client import AGENT_SOURCE, agent_argv
 from jupyter_dist.spec import JobSpec
 
@@ -61,10 +61,19 @@ class SlurmProcess(LocalProcess):
             yield held
 
 
+def _require(tool: str) -> None:
+    if not shutil.which(tool):
+        raise NodeError(f"slurm: {tool} not found on PATH (is Slurm's client installed?)")
+
+
+def _cancel(job_id: str) -> None:
+    """scancel, quietly: used where the job is being given back anyway."""
+    subprocess.run(["scancel", job_id], capture_output=True, timeout=COMMAND_TIMEOUT_S)
+
+
 def _slurm(*argv: str, timeout: float = COMMAND_TIMEOUT_S) -> str:
     """A Slurm client command's output; NodeError with its last line when it fails."""
-    if not shutil.which(argv[0]):
-        raise NodeError(f"slurm: {argv[0]} not found on PATH (is Slurm's client installed?)")
+    _require(argv[0])
     try:
         done = subprocess.run(argv, capture_output=True, text=True, timeout=timeout)
     except subprocess.TimeoutExpired:
@@ -75,8 +84,10 @@ def _slurm(*argv: str, timeout: float = COMMAND_TIMEOUT_S) -> str:
     return done.stdout
 
 
-class SlurmBackend(Backend):
-    """Job steps on the nodes of the Slurm job in SLURM_JOB_ID."""
+class SlurmBackend(LocalBackend):
+    """Job steps on the nodes of a Slurm allocation: local srun processes, each carrying one
+    agent to its node (so starting, the dry run, files and collecting are the local
+    backend's, with srun in front)."""
 
     name = "slurm"
 
@@ -137,17 +148,15 @@ class SlurmBackend(Backend):
         """Give back the allocation this backend asked for (none it found). Idempotent."""
         if self.allocated:
             self.allocated = False
-            subprocess.run(["scancel", self.job_id], capture_output=True, timeout=COMMAND_TIMEOUT_S)
+            _cancel(self.job_id)
 
     def _allocate(self, spec: JobSpec) -> str:
         """`salloc --no-shell` sized from the spec: its job id once granted. Says what
         Slurm says while it is pending (state and reason); an interrupt gives it back."""
-        argv = salloc_argv(spec)
-        if not shutil.which("salloc"):
-            raise NodeError("slurm: salloc not found on PATH (is Slurm's client installed?)")
+        _require("salloc")
         proc = subprocess.Popen(
-            argv, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
-            text=True, start_new_session=True,
+            salloc_argv(spec), stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
+            stderr=subprocess.PIPE, text=True, start_new_session=True,
         )  # fmt: skip
         job_id, said = "", []
         try:
@@ -165,7 +174,7 @@ class SlurmBackend(Backend):
         except BaseException:
             proc.terminate()  # salloc gives a pending request back when it is stopped
             if job_id:
-                subprocess.run(["scancel", job_id], capture_output=True, timeout=COMMAND_TIMEOUT_S)
+                _cancel(job_id)
             raise
         finally:
             proc.stderr.close()
@@ -175,39 +184,15 @@ class SlurmBackend(Backend):
     def choose_ports(self, requests: list[PortRequest], nodes: list[Node]) -> dict[str, int]:
         return ports_on_nodes(requests, nodes, self._run_on, _on_every_node)
 
-    def prepare(self, plan: LaunchPlan, nodes: list[Node]) -> None:
-        write_plan_files(plan, nodes)  # the nodes see these files where they are written
-
-    def start(self, proc: ProcessPlan, node: Node, grace: float) -> SlurmProcess:
-        popen = subprocess.Popen(
-            self._argv(proc, node, grace),
-            env={**os.environ, **proc.env},
-            stdin=subprocess.PIPE,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE,
-            start_new_session=True,
-        )
-        return SlurmProcess(popen, f"{proc.label} on {node.name}")
-
-    def command_line(self, proc: ProcessPlan, node: Node, grace: float) -> str:
-        env_words = [f"{name}={value}" for name, value in proc.env.items()]
-        return shlex.join(["env", *env_words, *self._argv(proc, node, grace)])
-
-    def collect(self, node: Node, folder: str) -> dict[str, bytes]:
-        return read_folder(folder)
-
     def sweep(self, job_id: str, node_names: set[str]) -> list[int]:
         """The agent's sweep on every node where one did not report a clean exit."""
 
-        def sweep_node(name: str) -> list[int]:
-            node = Node(name=name, host=name, transport="slurm", python=sys.executable)
-            code, out, _ = self._run_on(
-                node, [sys.executable, str(AGENT_SOURCE), "--sweep", job_id]
-            )
+        def sweep_node(node: Node) -> list[int]:
+            code, out, _ = self._run_on(node, [node.python, str(AGENT_SOURCE), "--sweep", job_id])
             return [int(p) for p in out.split()] if code == 0 else []
 
-        with ThreadPoolExecutor(max_workers=max(1, len(node_names))) as pool:
-            return [pid for pids in pool.map(sweep_node, sorted(node_names)) for pid in pids]
+        nodes = [Node(name, name, "slurm", sys.executable) for name in sorted(node_names)]
+        return [pid for pids in _on_every_node(nodes, sweep_node) for pid in pids]
 
     def _step(self, node: Node) -> list[str]:
         """An srun that runs one task on `node` within the allocation, beside other steps."""
@@ -219,6 +204,9 @@ class SlurmBackend(Backend):
     def _argv(self, proc: ProcessPlan, node: Node, grace: float) -> list[str]:
         agent = agent_argv(node.python, str(AGENT_SOURCE), proc.cwd, proc.argv, grace)
         return [*self._step(node), *agent]
+
+    def _handle(self, popen: subprocess.Popen, proc: ProcessPlan, node: Node) -> SlurmProcess:
+        return SlurmProcess(popen, f"{proc.label} on {node.name}")
 
     def _run_on(self, node: Node, argv: list[str]) -> tuple[int, str, str]:
         try:
@@ -246,7 +234,7 @@ def salloc_argv(spec: JobSpec) -> list[str]:
         "salloc", "--no-shell", f"--nodes={spec.instance_count}",
         f"--ntasks-per-node={per_node or 1}", "--job-name=jupyter-dist",
     ]  # fmt: skip
-    for flag in ("partition", "time", "gpus_per_node", "account", "qos", "constraint"):
+    for flag in SLURM_OPTIONS:
         value = getattr(options, flag, None) if options else None
         if value is not None:
             argv.append(f"--{flag.replace('_', '-')}={value}")

@@ -11,6 +11,7 @@ from collections import deque
 from concurrent.futures import ThreadPoolExecutor
 
 from jupyter_dist.backends.base import Backend, ProcessHandle
+from jupyter_dist.describe import launch_summary
 from jupyter_dist.errors import DistrunError
 from jupyter_dist.nodes import Node
 from jupyter_dist.plan.model import LaunchPlan, ProcessPlan
@@ -53,7 +54,6 @@ class Job:
         self.grace_period = grace_period
         self._nodes = {n.name: n for n in nodes}
         self._backend = backend
-        self.backend_name = backend.name  # where it runs: local, ssh, slurm, ...
         self._listeners: list[JobListener] = []
         self._emit_lock = threading.Lock()
         self._status_lock = threading.Lock()
@@ -198,6 +198,11 @@ class Job:
                 seen.add((node.host, path))
                 found.update(self._backend.collect(node, path))
         return found
+
+    @property
+    def summary(self) -> str:
+        """What it starts and where, in words: "4 ranks on 2 nodes (slurm)"."""
+        return f"{launch_summary(self.plan)} ({self._backend.name})"
 
     @property
     def done(self) -> bool:

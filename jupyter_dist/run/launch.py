@@ -39,15 +39,14 @@ def make_plan(
     job_id: str | None = None,
     cwd: Path | str | None = None,
     extra_files: Mapping[str, str] | None = None,
-    backend: str | None = None,
 ) -> tuple[LaunchPlan, list[Node], Backend]:
-    """Choose the backend (named, or as `choose_backend` says), take the job's nodes from
-    it, check them, find free ports on them, and plan the job. On a failure, what the
-    backend acquired is released."""
+    """Choose the backend (the spec's `backend:` section names it, else `choose_backend`
+    decides), take the job's nodes from it, check them, find free ports on them, and plan
+    the job. On a failure, what the backend acquired is released."""
     store = store or JobStore()
-    named = backend or (spec.backend.type if spec.backend else None)
-    chosen = choose_backend(inventory or Inventory(), named)
-    nodes = chosen.acquire(spec, inventory or Inventory(), str(store.root), str(cwd or os.getcwd()))
+    inventory = inventory or Inventory()
+    chosen = choose_backend(inventory, spec.backend.type if spec.backend else None)
+    nodes = chosen.acquire(spec, inventory, str(store.root), str(cwd or os.getcwd()))
     try:
         spec = _gpus_as_default(spec, nodes)
         nodes = chosen.preflight(nodes)  # every node reachable, python found
@@ -64,13 +63,10 @@ def dry_run(
     *,
     inventory: Inventory | None = None,
     store: JobStore | None = None,
-    backend: str | None = None,
 ) -> tuple[LaunchPlan, dict[str, str]]:
     """The plan, and the exact command line each process would be started with (process
     name -> command), as its backend would run it. Nodes are checked; nothing starts."""
-    launch_plan, nodes, chosen = make_plan(
-        spec, inventory=inventory, store=store, job_id="dry-run", backend=backend
-    )
+    launch_plan, nodes, chosen = make_plan(spec, inventory=inventory, store=store, job_id="dry-run")
     try:
         by_name = {node.name: node for node in nodes}
         commands = {
@@ -91,12 +87,11 @@ def prepare_job(
     cwd: Path | str | None = None,
     grace_period: float = GRACE_PERIOD_S,
     extra_files: Mapping[str, str] | None = None,
-    backend: str | None = None,
 ) -> Job:
     """Plan the job and record it in the store; nothing is started yet."""
     store = store or JobStore()
     launch_plan, nodes, chosen = make_plan(
-        spec, inventory=inventory, store=store, cwd=cwd, extra_files=extra_files, backend=backend
+        spec, inventory=inventory, store=store, cwd=cwd, extra_files=extra_files
     )
     record = store.create(launch_plan.job_id, spec.to_yaml(), launch_plan.to_dict())
     job = Job(

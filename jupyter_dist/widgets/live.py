@@ -22,7 +22,7 @@ from pathlib import Path
 import anywidget
 from traitlets import Dict, Float, Int, List, Unicode
 
-from jupyter_dist.describe import launch_summary, plan_rows
+from jupyter_dist.describe import plan_rows
 from jupyter_dist.run.events import JobListener, JobResult, OutputLine, ProcessState
 from jupyter_dist.spec import JobSpec
 from jupyter_dist.store import JobStore
@@ -56,7 +56,7 @@ class LiveView(anywidget.AnyWidget):
         self._keys = {p.name: _log_keys(p) for p in job.plan.processes}
         super().__init__(
             job_id=job.job_id, name=job.name,
-            summary=f"{launch_summary(job.plan)} ({job.backend_name})",
+            summary=job.summary,
             log_dir=str(job.record.logs_dir),
             processes=[self._row(state) for state in job.processes.values()], **kwargs,
         )  # fmt: skip
@@ -162,18 +162,14 @@ def _log_keys(proc) -> list[str]:
     return [proc.name, *(f"rank-{rank}" for rank in proc.ranks)]
 
 
-def run_with_view(
-    spec: JobSpec, inventory, store: JobStore | None = None, extra_files=None, backend=None
-):
+def run_with_view(spec: JobSpec, inventory, store: JobStore | None = None, extra_files=None):
     """Run a job with its live view displayed in the cell (the magic's and the form's way);
     returns (job, result, view). Blocks; an interrupt cancels the job."""
     from IPython.display import display
 
     from jupyter_dist.run.launch import prepare_job, start_and_wait
 
-    job = prepare_job(
-        spec, inventory=inventory, store=store, extra_files=extra_files, backend=backend
-    )
+    job = prepare_job(spec, inventory=inventory, store=store, extra_files=extra_files)
     view = LiveView.last = LiveView(job)
     handle = display(view, display_id=True)
     try:
