@@ -5,7 +5,9 @@ from __future__ import annotations
 
 import signal
 import subprocess
+import sys
 from collections.abc import Callable
+from pathlib import Path
 
 
 def run(*argv: str) -> None:
@@ -31,8 +33,17 @@ def add_host(namespace: str, veth: str, bridge: str, address: str) -> None:
     run(*inside, "ip", "link", "set", "lo", "up")
 
 
+def up_from_command_line(script: str, start: Callable, stop: Callable, describe: Callable) -> None:
+    """`python tests/SCRIPT up COUNT DIR`: start test hosts by hand, say what is up
+    (`describe(cluster)`), hold them until Ctrl-C or SIGTERM, then stop them."""
+    if len(sys.argv) != 4 or sys.argv[1] != "up":
+        raise SystemExit(f"usage: python tests/{script} up COUNT DIR")
+    cluster = start(int(sys.argv[2]), Path(sys.argv[3]))
+    hold_until_interrupted(describe(cluster), lambda: stop(cluster))
+
+
 def hold_until_interrupted(message: str, stop: Callable[[], object]) -> None:
-    """For `... up` by hand: say `message`, wait for Ctrl-C or SIGTERM, then `stop()`."""
+    """Say `message`, wait for Ctrl-C or SIGTERM, then `stop()`."""
     print(message, flush=True)
     print("Ctrl-C (or SIGTERM) tears them down.", flush=True)
     signal.signal(signal.SIGTERM, signal.default_int_handler)

@@ -17,7 +17,6 @@ import os
 import shutil
 import signal
 import subprocess
-import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -285,14 +284,10 @@ def _remove_cgroups(node_name: str) -> None:
                 top.rmdir()
 
 
-def main() -> None:
-    if len(sys.argv) != 4 or sys.argv[1] != "up":
-        raise SystemExit("usage: python tests/slurmnodes.py up COUNT DIR")
-    cluster = start(int(sys.argv[2]), Path(sys.argv[3]))
-    netns.hold_until_interrupted(
-        f"{len(cluster.nodes)} Slurm nodes up; SLURM_CONF={cluster.conf}", lambda: stop(cluster)
-    )
-
-
 if __name__ == "__main__":
-    main()
+    netns.up_from_command_line(
+        "slurmnodes.py",
+        start,
+        stop,
+        lambda c: f"{len(c.nodes)} Slurm nodes up; SLURM_CONF={c.conf}",
+    )

@@ -249,14 +249,7 @@ def stop(cluster: SshNodes) -> list[str]:
     return leftovers
 
 
-def main() -> None:
-    if len(sys.argv) != 4 or sys.argv[1] != "up":
-        raise SystemExit("usage: python tests/sshnodes.py up COUNT DIR")
-    cluster = start(int(sys.argv[2]), Path(sys.argv[3]))
-    netns.hold_until_interrupted(
-        f"{len(cluster.nodes)} nodes up; inventory: {cluster.inventory}", lambda: stop(cluster)
-    )
-
-
 if __name__ == "__main__":
-    main()
+    netns.up_from_command_line(
+        "sshnodes.py", start, stop, lambda c: f"{len(c.nodes)} nodes up; inventory: {c.inventory}"
+    )
