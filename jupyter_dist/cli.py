@@ -14,6 +14,7 @@ import time
 from collections.abc import Sequence
 from typing import TextIO
 
+from jupyter_dist.backends import inventory_backend
 from jupyter_dist.describe import (
     INSPECT_COLUMNS,
     PLAN_COLUMNS,
@@ -22,7 +23,6 @@ from jupyter_dist.describe import (
     inspect_rows,
     job_size,
     job_summary,
-    node_health,
     plan_rows,
     tf_configs,
 )
@@ -270,20 +270,20 @@ def cmd_nodes(args: argparse.Namespace, store: JobStore) -> int:
     if inventory.is_local:
         print("no node inventory: jobs run on local nodes (this machine)", file=sys.stderr)
         return EXIT_OK
+    backend = inventory_backend(inventory)
     if args.trust:
-        from jupyter_dist.backends.ssh import trust
-
         (node,) = inventory.select(1, [args.trust], workdir="")
-        print(f"trusted {node.name} ({node.host}:{node.port}): {trust(node)}")
+        print(f"trusted {node.name} ({node.host}): {backend.trust(node)}")
         return EXIT_OK
     rows = [
         {
-            "node": h["name"], "host": f"{h['host']}:{h['port']}", "status": h["status"],
-            "latency": "" if h["latency_ms"] is None else f"{h['latency_ms']:.0f} ms",
-            "python": h["python"] or "", "hostname": h["hostname"] or "",
-            "gpus": "" if h["gpus"] is None else str(h["gpus"]), "problem": h["problem"] or "",
+            "node": h.name, "host": h.host if h.port is None else f"{h.host}:{h.port}",
+            "status": h.status,
+            "latency": "" if h.latency_ms is None else f"{h.latency_ms:.0f} ms",
+            "python": h.python or "", "hostname": h.hostname or "",
+            "gpus": "" if h.gpus is None else str(h.gpus), "problem": h.problem or "",
         }
-        for h in node_health(list(inventory.nodes))
+        for h in backend.health(list(inventory.nodes))
     ]  # fmt: skip
     _print_table(rows, list(rows[0]), title=f"nodes in {inventory.source}")
     return EXIT_OK if all(r["status"] == "ok" for r in rows) else EXIT_FAILED

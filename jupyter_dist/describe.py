@@ -5,7 +5,6 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from jupyter_dist.nodes import Node
 from jupyter_dist.plan.model import LaunchPlan
 from jupyter_dist.run.control import effective_state
 from jupyter_dist.run.events import RootCause
@@ -86,24 +85,6 @@ def job_size(summary: dict[str, Any]) -> str:
     if summary["type"] in ("pytorch", "mpi") and summary.get("world_size"):
         return counted(summary["world_size"], "rank")
     return counted(summary["processes"], "process")
-
-
-def node_health(nodes: list[Node]) -> list[dict[str, Any]]:
-    """Every SSH node checked at once: reachable or not, latency, python, hostname, GPUs."""
-    from jupyter_dist.backends.ssh import check_nodes  # paramiko only when nodes need it
-
-    return [
-        {
-            "name": node.name, "host": node.host, "port": node.port,
-            "status": "ok" if info else "unreachable",
-            "latency_ms": round(info.latency_ms, 1) if info else None,
-            "python": info.python if info else None,
-            "hostname": info.hostname if info else None,
-            "gpus": info.gpus if info else None,
-            "problem": error,
-        }
-        for node, info, error in check_nodes(nodes)
-    ]  # fmt: skip
 
 
 def format_commands(plan: LaunchPlan, commands: dict[str, str]) -> str:

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import os
 import sys
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Literal
+from typing import Any, Literal
 
 import yaml
 from pydantic import Field, ValidationError, field_validator
@@ -18,29 +18,32 @@ LOCAL_HOST = "127.0.0.1"
 
 
 @dataclass(frozen=True)
-class Node:
-    """One machine (or, for local nodes, one node rank on this machine)."""
+class SshAccess:
+    """How the SSH backend reaches an inventory node: the inventory file's SSH settings."""
 
-    name: str
-    host: str
-    transport: str = "local"  # "local" or "ssh"
-    python: str = "python3"
-    workdir: str = ""  # scratch folder for job files; "~" is resolved on the node
-    cwd: str | None = None  # where processes run when the spec has no `code`
     port: int = 22
     user: str | None = None
     key_file: str | None = None
     known_hosts: str | None = None
-    host_key_policy: str = "strict"
+    host_key_policy: str = "strict"  # or "accept-new"
+
+
+@dataclass(frozen=True)
+class Node:
+    """One machine (or, for local nodes, one node rank on this machine): what every backend
+    knows of a node, plus `access`, which only the node's own backend reads."""
+
+    name: str
+    host: str  # the address the other nodes reach it at (MASTER_ADDR when it is node 0)
+    backend: str = "local"  # the backend whose node it is: local, ssh, slurm, ...
+    python: str = "python3"
+    workdir: str = ""  # scratch folder for job files; "~" is resolved on the node
+    cwd: str | None = None  # where processes run when the spec has no `code`
     gpus: int | None = None
-    extra: dict = field(default_factory=dict, compare=False, hash=False)
     # The node sees this machine's files at the same paths (local nodes; a cluster's shared
     # filesystem): code runs in place, nothing is shipped.
     shares_files: bool = False
-
-    @property
-    def is_local(self) -> bool:
-        return self.transport == "local"
+    access: Any = None  # e.g. SshAccess for an inventory node
 
 
 def local_nodes(count: int, workdir: Path | str, cwd: Path | str | None = None) -> list[Node]:
@@ -131,11 +134,14 @@ class NodeEntry(StrictSection):
     def to_node(self) -> Node:
         home = os.path.expanduser
         return Node(
-            name=self.name, host=self.host, transport="ssh", python=self.python,
-            workdir=self.workdir, port=self.port, user=self.user,
-            key_file=home(self.key_file) if self.key_file else None,
-            known_hosts=home(self.known_hosts) if self.known_hosts else None,
-            host_key_policy=self.host_key_policy, gpus=self.gpus,
+            name=self.name, host=self.host, backend="ssh", python=self.python,
+            workdir=self.workdir, gpus=self.gpus,
+            access=SshAccess(
+                port=self.port, user=self.user,
+                key_file=home(self.key_file) if self.key_file else None,
+                known_hosts=home(self.known_hosts) if self.known_hosts else None,
+                host_key_policy=self.host_key_policy,
+            ),
         )  # fmt: skip
 
 

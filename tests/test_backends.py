@@ -21,7 +21,7 @@ def test_builtin_backends_by_name_and_the_default_choice():
     assert {"local", "ssh", "slurm"} <= set(available())
     assert backend_class("local") is LocalBackend
     assert all(issubclass(backend_class(name), Backend) for name in ("ssh", "slurm"))
-    inventory = Inventory(nodes=(Node(name="gpu1", host="10.0.0.5", transport="ssh"),))
+    inventory = Inventory(nodes=(Node(name="gpu1", host="10.0.0.5", backend="ssh"),))
     assert choose_backend(Inventory(), environ={}).name == "local"  # no inventory
     assert choose_backend(inventory, environ={}).name == "ssh"
     assert choose_backend(inventory, environ={"SLURM_JOB_ID": "7"}).name == "slurm"  # inside

@@ -7,6 +7,7 @@ import time
 
 import pytest
 
+from jupyter_dist.backends import backend_class
 from jupyter_dist.errors import NodeError, SpecError
 from jupyter_dist.nodes import Inventory, Node
 from jupyter_dist.plan import plan, port_requests
@@ -17,7 +18,7 @@ NODES = [
     Node(
         name=f"gpu{i}",
         host=f"10.0.0.{i + 5}",
-        transport="ssh",
+        backend="ssh",
         python="/opt/venv/bin/python",
         workdir="/scratch/distrun",
     )
@@ -29,7 +30,8 @@ def _plan(text: str, nodes=NODES, ports=None):
     spec = parse_spec(text)
     nodes = nodes[: spec.instance_count]
     wanted = {r.key: 40000 + i for i, r in enumerate(port_requests(spec, nodes))}
-    return plan(spec, nodes, "job1", ports if ports is not None else wanted)
+    hooks = backend_class(nodes[0].backend)()  # the nodes' backend's part of mpirun
+    return plan(spec, nodes, "job1", ports if ports is not None else wanted, None, hooks.mpi_launch)
 
 
 COMMON = {"DISTRUN_JOB_ID", "DISTRUN_NODE_RANK", "DISTRUN_NUM_NODES", "PYTHONUNBUFFERED"}
@@ -185,7 +187,7 @@ def test_tensorflow_defaults_to_one_worker_per_node_and_base_port():
     cfg = json.loads(p.processes[0].env["TF_CONFIG"])
     assert cfg["cluster"]["worker"] == ["10.0.0.5:2222", "10.0.0.5:2223"]
     # Nodes on one machine (local nodes) share its ports: slots count per host.
-    local = [Node(name=f"local{i}", host="127.0.0.1", transport="local") for i in range(2)]
+    local = [Node(name=f"local{i}", host="127.0.0.1", backend="local") for i in range(2)]
     p = _plan(
         "command: x\nresources: {instance_count: 2}\n"
         "distribution: {type: tensorflow, worker_count: 3, parameter_server_count: 1, "

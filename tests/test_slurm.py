@@ -101,11 +101,40 @@ def test_a_failing_rank_stops_the_others_with_the_root_cause(allocation, store, 
     assert status["state"] == "failed" and status["root_cause"]["rank"] == 2
 
 
-def test_an_mpi_job_is_refused_in_one_line_before_anything_starts(allocation, store, tmp_path):
-    spec = _spec(tmp_path, "command: hostname\ndistribution: {type: mpi}\n")
+def test_mpi_allreduce_starts_its_ranks_through_slurm(allocation, slurm_cluster, store, tmp_path):
+    """mpirun, a step on node 0, starts the other node's ranks through Slurm (no SSH
+    exists in these nodes), on the job's nodes only, with the Azure ML variables."""
+    spec = _spec(
+        tmp_path,
+        f"""\
+        code: {EXAMPLES / "src"}
+        command: python mpi_allreduce.py
+        resources: {{instance_count: 2}}
+        distribution: {{type: mpi, process_count_per_instance: 2}}
+    """,
+    )
+    done = run_cli("run", str(spec), store=store, env=allocation, timeout=180)
+    assert done.returncode == 0, done.stderr[-3000:]
+    (record,) = store.jobs()
+    reports = result_reports(store, record.job_id)
+    assert sorted(reports) == [0, 1, 2, 3]
+    node0, node1 = (n.host for n in slurm_cluster.nodes)
+    for rank, report in reports.items():
+        assert report["mpi_rank"] == rank and report["size"] == 4
+        assert report["allreduce"] == 10  # really one communicator across both nodes
+        assert report["host"] == f"sln{rank // 2 + 1}"
+        assert report["master"][0] == node0
+        assert report["hostfile"] == [f"{node0} slots=2", f"{node1} slots=2"]
+
+
+def test_horovodrun_is_refused_in_one_line_before_anything_starts(allocation, store, tmp_path):
+    spec = _spec(tmp_path, "command: hostname\ndistribution: {type: mpi, launcher: horovodrun}\n")
     done = run_cli("run", str(spec), store=store, env=allocation)
     assert done.returncode == 2 and store.jobs() == []
-    assert done.stderr.strip().startswith("error: slurm: mpi jobs do not run on the slurm backend")
+    assert done.stderr.strip() == (
+        "error: slurm: launcher horovodrun does not run on the slurm backend yet; "
+        "use launcher: mpirun (Horovod scripts run under it too)"
+    )
 
 
 def test_without_slurm_commands_the_slurm_backend_says_so_in_one_line(store, tmp_path):

@@ -313,6 +313,6 @@ def test_the_dry_run_command_is_the_one_ssh_runs(ssh_nodes, store, tmp_path):
     proc = plan.processes[1]
     command = backend.command_line(proc, nodes[1], 5)
     checking = "-o BatchMode=yes -o StrictHostKeyChecking=yes"
-    assert command.startswith(f"ssh -p {nodes[1].port} {checking} ")
+    assert command.startswith(f"ssh -p {nodes[1].access.port} {checking} ")
     assert f"UserKnownHostsFile={ssh_nodes.known_hosts}" in command
     assert run_command_line(command) == (0, "rank 1 on node1\n")

@@ -14,7 +14,7 @@ import os
 from collections.abc import Mapping
 from importlib.metadata import entry_points
 
-from jupyter_dist.backends.base import Backend, ProcessHandle
+from jupyter_dist.backends.base import Backend, NodeHealth, ProcessHandle
 from jupyter_dist.errors import DistrunError
 from jupyter_dist.nodes import Inventory
 
@@ -59,4 +59,13 @@ def choose_backend(
     return backend_class("local" if inventory.is_local else "ssh")()
 
 
-__all__ = ["Backend", "ProcessHandle", "available", "backend_class", "choose_backend"]
+def inventory_backend(inventory: Inventory) -> Backend:
+    """The backend the inventory's nodes belong to (ssh; local with no inventory): the one
+    that checks them and trusts them (`jupyter distrun nodes`, the sidebar)."""
+    return backend_class(inventory.nodes[0].backend if inventory.nodes else "local")()
+
+
+__all__ = [
+    "Backend", "NodeHealth", "ProcessHandle", "available", "backend_class", "choose_backend",
+    "inventory_backend",
+]  # fmt: skip

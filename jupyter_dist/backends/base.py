@@ -9,6 +9,7 @@ and a backend may rely on that order:
     nodes = backend.preflight(nodes)            # every node usable, or NodeError; nothing runs
     ports = backend.choose_ports(requests, nodes)
     plan = ...                                  # pure, from the spec, nodes and ports
+                                                # (an MPI job's mpirun: backend.mpi_launch)
     backend.prepare(plan, nodes)                # files on the nodes; still nothing runs
     handles = [backend.start(proc, node, grace) for each process]   # in parallel
     handle.confirm() for each                   # every process started, or the job stops
@@ -16,6 +17,9 @@ and a backend may rely on that order:
     backend.collect(node, folder)               # files the ranks left (e.g. --out values)
     backend.sweep(job_id, node_names)           # last: nothing of the job survives
     backend.release()                           # give back what acquire took
+
+Outside a job, `health(nodes)` checks nodes for `jupyter distrun nodes` and the sidebar, and
+`trust(node)` records a node's identity (an SSH host key) for `nodes --trust`.
 
 `command_line(proc, node, grace)` is the dry run: the exact command that `start` would run
 for that process, as one line a user could paste (shown by `--dry-run` and `jupyter distrun
@@ -30,11 +34,13 @@ from __future__ import annotations
 
 from abc import ABC, abstractmethod
 from collections.abc import Iterator
-from typing import Protocol
+from dataclasses import asdict, dataclass
+from typing import Any, Protocol
 
+from jupyter_dist.errors import DistrunError, NodeError
 from jupyter_dist.nodes import Inventory, Node
-from jupyter_dist.plan.context import PortRequest
-from jupyter_dist.plan.model import LaunchPlan, ProcessPlan
+from jupyter_dist.plan.context import PlanContext, PortRequest
+from jupyter_dist.plan.model import LaunchPlan, MpiLaunch, ProcessPlan
 from jupyter_dist.spec import JobSpec
 
 
@@ -66,6 +72,24 @@ class ProcessHandle(Protocol):
         Read once the output is drained."""
 
 
+@dataclass(frozen=True)
+class NodeHealth:
+    """One node as a health check found it (`jupyter distrun nodes`, the sidebar)."""
+
+    name: str
+    host: str
+    port: int | None  # where the backend reaches it, if by a port of its own (SSH)
+    status: str  # "ok" or "unreachable"
+    latency_ms: float | None = None
+    python: str | None = None  # the python version the node runs jobs with
+    hostname: str | None = None
+    gpus: int | None = None
+    problem: str | None = None  # why it is not ok, in one line
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
 class Backend(ABC):
     """Where and how a job's processes run. One instance serves one job."""
 
@@ -88,6 +112,12 @@ class Backend(ABC):
     def choose_ports(self, requests: list[PortRequest], nodes: list[Node]) -> dict[str, int]:
         """A free port on its node for each request without a fixed port (key -> port); a
         fixed port is checked free there, else DistrunError (request.taken_message)."""
+
+    def mpi_launch(self, ctx: PlanContext) -> MpiLaunch:
+        """How an MPI job's mpirun, started on node 0, reaches the job's other nodes: its
+        extra options, the files they name, the variables to forward. Pure (called while
+        planning; nothing is reached). The default is the hostfile alone."""
+        return MpiLaunch()
 
     @abstractmethod
     def prepare(self, plan: LaunchPlan, nodes: list[Node]) -> None:
@@ -113,6 +143,27 @@ class Backend(ABC):
     def sweep(self, job_id: str, node_names: set[str]) -> list[int]:
         """Kill whatever still carries the job's id on the named nodes (the last safety net
         after every agent stopped its tree); the pids killed. Never raises."""
+
+    def health(self, nodes: list[Node]) -> list[NodeHealth]:
+        """Check each node (in parallel where that costs something) and say what was found,
+        in the order given; a node that fails is `unreachable` with its problem, never an
+        exception. The default asks `preflight`, one node at a time."""
+        found = []
+        for node in nodes:
+            try:
+                self.preflight([node])
+                found.append(NodeHealth(node.name, node.host, None, "ok"))
+            except NodeError as exc:
+                found.append(
+                    NodeHealth(node.name, node.host, None, "unreachable", problem=str(exc))
+                )
+        return found
+
+    def trust(self, node: Node) -> str:
+        """Record the node's identity so that later connections accept it (an SSH host key
+        into known_hosts); returns what was recorded, e.g. the key's fingerprint.
+        DistrunError for backends whose nodes have nothing to trust."""
+        raise DistrunError(f"{self.name} nodes have no host key to trust; ssh nodes do")
 
     def release(self) -> None:  # noqa: B027 (a hook: most backends acquire nothing)
         """Give back what the backend acquired for the job (an allocation). Idempotent;

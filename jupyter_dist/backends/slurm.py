@@ -29,8 +29,8 @@ from jupyter_dist.describe import counted
 from jupyter_dist.errors import DistrunError, NodeError
 from jupyter_dist.nodes import Inventory, Node
 from jupyter_dist.options import SLURM_OPTIONS
-from jupyter_dist.plan.context import PortRequest
-from jupyter_dist.plan.model import ProcessPlan
+from jupyter_dist.plan.context import PlanContext, PortRequest
+from jupyter_dist.plan.model import MpiLaunch, ProcessPlan
 from jupyter_dist.run.agent_client import AGENT_SOURCE, agent_argv
 from jupyter_dist.spec import JobSpec
 
@@ -100,10 +100,10 @@ class SlurmBackend(LocalBackend):
         """The allocation's nodes (the first `instance_count`, or those `spec.nodes`
         names), each with the address Slurm knows it by; outside an allocation, one is
         asked for first (blocks while it is pending)."""
-        if spec.job_type == "mpi":  # its mpirun would reach the nodes over SSH, not Slurm
+        if spec.job_type == "mpi" and spec.distribution.launcher == "horovodrun":
             raise DistrunError(
-                "slurm: mpi jobs do not run on the slurm backend yet; pytorch, tensorflow and "
-                "dask jobs do (or run mpirun yourself in a pytorch job's command)"
+                "slurm: launcher horovodrun does not run on the slurm backend yet; use "
+                "launcher: mpirun (Horovod scripts run under it too)"
             )
         if not self.job_id:
             self.job_id = self._allocate(spec)
@@ -132,7 +132,7 @@ class SlurmBackend(LocalBackend):
             Node(
                 name=name,
                 host=_address(name),
-                transport="slurm",
+                backend="slurm",
                 python=sys.executable,
                 workdir=workdir,
                 cwd=cwd,
@@ -193,6 +193,21 @@ class SlurmBackend(LocalBackend):
 
         nodes = [Node(name, name, "slurm", sys.executable) for name in sorted(node_names)]
         return [pid for pids in _on_every_node(nodes, sweep_node) for pid in pids]
+
+    def mpi_launch(self, ctx: PlanContext) -> MpiLaunch:
+        """mpirun (itself a step on node 0) starts its daemons on the job's nodes as job
+        steps of the same allocation, through Open MPI's Slurm launcher: no SSH, no
+        hostfile. The hosts are the job's nodes by Slurm name, not the whole allocation."""
+        per_node = ctx.spec.distribution.process_count_per_instance
+        hosts = ",".join(f"{node.name}:{per_node}" for node in ctx.nodes)
+        return MpiLaunch(
+            args=(
+                "--host", hosts, "--mca", "plm", "slurm", "--mca", "ras", "^slurm",
+                # its srun shares the allocation with the other steps, as ours do
+                "--mca", "plm_slurm_args", "--overlap",
+            ),
+            hostfile=False,
+        )  # fmt: skip
 
     def _step(self, node: Node) -> list[str]:
         """An srun that runs one task on `node` within the allocation, beside other steps."""

@@ -24,12 +24,12 @@ from pathlib import Path
 
 import paramiko
 
-from jupyter_dist.backends.base import Backend
+from jupyter_dist.backends.base import Backend, NodeHealth
 from jupyter_dist.backends.node_ports import ports_on_nodes
 from jupyter_dist.errors import DistrunError, NodeError
-from jupyter_dist.nodes import Inventory, Node
-from jupyter_dist.plan.context import PortRequest
-from jupyter_dist.plan.model import LaunchPlan, ProcessPlan
+from jupyter_dist.nodes import Inventory, Node, SshAccess
+from jupyter_dist.plan.context import PlanContext, PortRequest
+from jupyter_dist.plan.model import LaunchPlan, MpiLaunch, PlannedFile, ProcessPlan
 from jupyter_dist.run.agent_client import AGENT_SOURCE, AgentProcess, agent_argv
 from jupyter_dist.spec import JobSpec
 
@@ -83,17 +83,29 @@ class AcceptNewPolicy(paramiko.MissingHostKeyPolicy):
                 handle.write(f"{hostname} {key.get_name()} {key.get_base64()}\n")
 
 
+def access(node: Node) -> SshAccess:
+    """The node's SSH settings (the defaults for a node the inventory did not describe)."""
+    return node.access if isinstance(node.access, SshAccess) else SshAccess()
+
+
+def address(node: Node) -> str:
+    """host:port, as messages name a node."""
+    return f"{node.host}:{access(node).port}"
+
+
 def known_hosts_path(node: Node) -> str:
-    return os.path.expanduser(node.known_hosts or "~/.ssh/known_hosts")
+    return os.path.expanduser(access(node).known_hosts or "~/.ssh/known_hosts")
 
 
 def _host_key_name(node: Node) -> str:
-    return node.host if node.port == 22 else f"[{node.host}]:{node.port}"
+    port = access(node).port
+    return node.host if port == 22 else f"[{node.host}]:{port}"
 
 
 def connect(node: Node, policy: str | None = None) -> paramiko.SSHClient:
     """An authenticated connection, or a NodeError naming the node and the reason."""
-    policy = policy or node.host_key_policy
+    ssh = access(node)
+    policy = policy or ssh.host_key_policy
     known = known_hosts_path(node)
     client = paramiko.SSHClient()
     if os.path.exists(known):
@@ -101,12 +113,12 @@ def connect(node: Node, policy: str | None = None) -> paramiko.SSHClient:
     client.set_missing_host_key_policy(
         AcceptNewPolicy(known) if policy == "accept-new" else paramiko.RejectPolicy()
     )
-    where = f"{node.host}:{node.port}"
-    user = node.user or getpass.getuser()
+    where = address(node)
+    user = ssh.user or getpass.getuser()
     try:
         client.connect(
-            node.host, port=node.port, username=user,
-            key_filename=node.key_file, look_for_keys=node.key_file is None,
+            node.host, port=ssh.port, username=user,
+            key_filename=ssh.key_file, look_for_keys=ssh.key_file is None,
             allow_agent=True, timeout=CONNECT_TIMEOUT, banner_timeout=CONNECT_TIMEOUT,
             auth_timeout=CONNECT_TIMEOUT,
         )  # fmt: skip
@@ -118,7 +130,7 @@ def connect(node: Node, policy: str | None = None) -> paramiko.SSHClient:
         ) from None
     except paramiko.AuthenticationException:
         client.close()
-        key = f" with key {node.key_file}" if node.key_file else " with the agent/default keys"
+        key = f" with key {ssh.key_file}" if ssh.key_file else " with the agent/default keys"
         raise NodeError(
             f"node {node.name} ({where}): authentication failed for {user}{key}"
         ) from None
@@ -218,7 +230,8 @@ class Connections:
 
     @staticmethod
     def _key(node: Node) -> tuple:
-        return (node.host, node.port, node.user, node.key_file)
+        ssh = access(node)
+        return (node.host, ssh.port, ssh.user, ssh.key_file)
 
     def _live(self, node: Node) -> list[_Connection]:
         key = self._key(node)
@@ -309,7 +322,7 @@ def _on_node(work: Callable[[Node], object], node: Node) -> object:
         raise
     except (paramiko.SSHException, OSError, EOFError) as exc:
         raise NodeError(
-            f"node {node.name} ({node.host}:{node.port}): {exc or type(exc).__name__}"
+            f"node {node.name} ({address(node)}): {exc or type(exc).__name__}"
         ) from None
 
 
@@ -336,18 +349,6 @@ def probe(node: Node, connections: Connections | None = None) -> NodeInfo:
         name=node.name, host=node.host, python=info["python"], workdir=info["workdir"],
         hostname=info["hostname"], gpus=info["gpus"], latency_ms=latency,
     )  # fmt: skip
-
-
-def check_nodes(nodes: list[Node]) -> list[tuple[Node, NodeInfo | None, str | None]]:
-    """A health check of every node at once: (node, info or None, problem or None)."""
-
-    def check(node: Node):
-        try:
-            return node, probe(node), None
-        except NodeError as exc:
-            return node, None, str(exc).split(": ", 1)[-1]
-
-    return parallel(nodes, check)
 
 
 class SshProcess(AgentProcess):
@@ -377,6 +378,23 @@ class SshProcess(AgentProcess):
     def _wait(self) -> int:
         code = self.channel.recv_exit_status()
         return 255 if code == -1 else code  # -1: no status at all, the link died
+
+
+def ssh_config(nodes: list[Node]) -> str:
+    """An OpenSSH client config that reaches `nodes` as the inventory says, host by host."""
+    lines = []
+    for node in nodes:
+        ssh = access(node)
+        policy = "accept-new" if ssh.host_key_policy == "accept-new" else "yes"
+        lines += [f"Host {node.host}", f"  Port {ssh.port}", "  BatchMode yes"]
+        lines.append(f"  StrictHostKeyChecking {policy}")
+        if ssh.user:
+            lines.append(f"  User {ssh.user}")
+        if ssh.key_file:
+            lines.append(f"  IdentityFile {ssh.key_file}")
+        if ssh.known_hosts:
+            lines.append(f"  UserKnownHostsFile {ssh.known_hosts}")
+    return "\n".join(lines) + "\n"
 
 
 @functools.cache  # once per process: every start, prepare and sweep names the agent
@@ -412,6 +430,36 @@ class SshBackend(Backend):
 
     def choose_ports(self, requests: list[PortRequest], nodes: list[Node]) -> dict[str, int]:
         return ports_on_nodes(requests, nodes, self.connections.run, parallel)
+
+    def health(self, nodes: list[Node]) -> list[NodeHealth]:
+        """Every node probed at once: reachable, latency, python, hostname, GPUs."""
+
+        def check(node: Node) -> NodeHealth:
+            port = access(node).port
+            try:
+                info = probe(node, self.connections)
+            except NodeError as exc:
+                problem = str(exc).split(": ", 1)[-1]
+                return NodeHealth(node.name, node.host, port, "unreachable", problem=problem)
+            return NodeHealth(
+                node.name, node.host, port, "ok", latency_ms=round(info.latency_ms, 1),
+                python=info.python, hostname=info.hostname, gpus=info.gpus,
+            )  # fmt: skip
+
+        return parallel(nodes, check)
+
+    def trust(self, node: Node) -> str:
+        return trust(node)
+
+    def mpi_launch(self, ctx: PlanContext) -> MpiLaunch:
+        """mpirun on node 0 starts the other nodes' daemons with OpenSSH, configured from
+        the inventory (port, user, key, host-key policy) in an ssh_config of the job's."""
+        config_path = posixpath.join(ctx.job_dir(ctx.nodes[0]), "ssh_config")
+        return MpiLaunch(
+            args=("--mca", "plm_rsh_agent", f"ssh -F {config_path}"),
+            files=(PlannedFile(0, config_path, ssh_config(ctx.nodes[1:])),),
+            forward=("PATH",),  # the other nodes' ranks find the same python
+        )
 
     def prepare(self, plan: LaunchPlan, nodes: list[Node]) -> None:
         """Ship the agent (once per version), the code folder (only what changed) and the
@@ -477,12 +525,13 @@ class SshBackend(Backend):
         """The same as OpenSSH's `ssh` would run it (paramiko holds the connection, with the
         inventory's user, port, key and host-key policy: so does this line)."""
         node = self._nodes.get(node.name, node)
-        target = f"{node.user}@{node.host}" if node.user else node.host
-        checking = "accept-new" if node.host_key_policy == "accept-new" else "yes"
+        ssh = access(node)
+        target = f"{ssh.user}@{node.host}" if ssh.user else node.host
+        checking = "accept-new" if ssh.host_key_policy == "accept-new" else "yes"
         options = [
-            "-p", str(node.port), "-o", "BatchMode=yes", "-o", f"StrictHostKeyChecking={checking}",
+            "-p", str(ssh.port), "-o", "BatchMode=yes", "-o", f"StrictHostKeyChecking={checking}",
             "-o", f"UserKnownHostsFile={known_hosts_path(node)}",
-            *(["-i", os.path.expanduser(node.key_file)] if node.key_file else []),
+            *(["-i", os.path.expanduser(ssh.key_file)] if ssh.key_file else []),
         ]  # fmt: skip
         remote = self._remote_command(proc, node, grace)
         return shlex.join(["ssh", *options, target, remote])

@@ -3,17 +3,26 @@
 from __future__ import annotations
 
 import posixpath
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from pathlib import Path
 
 from jupyter_dist.errors import SpecError
 from jupyter_dist.nodes import Node
 from jupyter_dist.plan import dask, mpi, pytorch, tensorflow
-from jupyter_dist.plan.context import PlanContext, PortRequest
-from jupyter_dist.plan.model import LaunchPlan, PlannedFile, ProcessPlan
+from jupyter_dist.plan.context import PlanContext, PortRequest, plain_mpi_launch
+from jupyter_dist.plan.model import LaunchPlan, MpiLaunch, PlannedFile, ProcessPlan
 from jupyter_dist.spec import SCRIPT_NAME, SCRIPT_RUNNER_NAME, JobSpec
 
-__all__ = ["LaunchPlan", "PlannedFile", "PortRequest", "ProcessPlan", "plan", "port_requests"]
+__all__ = [
+    "LaunchPlan",
+    "MpiLaunch",
+    "PlanContext",
+    "PlannedFile",
+    "PortRequest",
+    "ProcessPlan",
+    "plan",
+    "port_requests",
+]
 
 # Read once at import, so that planning stays free of I/O.
 _SCRIPT_RUNNER_SOURCE = (Path(__file__).parents[1] / SCRIPT_RUNNER_NAME).read_text()
@@ -32,9 +41,11 @@ def plan(
     job_id: str,
     ports: Mapping[str, int],
     extra_files: Mapping[str, str] | None = None,
+    mpi_launch: Callable[[PlanContext], MpiLaunch] = plain_mpi_launch,
 ) -> LaunchPlan:
     """Every process of the job: node, argv, env, cwd, role and ranks. `extra_files`
-    (name -> text) are written into the job's folder on every node."""
+    (name -> text) are written into the job's folder on every node; `mpi_launch` is the
+    backend's part of an MPI job's mpirun (Backend.mpi_launch)."""
     if len(nodes) != spec.instance_count:
         raise SpecError(
             f"resources.instance_count is {spec.instance_count} but {len(nodes)} node(s) were given"
@@ -44,7 +55,7 @@ def plan(
     missing = [r.key for r in requests if r.key not in ports]
     if missing:
         raise ValueError(f"ports not chosen for: {', '.join(missing)}")
-    ctx = PlanContext(spec=spec, nodes=list(nodes), job_id=job_id, ports=ports)
+    ctx = PlanContext(spec, list(nodes), job_id, ports, mpi_launch)
     built = _PLANNERS[spec.job_type].build(ctx, spec.distribution)
     processes, files = built if isinstance(built, tuple) else (built, [])
     per_node = dict(extra_files or {})
@@ -60,7 +71,7 @@ def plan(
     return LaunchPlan(
         job_id=job_id,
         job_type=spec.job_type,
-        nodes=[{"name": n.name, "host": n.host, "transport": n.transport} for n in nodes],
+        nodes=[{"name": n.name, "host": n.host, "backend": n.backend} for n in nodes],
         master_addr=ctx.master_addr,
         master_port=int(master_port) if master_port else None,
         world_size=processes[0].world_size,

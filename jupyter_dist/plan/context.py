@@ -3,12 +3,12 @@
 from __future__ import annotations
 
 import posixpath
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
 from jupyter_dist.nodes import Node
-from jupyter_dist.plan.model import ProcessPlan
+from jupyter_dist.plan.model import MpiLaunch, ProcessPlan
 from jupyter_dist.spec import JobSpec
 
 SHELL = "/bin/sh"
@@ -32,12 +32,19 @@ class PortRequest:
         )
 
 
+def plain_mpi_launch(ctx: PlanContext) -> MpiLaunch:
+    """mpirun with the hostfile and nothing more: every node is this machine."""
+    return MpiLaunch()
+
+
 @dataclass(frozen=True)
 class PlanContext:
     spec: JobSpec
     nodes: list[Node]
     job_id: str
     ports: Mapping[str, int]
+    # The backend's part of an MPI launch (Backend.mpi_launch): how mpirun reaches the nodes.
+    mpi_launch: Callable[[PlanContext], MpiLaunch] = plain_mpi_launch
 
     @property
     def num_nodes(self) -> int:

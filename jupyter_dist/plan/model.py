@@ -11,6 +11,26 @@ OUTPUT_TAGS = ("plain", "torchrun", "mpi")
 
 
 @dataclass(frozen=True)
+class PlannedFile:
+    """A file the runner writes on a node before starting processes (an MPI hostfile)."""
+
+    node_rank: int
+    path: str
+    content: str
+
+
+@dataclass(frozen=True)
+class MpiLaunch:
+    """What a backend adds to the mpirun on node 0 so that it reaches the job's other nodes
+    (Backend.mpi_launch): SSH names an rsh agent and its ssh_config, Slurm its own launcher."""
+
+    args: tuple[str, ...] = ()  # mpirun options, before the user's mpi_args
+    files: tuple[PlannedFile, ...] = ()  # files those options name
+    forward: tuple[str, ...] = ()  # variables the other nodes' ranks must get too (-x)
+    hostfile: bool = True  # give mpirun the job's hostfile; False: `args` name the hosts
+
+
+@dataclass(frozen=True)
 class ProcessPlan:
     """One process to start on one node."""
 
@@ -42,19 +62,10 @@ class ProcessPlan:
 
 
 @dataclass(frozen=True)
-class PlannedFile:
-    """A file the runner writes on a node before starting processes (an MPI hostfile)."""
-
-    node_rank: int
-    path: str
-    content: str
-
-
-@dataclass(frozen=True)
 class LaunchPlan:
     job_id: str
     job_type: str
-    nodes: list[dict[str, Any]]  # name, host, transport per node rank
+    nodes: list[dict[str, Any]]  # name, host, backend per node rank
     master_addr: str
     master_port: int | None
     world_size: int

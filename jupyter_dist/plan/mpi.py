@@ -1,4 +1,5 @@
-"""MPI: a hostfile and one mpirun (or horovodrun) on node 0 that starts every rank."""
+"""MPI: a hostfile and one mpirun (or horovodrun) on node 0 that starts every rank; the
+backend says how mpirun reaches the other nodes (Backend.mpi_launch)."""
 
 from __future__ import annotations
 
@@ -25,22 +26,6 @@ def hostfile(ctx: PlanContext, slots_per_node: int) -> str:
     return "".join(f"{host} slots={count}\n" for host, count in slots.items())
 
 
-def ssh_config(ctx: PlanContext) -> str:
-    """How mpirun on node 0 reaches the other nodes: the inventory's SSH settings, per host."""
-    lines = []
-    for node in ctx.nodes[1:]:
-        policy = "accept-new" if node.host_key_policy == "accept-new" else "yes"
-        lines += [f"Host {node.host}", f"  Port {node.port}", "  BatchMode yes"]
-        lines.append(f"  StrictHostKeyChecking {policy}")
-        if node.user:
-            lines.append(f"  User {node.user}")
-        if node.key_file:
-            lines.append(f"  IdentityFile {node.key_file}")
-        if node.known_hosts:
-            lines.append(f"  UserKnownHostsFile {node.known_hosts}")
-    return "\n".join(lines) + "\n"
-
-
 def build(ctx: PlanContext, dist: MpiDistribution) -> tuple[list[ProcessPlan], list[PlannedFile]]:
     per_node = dist.process_count_per_instance
     world = ctx.num_nodes * per_node
@@ -55,20 +40,16 @@ def build(ctx: PlanContext, dist: MpiDistribution) -> tuple[list[ProcessPlan], l
         "DISTRUN_MPI_HOSTFILE": hosts_path,
         "AZUREML_MPI_HOSTFILE": hosts_path,
     }
+    reach = ctx.mpi_launch(ctx)  # the backend's way to the other nodes
     forward = [name for name in env if not name.startswith(_NOT_FORWARDED)]
-    files = [PlannedFile(0, hosts_path, hostfile(ctx, per_node))]
-    remote = any(not node.is_local for node in ctx.nodes)
-    rsh: list[str] = []
-    if remote:
-        config_path = posixpath.join(ctx.job_dir(node0), "ssh_config")
-        files.append(PlannedFile(0, config_path, ssh_config(ctx)))
-        rsh = ["--mca", "plm_rsh_agent", f"ssh -F {config_path}"]
-        forward.append("PATH")  # the other nodes' ranks find the same python
+    forward += reach.forward
+    files = [PlannedFile(0, hosts_path, hostfile(ctx, per_node)), *reach.files]
+    hosts = ["--hostfile", hosts_path] if reach.hostfile else []
     if dist.launcher == "horovodrun":
-        argv = ["horovodrun", "-np", str(world), "--hostfile", hosts_path, *dist.mpi_args]
+        argv = ["horovodrun", "-np", str(world), *hosts, *dist.mpi_args]
         output = "plain"
     else:
-        argv = ["mpirun", "-np", str(world), "--hostfile", hosts_path, "--tag-output", *rsh]
+        argv = ["mpirun", "-np", str(world), *hosts, "--tag-output", *reach.args]
         for name in forward:  # remote ranks get our variables only when told to forward them
             argv += ["-x", name]
         argv += dist.mpi_args

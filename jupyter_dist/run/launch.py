@@ -52,7 +52,8 @@ def make_plan(
         nodes = chosen.preflight(nodes)  # every node reachable, python found
         ports = chosen.choose_ports(port_requests(spec, nodes), nodes)
         job_id = job_id or store.new_job_id()
-        return plan(spec, nodes, job_id, ports, extra_files), nodes, chosen
+        launch_plan = plan(spec, nodes, job_id, ports, extra_files, chosen.mpi_launch)
+        return launch_plan, nodes, chosen
     except BaseException:
         chosen.release()
         raise

@@ -22,7 +22,8 @@ from jupyter_server.base.handlers import APIHandler
 from jupyter_server.utils import url_path_join
 from tornado import web
 
-from jupyter_dist.describe import inspect_rows, job_summary, node_health
+from jupyter_dist.backends import inventory_backend
+from jupyter_dist.describe import inspect_rows, job_summary
 from jupyter_dist.errors import DistrunError
 from jupyter_dist.nodes import load_inventory
 from jupyter_dist.plan import LaunchPlan
@@ -57,7 +58,10 @@ class _HealthCache:
                 value = {
                     "source": inventory.source,
                     "local": False,
-                    "nodes": node_health(list(inventory.nodes)),
+                    "nodes": [
+                        health.to_dict()
+                        for health in inventory_backend(inventory).health(list(inventory.nodes))
+                    ],
                 }
             self._value = (now, inventory.source, value)
             return value
