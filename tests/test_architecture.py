@@ -14,7 +14,7 @@ VIEWS = ("jupyter_dist.magics", "jupyter_dist.cli", "jupyter_dist.widgets", "jup
 ENGINE = (
     "jupyter_dist.spec", "jupyter_dist.validation", "jupyter_dist.errors", "jupyter_dist.nodes",
     "jupyter_dist.options", "jupyter_dist.plan", "jupyter_dist.run", "jupyter_dist.store",
-    "jupyter_dist.describe", "jupyter_dist.backends",
+    "jupyter_dist.describe", "jupyter_dist.backends", "jupyter_dist.node_side",
 )  # fmt: skip
 
 
@@ -62,3 +62,15 @@ def test_widgets_do_not_import_the_magic_or_the_cli():
     }
     assert wrong == set()
     assert len(MODULES) > 20  # the sources were found
+
+
+def test_node_side_scripts_import_nothing_of_ours():
+    """They run on nodes that may not have jupyter_dist: every one is in node_side.NAMES,
+    and none imports jupyter_dist."""
+    from jupyter_dist import node_side
+
+    scripts = {p.name for p in (PACKAGE / "node_side").glob("*.py")} - {"__init__.py"}
+    assert scripts == set(node_side.NAMES)
+    assert {name: MODULES[f"jupyter_dist.node_side.{name[:-3]}"] for name in scripts} == {
+        name: set() for name in scripts
+    }

@@ -25,7 +25,7 @@ Outside a job, `health(nodes)` checks nodes for `jupyter distrun nodes` and the 
 for that process, as one line a user could paste (shown by `--dry-run` and `jupyter distrun
 plan`).
 
-Every process runs under the node agent (run/agent.py), so stopping is the same everywhere:
+Every process runs under the node agent (node_side/agent.py), so stopping is the same everywhere:
 the backend only moves bytes (see run/agent_client.AgentProcess, which implements
 ProcessHandle over a backend's pipes).
 """

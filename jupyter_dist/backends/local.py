@@ -1,4 +1,4 @@
-"""The local backend: processes on this machine, each under a node agent (run/agent.py)."""
+"""The local backend: processes on this machine, each under a node agent (node_side/agent.py)."""
 
 from __future__ import annotations
 
@@ -12,12 +12,12 @@ from pathlib import Path
 
 from jupyter_dist.backends.base import Backend
 from jupyter_dist.errors import DistrunError
+from jupyter_dist.node_side import agent
+from jupyter_dist.node_side.ports import free_ports, why_taken
 from jupyter_dist.nodes import Inventory, Node
 from jupyter_dist.plan.context import PortRequest
 from jupyter_dist.plan.model import LaunchPlan, ProcessPlan
-from jupyter_dist.run import agent
 from jupyter_dist.run.agent_client import AGENT_SOURCE, AgentProcess, agent_argv
-from jupyter_dist.run.ports import free_ports, why_taken
 from jupyter_dist.spec import JobSpec
 
 _CHUNK = 65536

@@ -1,17 +1,16 @@
-"""Free ports found on remote nodes by running run/ports.py there (as `python -c SOURCE`),
+"""Free ports found on remote nodes by running node_side/ports.py there (as `python -c SOURCE`),
 for any backend that can run a short command on a node (SSH, Slurm)."""
 
 from __future__ import annotations
 
 from collections.abc import Callable
-from pathlib import Path
 
+from jupyter_dist import node_side
 from jupyter_dist.errors import DistrunError, NodeError
 from jupyter_dist.nodes import Node
 from jupyter_dist.plan.context import PortRequest
-from jupyter_dist.run.ports import __file__ as _ports_file
 
-PORTS_SOURCE = Path(_ports_file).read_text()  # run as it is on the nodes
+PORTS_SOURCE = node_side.source("ports.py")  # run as it is on the nodes
 
 # Runs argv on a node: (exit code, stdout, stderr).
 RunOnNode = Callable[[Node, list[str]], tuple[int, str, str]]

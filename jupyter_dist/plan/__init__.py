@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import posixpath
 from collections.abc import Callable, Mapping
-from pathlib import Path
 
+from jupyter_dist import node_side
 from jupyter_dist.errors import SpecError
 from jupyter_dist.nodes import Node
 from jupyter_dist.plan import dask, mpi, pytorch, tensorflow
@@ -25,7 +25,7 @@ __all__ = [
 ]
 
 # Read once at import, so that planning stays free of I/O.
-_SCRIPT_RUNNER_SOURCE = (Path(__file__).parents[1] / SCRIPT_RUNNER_NAME).read_text()
+_SCRIPT_RUNNER_SOURCE = node_side.source(SCRIPT_RUNNER_NAME)
 _PLANNERS = {"pytorch": pytorch, "tensorflow": tensorflow, "mpi": mpi, "dask": dask}
 
 

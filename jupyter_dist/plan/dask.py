@@ -5,8 +5,8 @@ from __future__ import annotations
 import posixpath
 import shlex
 from collections import Counter
-from pathlib import Path
 
+from jupyter_dist import node_side
 from jupyter_dist.nodes import Node
 from jupyter_dist.plan.context import PlanContext, PortRequest
 from jupyter_dist.plan.model import PlannedFile, ProcessPlan
@@ -15,7 +15,7 @@ from jupyter_dist.spec import DaskDistribution
 # Run on node 0 before the command: it waits until every worker has registered. Read once
 # at import, as the cell runner is (plan/__init__), so that planning stays free of I/O.
 WAIT_FILE = "dask_wait.py"
-_WAIT_SOURCE = (Path(__file__).parents[1] / "run" / WAIT_FILE).read_text()
+_WAIT_SOURCE = node_side.source(WAIT_FILE)
 READY_TIMEOUT_S = 60
 # Dask's INFO chatter (every connection, every worker) would drown the user's own lines;
 # warnings and errors still come. So would the nanny's "leaked semaphore" warning at every

@@ -10,12 +10,12 @@ from __future__ import annotations
 import contextlib
 import threading
 from collections.abc import Iterator
-from pathlib import Path
 
+from jupyter_dist import node_side
 from jupyter_dist.errors import DistrunError
-from jupyter_dist.run.agent import HANDSHAKE
+from jupyter_dist.node_side.agent import HANDSHAKE
 
-AGENT_SOURCE = Path(__file__).with_name("agent.py")
+AGENT_SOURCE = node_side.path("agent.py")
 _HANDSHAKE = HANDSHAKE.encode()
 _EXITED = _HANDSHAKE + b" exited "
 _MAX_HANDSHAKE = 64 * 1024

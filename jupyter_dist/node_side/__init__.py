@@ -1,0 +1,31 @@
+"""What runs on the nodes themselves, shipped there as source: standard library only,
+Python 3.8+, no import of jupyter_dist (a node may have none).
+
+- agent.py: every process of a job runs under it (stdin/stdout protocol, stopping, sweep).
+- cell_runner.py: runs a notebook cell as `__main__` and writes back its `--out` values.
+- dask_wait.py: waits until a Dask cluster's workers registered, before its command.
+- ports.py: free ports on a node, and why a given port is taken.
+
+`path(name)` is the file here and `source(name)` its text: the one way to load them.
+"""
+
+from __future__ import annotations
+
+import functools
+from pathlib import Path
+
+FOLDER = Path(__file__).parent
+NAMES = ("agent.py", "cell_runner.py", "dask_wait.py", "ports.py")
+
+
+def path(name: str) -> Path:
+    """The script `name` (one of NAMES) on this machine."""
+    if name not in NAMES:
+        raise ValueError(f"no node-side script {name!r}; they are {', '.join(NAMES)}")
+    return FOLDER / name
+
+
+@functools.cache
+def source(name: str) -> str:
+    """The text of the script `name`, read once per process."""
+    return path(name).read_text()
