@@ -10,6 +10,11 @@ from typing import Any
 OUTPUT_TAGS = ("plain", "torchrun", "mpi")
 
 
+def rank_key(rank: int) -> tuple[str, str]:
+    """The log key and label of a rank's lines: ("rank-3", "rank 3")."""
+    return f"rank-{rank}", f"rank {rank}"
+
+
 @dataclass(frozen=True)
 class PlannedFile:
     """A file the runner writes on a node before starting processes (an MPI hostfile)."""
@@ -54,6 +59,13 @@ class ProcessPlan:
     # workers, TensorFlow parameter servers): its SIGTERM then is no failure.
     service: bool = False
     tf_config: dict[str, Any] | None = None
+
+    @property
+    def log_keys(self) -> list[str]:
+        """The logs its lines go to: its own, and those of the ranks a launcher carries."""
+        if self.output == "plain":
+            return [self.name]
+        return [self.name, *(rank_key(rank)[0] for rank in self.ranks)]
 
     def to_dict(self) -> dict[str, Any]:
         data = asdict(self)

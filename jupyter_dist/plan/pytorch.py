@@ -6,7 +6,7 @@ import posixpath
 
 from jupyter_dist.nodes import Node
 from jupyter_dist.plan.context import PlanContext, PortRequest
-from jupyter_dist.plan.model import ProcessPlan
+from jupyter_dist.plan.model import ProcessPlan, rank_key
 from jupyter_dist.spec import PyTorchDistribution
 
 
@@ -43,11 +43,11 @@ def build(ctx: PlanContext, dist: PyTorchDistribution) -> list[ProcessPlan]:
             procs.append(
                 ctx.process(
                     n,
-                    f"rank-{rank}",
+                    rank_key(rank)[0],
                     ctx.shell(ctx.command),
                     env,
                     world,
-                    label=f"rank {rank}",
+                    label=rank_key(rank)[1],
                     role="rank",
                     rank=rank,
                     local_rank=local,

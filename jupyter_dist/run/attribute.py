@@ -5,7 +5,7 @@ from __future__ import annotations
 import re
 from collections.abc import Callable
 
-from jupyter_dist.plan.model import ProcessPlan
+from jupyter_dist.plan.model import ProcessPlan, rank_key
 
 _TORCHRUN = re.compile(r"\[default(\d+)\]:(.*)\Z", re.S)
 _MPI_TAG = re.compile(r"\[\d+,(\d+)\]<std(?:out|err)>:")
@@ -28,7 +28,7 @@ def attributor(proc: ProcessPlan) -> Callable[[str], list[Attribution]]:
             if not match:
                 return [(*own, text)]
             rank = first + int(match.group(1))
-            return [(f"rank-{rank}", f"rank {rank}", match.group(2))]
+            return [(*rank_key(rank), match.group(2))]
 
         return torchrun_line
 
@@ -65,7 +65,7 @@ class _MpiDemux:
             if i + 1 < len(tags):
                 self.pending[rank] = fragment  # cut off by another tag: not a whole line yet
             else:
-                out.append((f"rank-{rank}", f"rank {rank}", fragment))
+                out.append((*rank_key(rank), fragment))
         return out
 
 

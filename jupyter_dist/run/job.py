@@ -1,5 +1,7 @@
-"""A running job: start all-or-nothing, stream output to the store and listeners, fail fast,
-cancel, time out, and leave nothing running."""
+"""A running job's state machine: start all-or-nothing, watch every process, fail fast,
+cancel, time out, and leave nothing running. Its helpers each do one job: run/output.py
+(lines to the store and listeners), run/root_cause.py (why it failed), run/stopping.py
+(SIGTERM to SIGKILL, cancel requests from elsewhere)."""
 
 from __future__ import annotations
 
@@ -7,7 +9,6 @@ import contextlib
 import posixpath
 import threading
 import time
-from collections import deque
 from concurrent.futures import ThreadPoolExecutor
 
 from jupyter_dist.backends.base import Backend, ProcessHandle
@@ -15,8 +16,7 @@ from jupyter_dist.describe import launch_summary
 from jupyter_dist.errors import DistrunError
 from jupyter_dist.nodes import Node
 from jupyter_dist.plan.model import LaunchPlan, ProcessPlan
-from jupyter_dist.run.attribute import attributor, failed_rank, starts_traceback
-from jupyter_dist.run.control import POLL_SECONDS, cancel_requested, owner_fields
+from jupyter_dist.run.control import owner_fields
 from jupyter_dist.run.events import (
     FINAL_STATES,
     JobListener,
@@ -26,11 +26,12 @@ from jupyter_dist.run.events import (
     RootCause,
     describe_exit,
 )
-from jupyter_dist.store import JobRecord, timestamp
+from jupyter_dist.run.output import OutputPipeline
+from jupyter_dist.run.root_cause import StderrEvidence
+from jupyter_dist.run.stopping import escalate, watch_cancel_requests
+from jupyter_dist.store import JobRecord
 
 GRACE_PERIOD_S = 5.0  # between SIGTERM and SIGKILL when a process is stopped
-TAIL_LINES = 40  # stderr lines kept per log key for the root-cause report
-_MAX_LINE = 1 << 20  # a "line" longer than this is cut into pieces
 
 
 class Job:
@@ -60,9 +61,8 @@ class Job:
         self._state_lock = threading.RLock()
         self._handles: dict[str, ProcessHandle] = {}
         self._readers: dict[str, list[threading.Thread]] = {}
-        self._tails: dict[str, deque[str]] = {}
-        self._launcher_stderr: dict[str, deque[str]] = {}
-        self._first_stderr: dict[str, tuple[float, bool]] = {}  # key -> (when, traceback?)
+        self._evidence = StderrEvidence()
+        self._output = OutputPipeline(record, self._evidence, self._emit_lines)
         self.processes = {
             p.name: ProcessState(
                 name=p.name, label=p.label, node=p.node, host=p.host, role=p.role, rank=p.rank
@@ -117,8 +117,9 @@ class Job:
             timer.daemon = True
             timer.start()
         threading.Thread(
-            target=self._watch_cancel_requests, daemon=True, name=f"distrun-{self.job_id}-control"
-        ).start()
+            target=watch_cancel_requests, args=(self.record, self._done, self.cancel),
+            daemon=True, name=f"distrun-{self.job_id}-control",
+        ).start()  # fmt: skip
         return self
 
     def _start_processes(self, started: list[tuple[ProcessPlan, ProcessHandle]]) -> None:
@@ -217,7 +218,7 @@ class Job:
         self._emit_process(state)
         readers = [
             threading.Thread(
-                target=self._read,
+                target=self._output.read,
                 args=(proc, handle, stream),
                 daemon=True,
                 name=f"distrun-{proc.name}-{stream}",
@@ -230,74 +231,6 @@ class Job:
         threading.Thread(
             target=self._watch, args=(proc, handle), daemon=True, name=f"distrun-{proc.name}"
         ).start()
-
-    def _read(self, proc: ProcessPlan, handle: ProcessHandle, stream: str) -> None:
-        """Split a stream into lines; store each batch on disk, then tell the listeners."""
-        attribute = None if proc.output == "plain" else attributor(proc)
-        files: dict[str, object] = {}
-        partial = b""
-        try:
-            for chunk in handle.chunks(stream):
-                data = partial + chunk
-                cut = data.rfind(b"\n")
-                if cut < 0:
-                    partial = data
-                    if len(partial) > _MAX_LINE:  # no newline for a megabyte: cut it here
-                        self._deliver(proc, stream, [self._text(partial)], attribute, files)
-                        partial = b""
-                    continue
-                partial = data[cut + 1 :]
-                # Whole lines only, so a character split across chunks is never cut.
-                texts = self._text(data[:cut]).split("\n")
-                self._deliver(proc, stream, texts, attribute, files)
-            if partial:
-                self._deliver(proc, stream, [self._text(partial)], attribute, files)
-        except OSError:
-            pass  # the stream broke (a dropped connection); the process watcher reports it
-        finally:
-            for handle_file in files.values():
-                with contextlib.suppress(OSError):
-                    handle_file.close()
-
-    @staticmethod
-    def _text(data: bytes) -> str:
-        text = data.decode("utf-8", errors="replace")
-        return text.replace("\r\n", "\n") if "\r" in text else text
-
-    def _deliver(self, proc, stream, texts: list[str], attribute, files) -> None:
-        now = time.time()
-        prefix = timestamp(now) + " "
-        if attribute is None:  # every line is this process's own: the fast path
-            key, label = proc.name, proc.label
-            batch = [OutputLine(key, label, stream, text, now) for text in texts]
-            by_key = {key: texts}
-        else:
-            batch = []
-            by_key: dict[str, list[str]] = {}
-            for raw in texts:
-                for key, label, text in attribute(raw):
-                    batch.append(OutputLine(key, label, stream, text, now))
-                    by_key.setdefault(key, []).append(text)
-        if stream == "stderr":
-            for line in batch:
-                self._note_stderr(proc, line.key, line.text, now)
-        for key, lines in by_key.items():
-            out = files.get(key)
-            if out is None:
-                out = files[key] = self.record.open_log(key, stream)
-            out.write(prefix + ("\n" + prefix).join(lines) + "\n")
-            out.flush()  # on disk before anyone is shown it
-        with self._emit_lock:
-            for listener in self._listeners:
-                listener.on_lines(batch)
-
-    def _note_stderr(self, proc: ProcessPlan, key: str, text: str, now: float) -> None:
-        """Keep what the root-cause report needs: tails, first errors, launcher reports."""
-        self._tails.setdefault(key, deque(maxlen=TAIL_LINES)).append(text)
-        when, traceback = self._first_stderr.get(key, (now, False))
-        self._first_stderr[key] = (when, traceback or starts_traceback(text))
-        if key == proc.name and proc.output != "plain":
-            self._launcher_stderr.setdefault(key, deque(maxlen=400)).append(text)
 
     def _watch(self, proc: ProcessPlan, handle: ProcessHandle) -> None:
         code = handle.wait()
@@ -314,7 +247,7 @@ class Job:
                 state.state = "stopped" if failed else "succeeded"
             elif failed:
                 state.state = "failed"
-                self._root_cause = self._root_cause_for(proc, state)
+                self._root_cause = self._evidence.root_cause(proc, state, self._stderr_log)
                 self._stop_all("failed")  # under the lock: a second failure is not the cause
             else:
                 # A service that ends cleanly on its own (a Dask scheduler told to shut
@@ -338,37 +271,10 @@ class Job:
         ran_something = any(not p.service for p in self.plan.processes)
         return ran_something and bool(running) and all(p.service for p in running)
 
-    def _root_cause_for(self, proc: ProcessPlan, state: ProcessState) -> RootCause:
-        launcher_lines = list(self._launcher_stderr.get(proc.name, ()))
-        rank = failed_rank(proc, launcher_lines, self._first_stderr)
-        key, label = (
-            (f"rank-{rank}", f"rank {rank}") if rank is not None else (proc.name, proc.label)
-        )
-        tail = list(self._tails.get(key) or self._tails.get(proc.name) or ())
-        start = max((i for i, line in enumerate(tail) if starts_traceback(line)), default=0)
-        return RootCause(
-            process=proc.name,
-            label=label,
-            role=proc.role,
-            node=proc.node,
-            host=proc.host,
-            rank=rank,
-            exit_code=state.exit_code,
-            signal=state.signal,
-            note=state.note,
-            stderr_tail=tail[start:],
-            log_path=str(self.record.log_path(key, "stderr")),
-        )
+    def _stderr_log(self, key: str):
+        return self.record.log_path(key, "stderr")
 
     # -- stopping ------------------------------------------------------------------------
-
-    def _watch_cancel_requests(self) -> None:
-        """Act on a cancel request another process left in the store (see run/control.py)."""
-        while not self._done.wait(POLL_SECONDS):
-            reason = cancel_requested(self.record)
-            if reason is not None:
-                self.cancel(reason)
-                return
 
     def _on_timeout(self) -> None:
         with self._state_lock:
@@ -390,20 +296,15 @@ class Job:
                 if self.processes[name].state == "running"
             ]
         if running:
-            threading.Thread(target=self._escalate, args=(running,), daemon=True).start()
+            names = [name for name, _ in running]
 
-    def _escalate(self, running) -> None:
-        for _, handle in running:
-            with contextlib.suppress(Exception):
-                handle.terminate()
-        deadline = time.monotonic() + self.grace_period
-        while time.monotonic() < deadline:
-            if all(self.processes[name].state != "running" for name, _ in running):
-                return
-            time.sleep(0.05)
-        for _, handle in running:
-            with contextlib.suppress(Exception):
-                handle.kill()
+            def all_ended() -> bool:
+                return all(self.processes[name].state != "running" for name in names)
+
+            handles = [handle for _, handle in running]
+            threading.Thread(
+                target=escalate, args=(handles, self.grace_period, all_ended), daemon=True
+            ).start()
 
     def _finish_when_all_gone(self) -> None:
         with self._state_lock:
@@ -442,6 +343,11 @@ class Job:
         self._done.set()
 
     # -- reporting -----------------------------------------------------------------------
+
+    def _emit_lines(self, batch: list[OutputLine]) -> None:
+        with self._emit_lock:
+            for listener in self._listeners:
+                listener.on_lines(batch)
 
     def _emit_process(self, state: ProcessState) -> None:
         with self._emit_lock:

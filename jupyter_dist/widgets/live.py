@@ -53,7 +53,7 @@ class LiveView(anywidget.AnyWidget):
     def __init__(self, job, **kwargs):
         # Who is who (ranks, master, role, TF_CONFIG) is fixed by the plan; states change.
         self._who = {row["process"]: row for row in plan_rows(job.plan)}
-        self._keys = {p.name: _log_keys(p) for p in job.plan.processes}
+        self._keys = {p.name: p.log_keys for p in job.plan.processes}
         super().__init__(
             job_id=job.job_id, name=job.name,
             summary=job.summary,
@@ -153,13 +153,6 @@ class LiveView(anywidget.AnyWidget):
             "state": state.state, "exit": state.signal or state.exit_code,
             "keys": self._keys.get(state.name, [state.name]),
         }  # fmt: skip
-
-
-def _log_keys(proc) -> list[str]:
-    """The output tabs a process's lines go to: its own, and the ranks a launcher carries."""
-    if proc.output == "plain":
-        return [proc.name]
-    return [proc.name, *(f"rank-{rank}" for rank in proc.ranks)]
 
 
 def run_with_view(spec: JobSpec, inventory, store: JobStore | None = None, extra_files=None):

@@ -1,0 +1,92 @@
+"""A process's output on its way to the user: bytes cut into lines, each line given to its
+rank (torchrun and mpirun carry several), every batch stored on disk first, then handed to
+the listeners; stderr lines also go to the root-cause evidence."""
+
+from __future__ import annotations
+
+import contextlib
+import time
+from collections.abc import Callable
+from typing import IO
+
+from jupyter_dist.backends.base import ProcessHandle
+from jupyter_dist.plan.model import ProcessPlan
+from jupyter_dist.run.attribute import attributor
+from jupyter_dist.run.events import OutputLine
+from jupyter_dist.run.root_cause import StderrEvidence
+from jupyter_dist.store import JobRecord, timestamp
+
+MAX_LINE = 1 << 20  # a "line" longer than this is cut into pieces
+
+
+class OutputPipeline:
+    """One per job. `read` runs in one thread per stream of each process; `emit` (the
+    listeners) gets each batch after it is on disk."""
+
+    def __init__(
+        self,
+        record: JobRecord,
+        evidence: StderrEvidence,
+        emit: Callable[[list[OutputLine]], None],
+    ) -> None:
+        self.record = record
+        self.evidence = evidence
+        self.emit = emit
+
+    def read(self, proc: ProcessPlan, handle: ProcessHandle, stream: str) -> None:
+        """Every line of `proc`'s `stream` until it ends (or breaks: the process watcher
+        reports a dropped connection, not this)."""
+        attribute = None if proc.output == "plain" else attributor(proc)
+        files: dict[str, IO[str]] = {}
+        partial = b""
+        try:
+            for chunk in handle.chunks(stream):
+                data = partial + chunk
+                cut = data.rfind(b"\n")
+                if cut < 0:
+                    partial = data
+                    if len(partial) > MAX_LINE:  # no newline for a megabyte: cut it here
+                        self._deliver(proc, stream, [_text(partial)], attribute, files)
+                        partial = b""
+                    continue
+                partial = data[cut + 1 :]
+                # Whole lines only, so a character split across chunks is never cut.
+                self._deliver(proc, stream, _text(data[:cut]).split("\n"), attribute, files)
+            if partial:
+                self._deliver(proc, stream, [_text(partial)], attribute, files)
+        except OSError:
+            pass
+        finally:
+            for log in files.values():
+                with contextlib.suppress(OSError):
+                    log.close()
+
+    def _deliver(self, proc, stream, texts: list[str], attribute, files) -> None:
+        now = time.time()
+        prefix = timestamp(now) + " "
+        if attribute is None:  # every line is this process's own: the fast path
+            key, label = proc.name, proc.label
+            batch = [OutputLine(key, label, stream, text, now) for text in texts]
+            by_key = {key: texts}
+        else:
+            batch = []
+            by_key: dict[str, list[str]] = {}
+            for raw in texts:
+                for key, label, text in attribute(raw):
+                    batch.append(OutputLine(key, label, stream, text, now))
+                    by_key.setdefault(key, []).append(text)
+        if stream == "stderr":
+            for line in batch:
+                self.evidence.note(proc, line.key, line.text, now)
+        for key, lines in by_key.items():
+            log = files.get(key)
+            if log is None:
+                log = files[key] = self.record.open_log(key, stream)
+            log.write(prefix + ("\n" + prefix).join(lines) + "\n")
+            log.flush()  # on disk before anyone is shown it
+        self.emit(batch)
+
+
+def _text(data: bytes) -> str:
+    text = data.decode("utf-8", errors="replace")
+    return text.replace("\r\n", "\n") if "\r" in text else text

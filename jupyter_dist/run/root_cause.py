@@ -1,0 +1,45 @@
+"""Why a job failed: the evidence stderr leaves as it streams (each key's last lines, when it
+first wrote and whether a traceback, a launcher's own reports), and the RootCause made from
+it when a process fails."""
+
+from __future__ import annotations
+
+from collections import deque
+
+from jupyter_dist.plan.model import ProcessPlan, rank_key
+from jupyter_dist.run.attribute import failed_rank, starts_traceback
+from jupyter_dist.run.events import ProcessState, RootCause
+
+TAIL_LINES = 40  # stderr lines kept per log key for the root-cause report
+_LAUNCHER_LINES = 400  # a launcher's (torchrun's, mpirun's) own stderr, to find the failed rank
+
+
+class StderrEvidence:
+    """Kept while lines arrive (one reader thread per stream may call `note` at once: each
+    key's deque is only appended to); read once a process failed."""
+
+    def __init__(self) -> None:
+        self._tails: dict[str, deque[str]] = {}
+        self._first: dict[str, tuple[float, bool]] = {}  # key -> (when, traceback?)
+        self._launcher: dict[str, deque[str]] = {}
+
+    def note(self, proc: ProcessPlan, key: str, text: str, now: float) -> None:
+        """One stderr line of log key `key`, which came through `proc`."""
+        self._tails.setdefault(key, deque(maxlen=TAIL_LINES)).append(text)
+        when, traceback = self._first.get(key, (now, False))
+        self._first[key] = (when, traceback or starts_traceback(text))
+        if key == proc.name and proc.output != "plain":
+            self._launcher.setdefault(key, deque(maxlen=_LAUNCHER_LINES)).append(text)
+
+    def root_cause(self, proc: ProcessPlan, state: ProcessState, log_path) -> RootCause:
+        """The failure of `proc` (ended as `state`), narrowed to the rank that failed first
+        where a launcher carried several; `log_path(key)` is that key's stderr log."""
+        rank = failed_rank(proc, list(self._launcher.get(proc.name, ())), self._first)
+        key, label = rank_key(rank) if rank is not None else (proc.name, proc.label)
+        tail = list(self._tails.get(key) or self._tails.get(proc.name) or ())
+        start = max((i for i, line in enumerate(tail) if starts_traceback(line)), default=0)
+        return RootCause(
+            process=proc.name, label=label, role=proc.role, node=proc.node, host=proc.host,
+            rank=rank, exit_code=state.exit_code, signal=state.signal, note=state.note,
+            stderr_tail=tail[start:], log_path=str(log_path(key)),
+        )  # fmt: skip

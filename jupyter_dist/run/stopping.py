@@ -1,0 +1,40 @@
+"""Stopping a job's processes from outside the state machine: the escalation from SIGTERM to
+SIGKILL, and the watch for cancel requests other processes leave in the store."""
+
+from __future__ import annotations
+
+import contextlib
+import threading
+import time
+from collections.abc import Callable
+
+from jupyter_dist.backends.base import ProcessHandle
+from jupyter_dist.run.control import POLL_SECONDS, cancel_requested
+from jupyter_dist.store import JobRecord
+
+
+def escalate(handles: list[ProcessHandle], grace: float, all_ended: Callable[[], bool]) -> None:
+    """SIGTERM every handle, then SIGKILL the ones still running once `grace` seconds pass
+    (`all_ended` says whether any still is). Never raises: a handle already gone is fine."""
+    for handle in handles:
+        with contextlib.suppress(Exception):
+            handle.terminate()
+    deadline = time.monotonic() + grace
+    while time.monotonic() < deadline:
+        if all_ended():
+            return
+        time.sleep(0.05)
+    for handle in handles:
+        with contextlib.suppress(Exception):
+            handle.kill()
+
+
+def watch_cancel_requests(
+    record: JobRecord, done: threading.Event, cancel: Callable[[str], None]
+) -> None:
+    """Until `done`, call `cancel(reason)` once another process asked (run/control.py)."""
+    while not done.wait(POLL_SECONDS):
+        reason = cancel_requested(record)
+        if reason is not None:
+            cancel(reason)
+            return
