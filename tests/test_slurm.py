@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import re
+import socket
 import subprocess
 import textwrap
 import time
@@ -265,6 +266,44 @@ def test_a_bad_partition_is_one_line_naming_the_valid_ones(slurm_cluster, store,
     assert "\n" not in line and "invalid partition" in line.lower(), line
     assert line.endswith("valid partitions: debug"), line
     assert slurm_cluster.jobs() == []
+
+
+def test_a_request_no_partition_can_hold_is_refused_at_once(slurm_cluster, store, tmp_path):
+    """Slurm would keep it pending for ever (PartitionConfig): withdrawn, in one line."""
+    spec = _spec(tmp_path, "command: hostname\nresources: {instance_count: 5}\n")
+    done = run_cli(
+        "run", str(spec), "--backend", "slurm", store=store, env=slurm_cluster.env, timeout=60
+    )
+    assert done.returncode == 2 and store.jobs() == []
+    assert done.stderr.strip() == (
+        "error: slurm: no allocation for 5 nodes of 1 task: it asks for more than the "
+        "partition has (Slurm: PartitionConfig); partitions: debug (2 nodes, 2 CPUs each)"
+    )
+    assert slurm_cluster.jobs() == []
+
+
+@pytest.mark.parametrize("inside", [False, True], ids=["allocating", "inside-allocation"])
+def test_a_dead_controller_is_one_line_and_starts_nothing(inside, slurm_cluster, store, tmp_path):
+    """A client whose controller does not answer (its port closed): Slurm's own reason."""
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        closed = sock.getsockname()[1]
+    conf = tmp_path / "slurm.conf"
+    text = re.sub(
+        r"(?m)^SlurmctldPort=\d+$", f"SlurmctldPort={closed}", slurm_cluster.conf.read_text()
+    )
+    conf.write_text(text)
+    env = {**slurm_cluster.env, "SLURM_CONF": str(conf)}
+    args = ["run", str(_spec(tmp_path, "command: hostname\n"))]
+    if inside:
+        env["SLURM_JOB_ID"] = "4242"
+    else:
+        args += ["--backend", "slurm"]
+    done = run_cli(*args, store=store, env=env, timeout=120)
+    assert done.returncode == 2 and store.jobs() == []
+    line = done.stderr.strip()
+    assert "\n" not in line and line.startswith("error: slurm: "), line
+    assert line.endswith("Unable to contact slurm controller (connect failure)"), line
 
 
 def test_an_interrupt_while_pending_gives_the_request_back(allocation, slurm_cluster, tmp_path):

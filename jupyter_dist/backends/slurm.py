@@ -35,6 +35,14 @@ from jupyter_dist.run.agent_client import AGENT_SOURCE, agent_argv
 from jupyter_dist.spec import JobSpec
 
 COMMAND_TIMEOUT_S = 60
+# Pending reasons that no wait cures (the request exceeds what the partition is or allows):
+# such a request is withdrawn at once, with what the partitions offer.
+NEVER_GRANTED = {
+    "PartitionConfig": "more than the partition has",
+    "PartitionNodeLimit": "more nodes than the partition allows",
+    "PartitionTimeLimit": "more time than the partition allows",
+    "BadConstraints": "what no node of the partition offers",
+}
 # What srun says of a task's exit: the agent already reports it, so these are not output.
 _SRUN_EXIT_NOTE = re.compile(
     rb"srun: (error: \S+: task \d+: (Exited with exit code \d+|Killed|Terminated)"
@@ -168,7 +176,10 @@ class SlurmBackend(LocalBackend):
                     job_id = found.group(2)
                     if found.group(1) == "Granted":
                         return job_id
-                    self._report(f"slurm: job {job_id} is pending ({_reason(job_id)})")
+                    reason = _reason(job_id)
+                    if reason in NEVER_GRANTED:  # Slurm would keep it pending for ever
+                        raise _never_granted(reason, spec)
+                    self._report(f"slurm: job {job_id} is pending ({reason})")
             proc.wait()
             raise _allocation_error(said, spec)
         except BaseException:
@@ -234,9 +245,8 @@ class SlurmBackend(LocalBackend):
         return done.returncode, done.stdout, done.stderr
 
 
-def salloc_argv(spec: JobSpec) -> list[str]:
-    """The salloc that asks for the job's nodes, with the spec's backend options."""
-    options = spec.backend
+def _tasks_per_node(spec: JobSpec) -> int:
+    """The most processes the job starts on one node."""
     dist = spec.distribution
     per_node = getattr(dist, "process_count_per_instance", None)
     if spec.job_type == "tensorflow":  # its tasks, spread over the nodes
@@ -245,9 +255,15 @@ def salloc_argv(spec: JobSpec) -> list[str]:
         per_node = -(-tasks // spec.instance_count)
     elif spec.job_type == "dask":  # the scheduler (and a client) beside node 0's workers
         per_node = (per_node or 1) + 2
+    return per_node or 1
+
+
+def salloc_argv(spec: JobSpec) -> list[str]:
+    """The salloc that asks for the job's nodes, with the spec's backend options."""
+    options = spec.backend
     argv = [
         "salloc", "--no-shell", f"--nodes={spec.instance_count}",
-        f"--ntasks-per-node={per_node or 1}", "--job-name=jupyter-dist",
+        f"--ntasks-per-node={_tasks_per_node(spec)}", "--job-name=jupyter-dist",
     ]  # fmt: skip
     for flag in SLURM_OPTIONS:
         value = getattr(options, flag, None) if options else None
@@ -277,6 +293,23 @@ def _allocation_error(said: list[str], spec: JobSpec) -> DistrunError:
             message += f"; valid partitions: {', '.join(valid)}"
     return DistrunError(
         f"slurm: no allocation for {counted(spec.instance_count, 'node')}: {message}"
+    )
+
+
+def _never_granted(reason: str, spec: JobSpec) -> DistrunError:
+    """A request Slurm would keep pending for ever, in one line with what each partition
+    offers (nodes, and CPUs per node)."""
+    asked = f"{counted(spec.instance_count, 'node')} of {counted(_tasks_per_node(spec), 'task')}"
+    try:
+        rows = _slurm("sinfo", "-h", "-o", "%R %D %c", timeout=10).split("\n")
+        offers = [f"{p} ({counted(int(n), 'node')}, {c} CPUs each)" for p, n, c in
+                  (row.split() for row in rows if row.strip())]  # fmt: skip
+    except (NodeError, ValueError):
+        offers = []
+    where = f"; partitions: {', '.join(offers)}" if offers else ""
+    return DistrunError(
+        f"slurm: no allocation for {asked}: it asks for {NEVER_GRANTED[reason]} "
+        f"(Slurm: {reason}){where}"
     )
 
 
