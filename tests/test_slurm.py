@@ -364,3 +364,30 @@ def _run_cell_on_slurm(cell: str) -> str:
     text = stream_text(execute_notebook(cell).cells[1])
     assert re.search(r"job \S+: 4 ranks on 2 nodes \(slurm\)\n", text), text
     return text
+
+
+def test_the_form_asks_slurm_for_its_partition_and_runs_there(
+    slurm_cluster, monkeypatch, kernel_env
+):
+    """The submission form's "Where it runs" controls: backend slurm, a partition and a time
+    limit, in the previewed spec and in the allocation the ranks run in."""
+    from helpers import execute_notebook, stream_text
+
+    monkeypatch.setenv("SLURM_CONF", str(slurm_cluster.conf))
+    monkeypatch.delenv("SLURM_JOB_ID", raising=False)
+    nb = execute_notebook(
+        "from jupyter_dist.widgets.form import SubmitForm\nf = SubmitForm()\n"
+        'f.script.value = \'import os, socket\\nprint(os.environ["RANK"], socket.gethostname(),'
+        ' os.environ["SLURM_JOB_PARTITION"])\'\n'
+        "f.nodes.value = 2\nf.procs_per_node.value = 1\nf.backend.value = 'slurm'\n"
+        "f.slurm['partition'].value = 'debug'\nf.slurm['time'].value = '00:05:00'\n"
+        "print(f.problem.value == '', f.preview.value)",
+        "result = f.submit()\nprint(result.state)\n"
+        "from jupyter_dist.widgets.live import LiveView\nprint(LiveView.last.text())",
+    )
+    preview, ran = (stream_text(cell) for cell in nb.cells[1:])
+    assert preview.startswith("True ")
+    assert "backend:\n  type: slurm\n  partition: debug\n  time: 00:05:00" in preview
+    assert ran.startswith("succeeded\n"), ran
+    assert "[rank 0] 0 sln1 debug" in ran and "[rank 1] 1 sln2 debug" in ran
+    assert slurm_cluster.jobs() == []

@@ -13,13 +13,20 @@ from pathlib import Path
 
 import ipywidgets as w
 
+from jupyter_dist.backends import available
 from jupyter_dist.errors import DistrunError, SpecError
 from jupyter_dist.nodes import Inventory, load_inventory
-from jupyter_dist.options import LaunchOptions
+from jupyter_dist.options import SLURM_OPTIONS, LaunchOptions
 from jupyter_dist.spec import JOB_TYPES, JobSpec, spec_from_dict
 from jupyter_dist.widgets.live import run_with_view
 
 _LAUNCHERS = {"pytorch": ["per_process", "torchrun"], "mpi": ["mpirun", "horovodrun"]}
+# The Slurm backend's options, as the form asks for them (empty: the cluster's default).
+_SLURM_HINTS = {
+    "partition": "the cluster's default", "time": "e.g. 01:00:00 (the partition's default)",
+    "account": "your default account", "qos": "the default QOS",
+    "constraint": "node features, e.g. a100",
+}  # fmt: skip
 
 
 class SubmitForm(w.VBox):
@@ -63,6 +70,19 @@ class SubmitForm(w.VBox):
                                  layout=w.Layout(width="95%", height="10em"))  # fmt: skip
         self.script_path = w.Text(placeholder="or a script file to run (python FILE)",
                                   description="script file", style=style)  # fmt: skip
+        self.backend = w.Dropdown(
+            options=[("automatic (as %%distrun chooses)", None)]
+            + [(name, name) for name in sorted(available())],
+            value=None, description="backend", style=style,
+        )  # fmt: skip
+        self.gpus_per_node = w.BoundedIntText(value=0, min=0, max=1024, style=style,
+                                              description="GPUs per node (0: none)")  # fmt: skip
+        self.slurm = {
+            name: self.gpus_per_node if name == "gpus_per_node" else
+            w.Text(description=name, placeholder=_SLURM_HINTS.get(name, ""), style=style)
+            for name in SLURM_OPTIONS
+        }  # fmt: skip
+        self.slurm_box = w.VBox(list(self.slurm.values()))
         self.preview = w.HTML(layout=w.Layout(width="95%"))
         self.problem = w.HTML(_problem_html(inventory_problem))
         self.submit_button = w.Button(description="Submit", button_style="primary")
@@ -72,7 +92,8 @@ class SubmitForm(w.VBox):
         self._controls = [
             self.type, self.nodes, self.procs_per_node, self.launcher, self.worker_count,
             self.ps_count, self.chief, self.evaluator, self.env, self.code, self.node_names,
-            self.timeout, self.name, self.script, self.script_path,
+            self.timeout, self.name, self.script, self.script_path, self.backend,
+            *self.slurm.values(),
         ]  # fmt: skip
         for control in self._controls:
             control.observe(lambda _: self.refresh(), names="value")
@@ -81,7 +102,8 @@ class SubmitForm(w.VBox):
             [
                 w.VBox([_heading("Distribution"), self.type, self.nodes, self.procs_per_node,
                         self.launcher, self.tf_box, self.node_names]),
-                w.VBox([_heading("Job"), self.name, self.timeout, self.code, self.env]),
+                w.VBox([_heading("Job"), self.name, self.timeout, self.code, self.env,
+                        _heading("Where it runs"), self.backend, self.slurm_box]),
             ],
             layout=w.Layout(grid_template_columns="repeat(auto-fit, minmax(380px, 1fr))",
                             grid_gap="0 24px"),
@@ -103,6 +125,13 @@ class SubmitForm(w.VBox):
         job_type = self.type.value
         tf = job_type == "tensorflow"
         env = [line.strip() for line in self.env.value.splitlines() if line.strip()]
+        slurm = {}
+        if self.backend.value == "slurm":  # hidden otherwise: what they hold does not count
+            slurm = {name: control.value for name, control in self.slurm.items()}
+            slurm = {
+                name: value.strip() if isinstance(value, str) else value
+                for name, value in slurm.items()
+            }
         return LaunchOptions(
             type=job_type,
             nodes=len(self.node_names.value) or self.nodes.value,
@@ -113,6 +142,8 @@ class SubmitForm(w.VBox):
             chief=tf and self.chief.value, evaluator=tf and self.evaluator.value,
             env=env, code=self.code.value.strip() or None, timeout=self.timeout.value or None,
             name=self.name.value.strip() or None,  # dask's threads and ports: the defaults
+            backend=self.backend.value,
+            **{name: value or None for name, value in slurm.items()},
         )  # fmt: skip
 
     def spec(self) -> JobSpec:
@@ -139,6 +170,7 @@ class SubmitForm(w.VBox):
         if list(self.launcher.options) != launchers:
             self.launcher.options = launchers
         self.launcher.disabled = not launchers
+        self.slurm_box.layout.display = None if self.backend.value == "slurm" else "none"
         try:
             spec = self.spec()
         except DistrunError as exc:
