@@ -336,6 +336,29 @@ def test_an_interrupt_while_pending_gives_the_request_back(allocation, slurm_clu
     assert slurm_cluster.jobs() == [allocation["SLURM_JOB_ID"]]
 
 
+def test_a_pending_request_runs_once_the_nodes_are_free(allocation, slurm_cluster, tmp_path):
+    """Both nodes are held: the request says why it waits, then, once they are given back,
+    that it was granted, and the job runs."""
+    import sys
+
+    spec = _spec(tmp_path, "command: hostname\nresources: {instance_count: 2}\n")
+    env = {k: v for k, v in slurm_cluster.env.items() if k != "SLURM_JOB_ID"}
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "jupyter_dist.cli", "run", str(spec), "--backend", "slurm",
+         "--store", str(tmp_path / "jobs")],
+        env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+    )  # fmt: skip
+    first = proc.stderr.readline()
+    pending = re.match(r"slurm: job (\d+) is pending \((Resources|Priority|Nodes.*)\)", first)
+    assert pending, first
+    slurm_cluster.run("scancel", allocation["SLURM_JOB_ID"])  # the holder gives its nodes back
+    out, err = proc.communicate(timeout=120)
+    assert proc.returncode == 0, first + err
+    assert re.search(rf"^slurm: job {pending.group(1)} granted after \d+ s$", err, re.M), err
+    assert sorted(out.splitlines()) == ["[rank 0] sln1", "[rank 1] sln2"], out
+    assert slurm_cluster.jobs() == []
+
+
 def test_a_notebook_cell_asks_for_an_allocation_runs_ddp_and_gives_it_back(
     slurm_cluster, monkeypatch, kernel_env
 ):

@@ -15,11 +15,14 @@ the notebook's Python, the job store and the code folder are used in place.
 from __future__ import annotations
 
 import os
+import queue
 import re
 import shlex
 import shutil
 import subprocess
 import sys
+import threading
+import time
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 
@@ -35,6 +38,7 @@ from jupyter_dist.run.agent_client import AGENT_SOURCE, agent_argv
 from jupyter_dist.spec import JobSpec
 
 COMMAND_TIMEOUT_S = 60
+PENDING_POLL_S = 5.0  # how often a pending request's reason is asked again
 # Pending reasons that no wait cures (the request exceeds what the partition is or allows):
 # such a request is withdrawn at once, with what the partitions offer.
 NEVER_GRANTED = {
@@ -159,27 +163,46 @@ class SlurmBackend(LocalBackend):
             _cancel(self.job_id)
 
     def _allocate(self, spec: JobSpec) -> str:
-        """`salloc --no-shell` sized from the spec: its job id once granted. Says what
-        Slurm says while it is pending (state and reason); an interrupt gives it back."""
+        """`salloc --no-shell` sized from the spec: its job id once granted. While it is
+        pending, says why (squeue's reason) whenever the reason changes, and when it is
+        granted; a request Slurm can never grant is withdrawn; an interrupt gives it back."""
         _require("salloc")
         proc = subprocess.Popen(
             salloc_argv(spec), stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
             stderr=subprocess.PIPE, text=True, start_new_session=True,
         )  # fmt: skip
-        job_id, said = "", []
+        lines: queue.Queue[str | None] = queue.Queue()  # salloc's stderr; None once it ends
+        threading.Thread(target=_pump, args=(proc.stderr, lines), daemon=True).start()
+        job_id, said, reason = "", [], ""
+        asked_at = next_poll = time.monotonic()
         try:
-            for line in proc.stderr:
-                line = line.strip()
-                said.append(line)
+            while True:
+                try:  # short waits: an interrupt is never held up
+                    line = lines.get(timeout=0.2)
+                except queue.Empty:
+                    line = ""
+                if line is None:
+                    break
+                said += [line] if line else []
                 found = re.search(r"(Pending|Granted) job allocation (\d+)", line)
                 if found:
                     job_id = found.group(2)
                     if found.group(1) == "Granted":
+                        if reason:
+                            waited = time.monotonic() - asked_at
+                            self._report(f"slurm: job {job_id} granted after {waited:.0f} s")
                         return job_id
-                    reason = _reason(job_id)
-                    if reason in NEVER_GRANTED:  # Slurm would keep it pending for ever
-                        raise _never_granted(reason, spec)
-                    self._report(f"slurm: job {job_id} is pending ({reason})")
+                    next_poll = 0.0  # ask why at once
+                if job_id and time.monotonic() >= next_poll:
+                    next_poll = time.monotonic() + PENDING_POLL_S
+                    now = _reason(job_id)
+                    if now in NEVER_GRANTED:  # Slurm would keep it pending for ever
+                        raise _never_granted(now, spec)
+                    if now == "None":  # the scheduler has not looked at it yet
+                        next_poll = time.monotonic() + 0.5
+                    elif now != reason:
+                        reason = now
+                        self._report(f"slurm: job {job_id} is pending ({reason})")
             proc.wait()
             raise _allocation_error(said, spec)
         except BaseException:
@@ -188,7 +211,6 @@ class SlurmBackend(LocalBackend):
                 _cancel(job_id)
             raise
         finally:
-            proc.stderr.close()
             if proc.poll() is None:
                 proc.wait(timeout=COMMAND_TIMEOUT_S)
 
@@ -270,6 +292,14 @@ def salloc_argv(spec: JobSpec) -> list[str]:
         if value is not None:
             argv.append(f"--{flag.replace('_', '-')}={value}")
     return argv
+
+
+def _pump(stream, lines: queue.Queue) -> None:
+    """Each line of `stream`, stripped, into `lines`; then None."""
+    with stream:
+        for line in stream:
+            lines.put(line.strip())
+    lines.put(None)
 
 
 def _reason(job_id: str) -> str:
