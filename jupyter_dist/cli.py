@@ -101,6 +101,7 @@ def _parser() -> argparse.ArgumentParser:
 
     def slurm_options(p: argparse.ArgumentParser) -> None:
         group = p.add_argument_group("slurm (an allocation asked for when none holds you)")
+        group.add_argument("--slurm-job", metavar="ID", help="run in this allocation instead")
         group.add_argument("--partition", metavar="NAME")
         group.add_argument("--time", metavar="LIMIT", help="e.g. 01:00:00")
         group.add_argument("--gpus-per-node", type=int, metavar="N")

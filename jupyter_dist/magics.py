@@ -126,6 +126,8 @@ def _options(func: Callable) -> Callable:
         argument("--backend", metavar="NAME",
                  help="where the processes run: local, ssh, slurm; default: slurm where "
                       "SLURM_JOB_ID is set, ssh with an inventory, else local"),
+        argument("--slurm-job", metavar="ID",
+                 help="slurm: run in this allocation (default: SLURM_JOB_ID's, else a new one)"),
         argument("--partition", metavar="NAME", help="slurm: the partition to allocate in"),
         argument("--time", metavar="LIMIT", help="slurm: the allocation's time limit"),
         argument("--gpus-per-node", type=int, metavar="N", help="slurm: GPUs per node"),

@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from jupyter_dist.errors import SpecError
-from jupyter_dist.spec import BackendSection, JobSpec, spec_from_dict
+from jupyter_dist.spec import SALLOC_KEYS, JobSpec, spec_from_dict
 
 # Distribution keys set by options that only one job type has: key -> (type, flag).
 _TYPE_FLAGS = {
@@ -30,8 +30,9 @@ _TYPE_FLAGS = {
 }
 
 
-# Options of the slurm backend: the spec's `backend:` keys (flags --partition, --time, ...).
-SLURM_OPTIONS = tuple(name for name in BackendSection.model_fields if name != "type")
+# Options of an allocation the slurm backend asks for: the spec's `backend:` keys (flags
+# --partition, --time, ...). `--slurm-job ID` (the key `job`) names an existing one instead.
+SLURM_OPTIONS = SALLOC_KEYS
 
 
 @dataclass
@@ -54,6 +55,7 @@ class LaunchOptions:
     name: str | None = None
     timeout: int | None = None
     backend: str | None = None  # the spec's backend section, with the options below
+    slurm_job: str | None = None  # slurm: an allocation to run in (its job id)
     partition: str | None = None  # slurm
     time: str | None = None  # slurm
     gpus_per_node: int | None = None  # slurm
@@ -112,8 +114,10 @@ class LaunchOptions:
         """The spec's `backend:` keys these options set ({} when none): the backend's name
         and its options (a Slurm option without --backend means --backend slurm)."""
         options = {key: getattr(self, key) for key in SLURM_OPTIONS if getattr(self, key)}
+        if self.slurm_job:
+            options = {"job": self.slurm_job, **options}
         if options and self.backend not in (None, "slurm"):
-            flag = "--" + next(iter(options)).replace("_", "-")
+            flag = "--" + next(iter(options)).replace("_", "-").replace("job", "slurm-job")
             raise SpecError(f"{flag} applies to the slurm backend only (this is {self.backend})")
         if options or self.backend:
             return {"type": self.backend or "slurm", **options}

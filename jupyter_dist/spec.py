@@ -125,6 +125,7 @@ class BackendSection(StrictSection):
     when no allocation holds the notebook, the one jupyter-dist asks for."""
 
     type: str
+    job: str | None = None  # Slurm: the allocation to run in (its job id), else SLURM_JOB_ID's
     partition: str | None = None
     time: str | None = None  # Slurm's time limit, e.g. "01:00:00"
     gpus_per_node: count(0) | None = None
@@ -136,6 +137,28 @@ class BackendSection(StrictSection):
     @classmethod
     def _lower(cls, value: Any) -> Any:
         return value.lower() if isinstance(value, str) else value
+
+    @field_validator("job", mode="before")
+    @classmethod
+    def _job_id(cls, value: Any) -> Any:
+        text = str(value) if isinstance(value, int) and not isinstance(value, bool) else value
+        if text is not None and not (isinstance(text, str) and text.isdigit()):
+            raise fail("slurm_job", "expected a Slurm job id (its number, e.g. 1234)")
+        return text
+
+    @model_validator(mode="after")
+    def _one_allocation(self) -> BackendSection:
+        asked = [name for name in SALLOC_KEYS if getattr(self, name) is not None]
+        if self.job and asked:
+            raise fail(
+                "slurm_job", "{key} applies to an allocation jupyter-dist asks for; job: {job} "
+                "names one that exists", key=asked[0], job=self.job,
+            )  # fmt: skip
+        return self
+
+
+# The keys of an allocation that jupyter-dist asks Slurm for (salloc's options).
+SALLOC_KEYS = ("partition", "time", "gpus_per_node", "account", "qos", "constraint")
 
 
 InputValue = str | int | float | bool | dict

@@ -138,6 +138,22 @@ def test_horovodrun_is_refused_in_one_line_before_anything_starts(allocation, st
     )
 
 
+def test_slurm_job_names_the_allocation_to_run_in(allocation, slurm_cluster, store, tmp_path):
+    """From outside any allocation (no SLURM_JOB_ID), `--slurm-job ID` runs in that one; an
+    id Slurm does not know is one line, and nothing starts."""
+    spec = _spec(tmp_path, "command: hostname\nresources: {instance_count: 2}\n")
+    env = {k: v for k, v in allocation.items() if k != "SLURM_JOB_ID"}
+    held = allocation["SLURM_JOB_ID"]
+    done = run_cli("run", str(spec), "--slurm-job", held, store=store, env=env, timeout=120)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert sorted(done.stdout.splitlines()) == ["[rank 0] sln1", "[rank 1] sln2"]
+    assert slurm_cluster.jobs() == [held]  # named, not asked for: still held afterwards
+    gone = run_cli("run", str(spec), "--slurm-job", "99999", store=store, env=env, timeout=120)
+    assert gone.returncode == 2 and len(store.jobs()) == 1
+    line = gone.stderr.strip()
+    assert "\n" not in line and line.startswith("error: slurm: ") and "99999" in line, line
+
+
 def test_without_slurm_commands_the_slurm_backend_says_so_in_one_line(store, tmp_path):
     import os
     import sys

@@ -238,6 +238,15 @@ MALFORMED = [
     ),
     (D + "backend: {partition: gpu}", "backend.type: missing"),
     (D + "backend: {type: slurm, gpus_per_node: -1}", "backend.gpus_per_node: -1 is not valid"),
+    (
+        D + "backend: {type: slurm, job: last}",
+        "backend.job: 'last' is not valid; expected a Slurm job id (its number, e.g. 1234)",
+    ),
+    (
+        D + "backend: {type: slurm, job: 7, time: '1:00'}",
+        "backend: time applies to an allocation jupyter-dist asks for; "
+        "job: 7 names one that exists",
+    ),
 ]
 
 

@@ -117,10 +117,16 @@ class SlurmBackend(LocalBackend):
                 "slurm: launcher horovodrun does not run on the slurm backend yet; use "
                 "launcher: mpirun (Horovod scripts run under it too)"
             )
+        if spec.backend and spec.backend.job:  # --slurm-job: the one named, over SLURM_JOB_ID
+            self.job_id = spec.backend.job
         if not self.job_id:
             self.job_id = self._allocate(spec)
             self.allocated = True
-        state, _, nodelist = _slurm("squeue", "-h", "-j", self.job_id, "-o", "%T %N").partition(" ")
+        try:
+            found = _slurm("squeue", "-h", "-j", self.job_id, "-o", "%T %N")
+        except NodeError as exc:  # an unknown id, or no controller: Slurm's own words
+            raise NodeError(f"slurm: job {self.job_id}: {exc.args[0].split(': ', 2)[-1]}") from None
+        state, _, nodelist = found.partition(" ")
         if state.strip() != "RUNNING":
             raise NodeError(
                 f"slurm: job {self.job_id} is {state.strip().lower() or 'gone'}, not running"

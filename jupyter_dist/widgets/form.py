@@ -82,7 +82,12 @@ class SubmitForm(w.VBox):
             w.Text(description=name, placeholder=_SLURM_HINTS.get(name, ""), style=style)
             for name in SLURM_OPTIONS
         }  # fmt: skip
-        self.slurm_box = w.VBox(list(self.slurm.values()))
+        self.slurm_job = w.Text(
+            description="allocation",
+            style=style,
+            placeholder="a job id to run in (else a new allocation)",
+        )
+        self.slurm_box = w.VBox([self.slurm_job, *self.slurm.values()])
         self.preview = w.HTML(layout=w.Layout(width="95%"))
         self.problem = w.HTML(_problem_html(inventory_problem))
         self.submit_button = w.Button(description="Submit", button_style="primary")
@@ -93,7 +98,7 @@ class SubmitForm(w.VBox):
             self.type, self.nodes, self.procs_per_node, self.launcher, self.worker_count,
             self.ps_count, self.chief, self.evaluator, self.env, self.code, self.node_names,
             self.timeout, self.name, self.script, self.script_path, self.backend,
-            *self.slurm.values(),
+            self.slurm_job, *self.slurm.values(),
         ]  # fmt: skip
         for control in self._controls:
             control.observe(lambda _: self.refresh(), names="value")
@@ -143,6 +148,7 @@ class SubmitForm(w.VBox):
             env=env, code=self.code.value.strip() or None, timeout=self.timeout.value or None,
             name=self.name.value.strip() or None,  # dask's threads and ports: the defaults
             backend=self.backend.value,
+            slurm_job=(self.backend.value == "slurm" and self.slurm_job.value.strip()) or None,
             **{name: value or None for name, value in slurm.items()},
         )  # fmt: skip
 
