@@ -430,3 +430,44 @@ def test_the_form_asks_slurm_for_its_partition_and_runs_there(
     assert ran.startswith("succeeded\n"), ran
     assert "[rank 0] 0 sln1 debug" in ran and "[rank 1] 1 sln2 debug" in ran
     assert slurm_cluster.jobs() == []
+
+
+def test_a_kernel_interrupt_stops_every_step_and_the_kernel_lives_on(
+    allocation, slurm_cluster, monkeypatch, kernel_env
+):
+    """A cell's job inside an allocation, interrupted from the notebook (the kernel's
+    SIGINT): every step stops, nothing of the job is left on a node, the kernel runs on."""
+    import queue
+
+    from jupyter_client.manager import start_new_kernel
+
+    for name, value in allocation.items():
+        monkeypatch.setenv(name, value)
+    km, kc = start_new_kernel(kernel_name="python3")
+    try:
+        kc.execute_interactive("%load_ext jupyter_dist", timeout=60)
+        msg_id = kc.execute("%%distrun --nodes 2 --procs-per-node 2\nimport time\n"
+                            "print('started', flush=True)\ntime.sleep(300)\n")  # fmt: skip
+        seen, deadline = 0, time.monotonic() + 90
+        while seen < 4 and time.monotonic() < deadline:
+            try:
+                msg = kc.get_iopub_msg(timeout=1)
+            except queue.Empty:
+                continue
+            seen += msg["content"].get("text", "").count("started")
+        assert seen == 4
+        assert all(slurm_cluster.pids(node) for node in slurm_cluster.nodes)
+        km.interrupt_kernel()
+        reply = kc.get_shell_msg(timeout=60)
+        while reply["parent_header"].get("msg_id") != msg_id:
+            reply = kc.get_shell_msg(timeout=60)
+        assert reply["content"]["ename"] == "KeyboardInterrupt"
+        deadline = time.monotonic() + 30  # Slurm's step daemons finish a few seconds later
+        while any(slurm_cluster.pids(node) for node in slurm_cluster.nodes):
+            left = {n.name: _described(slurm_cluster.pids(n)) for n in slurm_cluster.nodes}
+            assert time.monotonic() < deadline, f"left on the nodes: {left}"
+            time.sleep(0.2)
+        assert kc.execute_interactive("print(6 * 7)", timeout=30)["content"]["status"] == "ok"
+    finally:
+        kc.stop_channels()
+        km.shutdown_kernel(now=True)
