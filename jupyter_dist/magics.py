@@ -19,9 +19,10 @@ import os
 import shlex
 import sys
 import threading
+import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
 from IPython.core.magic import Magics, line_cell_magic, magics_class
 from IPython.core.magic_arguments import argument, magic_arguments, parse_argstring
@@ -39,10 +40,11 @@ from jupyter_dist.nodes import load_inventory
 from jupyter_dist.options import LaunchOptions, has_code
 from jupyter_dist.run.events import JobListener, JobResult, OutputLine
 from jupyter_dist.run.job import Job
+from jupyter_dist.run.session import Session, SessionEnded, names_of
 from jupyter_dist.spec import JobSpec, load_spec, script_command, spec_from_dict
 from jupyter_dist.store import JobStore
 
-LINE_COMMANDS = ("jobs", "logs", "inspect", "cancel", "nodes", "run", "form", "dask")
+LINE_COMMANDS = ("jobs", "logs", "inspect", "cancel", "nodes", "run", "form", "dask", "session")
 JOB_COMMANDS = ("logs", "inspect", "cancel")  # JOB defaults to this kernel's latest job
 
 
@@ -58,6 +60,14 @@ class JobFailed(DistrunError):
         return [f"JobFailed: {lines[0]}", *lines[1:]]
 
 
+class CellFailed(DistrunError):
+    """A session's cell raised on some ranks (they live on): which, and each traceback."""
+
+    def _render_traceback_(self) -> list[str]:
+        lines = str(self).splitlines()
+        return [f"CellFailed: {lines[0]}", *lines[1:]]
+
+
 def _user_error(message: str) -> DistrunError:
     """Bad options, a bad spec, an unusable node: one line in the cell, no traceback."""
     return DistrunError(message)
@@ -65,10 +75,11 @@ def _user_error(message: str) -> DistrunError:
 
 @contextlib.contextmanager
 def _one_line_errors():
-    """Any DistrunError below becomes one `DistrunError` line; a failed job stays JobFailed."""
+    """Any DistrunError below becomes one `DistrunError` line; a failed job stays JobFailed
+    (a session's failed cell CellFailed, its end SessionEnded: they carry tracebacks)."""
     try:
         yield
-    except JobFailed:
+    except (JobFailed, CellFailed, SessionEnded):
         raise
     except DistrunError as exc:
         raise _user_error(str(exc)) from None
@@ -143,6 +154,8 @@ def _options(func: Callable) -> Callable:
         argument("--out-all", action="store_true",
                  help="with --out: bring back a list of every rank's value"),
         argument("--dry-run", action="store_true", help="show the spec and the plan; run nothing"),
+        argument("--new", action="store_true",
+                 help="while a session is open: run this cell as a job of its own"),
         argument("--save", metavar="FILE", help="also write the job spec to FILE"),
     ]  # fmt: skip
     for decorate in reversed(decorators):
@@ -181,10 +194,19 @@ class DistrunMagics(Magics):
         its `distributed.Client` in the notebook (`--client-name`)."""
         if cell is None:
             return self._line_command(line)
+        session = self._open_session()
+        if session is not None and not line.strip():  # a bare %%distrun: into the session
+            with _one_line_errors():
+                return self._run_in_session(session, cell)
         try:
             args = parse_argstring(self.distrun, line)
         except Exception as exc:  # argparse's UsageError: already one line
             raise _user_error(str(exc).strip()) from None
+        if session is not None and not args.new:
+            raise _user_error(
+                f"session {session.name} is open: a bare %%distrun runs the cell in it; add "
+                "--new to run this one as a job of its own (or %distrun session stop)"
+            )
         args.type = args.type or self.type
         args.nodes = args.nodes if args.nodes is not None else self.nodes
         if args.procs_per_node is None and self.procs_per_node:
@@ -226,6 +248,94 @@ class DistrunMagics(Magics):
             job = self._run(spec, inventory, extra)
             if outs:
                 self._bring_back(job, outs, args.out_all)
+
+    # -- warm sessions (run/session.py) ---------------------------------------------------
+
+    sessions: ClassVar[dict[str, Session]] = {}  # this kernel's, by name, the latest last
+
+    def _open_session(self) -> Session | None:
+        """The session a bare %%distrun runs in: the latest that is still alive."""
+        alive = [s for s in self.sessions.values() if s.alive]
+        return alive[-1] if alive else None
+
+    def _session_command(self, words: list[str]) -> None:
+        """`%distrun session start [OPTIONS]`, `%distrun session stop [NAME]`,
+        `%distrun session` (what is open)."""
+        action, rest = (words[0], words[1:]) if words else ("status", [])
+        if action == "start":
+            self._start_session(" ".join(map(shlex.quote, rest)))
+            return
+        if action == "status" and not rest:
+            self._print_sessions()
+            return
+        if action != "stop" or len(rest) > 1:
+            raise _user_error(
+                "%distrun session: use `%distrun session start [OPTIONS]`, `%distrun session "
+                "stop [NAME]` or `%distrun session` (what is open)"
+            )
+        alive = {name: s for name, s in self.sessions.items() if s.alive}
+        if rest and rest[0] not in alive:
+            raise _user_error(
+                f"%distrun session stop: no open session named {rest[0]!r} "
+                f"(open: {names_of(alive.values())})"
+            )
+        chosen = [alive[rest[0]]] if rest else list(alive.values())
+        if not chosen:
+            print("No session is open.")
+        for session in chosen:
+            result = session.stop()
+            del self.sessions[session.name]
+            print(f"Session {session.name} stopped (job {result.job_id}): "
+                  f"{launch_summary(session.job.plan)} ended.")  # fmt: skip
+
+    def _start_session(self, line: str) -> None:
+        try:
+            args = parse_argstring(self.distrun, line)
+        except Exception as exc:
+            raise _user_error(str(exc).strip()) from None
+        name = args.name or "session"
+        if name in self.sessions and self.sessions[name].alive:
+            raise SpecError(f"session {name} is already open; stop it first or give --name")
+        for flag, value in (("--out", args.out), ("--push", args.push), ("--dry-run",
+                            args.dry_run), ("--new", args.new)):  # fmt: skip
+            if value:
+                raise SpecError(f"{flag} applies to a cell, not to %distrun session start")
+        args.type = args.type or self.type
+        args.nodes = args.nodes if args.nodes is not None else self.nodes
+        if args.procs_per_node is None and self.procs_per_node:
+            args.procs_per_node = self.procs_per_node
+        spec = LaunchOptions.take(args).to_spec("", base_dir=os.getcwd())
+        inventory = load_inventory(args.nodes_file or self.nodes_file or None)
+        printer = QueuedPrinter()
+        started = time.monotonic()
+        session = Session.start(spec, name=name, inventory=inventory, listeners=[printer])
+        printer.flush()
+        self.sessions[name] = session
+        DistrunMagics.last_job_id = session.job.job_id
+        print(f"Session {name} ready in {time.monotonic() - started:.1f} s (job "
+              f"{session.job.job_id}): {session.job.summary}; a bare %%distrun cell runs "
+              "in it.", flush=True)  # fmt: skip
+
+    def _print_sessions(self) -> None:
+        alive = [s for s in self.sessions.values() if s.alive]
+        if not alive:
+            print("No session is open (start one with %distrun session start).")
+        for session in alive:
+            up = time.time() - session.started
+            print(f"{session.name}: {session.job.summary}, job {session.job.job_id}, "
+                  f"up {up:.0f} s")  # fmt: skip
+
+    def _run_in_session(self, session: Session, cell: str) -> None:
+        """The cell on every rank of the session, its lines printed as they come."""
+        printer = QueuedPrinter()
+        session.job.add_listener(printer)
+        try:
+            result = session.run_cell(cell, on_tick=printer.flush)
+        finally:
+            session.job.remove_listener(printer)
+            printer.flush()
+        if not result.ok:
+            raise CellFailed(result.describe())
 
     def _run(self, spec: JobSpec, inventory, extra: dict[str, str]) -> Job:
         """Run the job in the cell; JobFailed unless it succeeded."""
@@ -349,6 +459,10 @@ class DistrunMagics(Magics):
         if words[0] == "dask":
             with _one_line_errors():
                 self._dask_command(words[1:])
+            return
+        if words[0] == "session":
+            with _one_line_errors():
+                self._session_command(words[1:])
             return
         if words[0] == "run":
             if len(words) != 2:

@@ -66,6 +66,13 @@ class ProcessHandle(Protocol):
     def kill(self) -> None:
         """SIGKILL the process tree now. Idempotent."""
 
+    def interrupt(self) -> None:
+        """SIGINT to the process itself (KeyboardInterrupt in a session's rank)."""
+
+    def feed(self, data: bytes) -> None:
+        """Bytes for the process's stdin; only a process planned with `stdin` reads them
+        (a session's rank). Ignored once the process ended."""
+
     @property
     def exit_note(self) -> str | None:
         """Why the exit code is not the process's own (its agent or link died), or None.

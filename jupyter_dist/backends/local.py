@@ -111,7 +111,7 @@ class LocalBackend(Backend):
 
     def _argv(self, proc: ProcessPlan, node: Node, grace: float) -> list[str]:
         """What this machine runs to start `proc`: its agent, here."""
-        return agent_argv(sys.executable, str(AGENT_SOURCE), proc.cwd, proc.argv, grace)
+        return agent_argv(sys.executable, str(AGENT_SOURCE), proc.cwd, proc.argv, grace, proc.stdin)
 
     def _handle(self, popen: subprocess.Popen, proc: ProcessPlan, node: Node) -> LocalProcess:
         return LocalProcess(popen, proc.label)

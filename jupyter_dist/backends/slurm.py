@@ -256,7 +256,7 @@ class SlurmBackend(LocalBackend):
         ]  # fmt: skip
 
     def _argv(self, proc: ProcessPlan, node: Node, grace: float) -> list[str]:
-        agent = agent_argv(node.python, str(AGENT_SOURCE), proc.cwd, proc.argv, grace)
+        agent = agent_argv(node.python, str(AGENT_SOURCE), proc.cwd, proc.argv, grace, proc.stdin)
         return [*self._step(node), *agent]
 
     def _handle(self, popen: subprocess.Popen, proc: ProcessPlan, node: Node) -> SlurmProcess:

@@ -518,7 +518,7 @@ class SshBackend(Backend):
         (AcceptEnv), so they go in the command line, each word quoted."""
         agent = posixpath.join(node.workdir, agent_file_name())
         env_words = [f"{name}={value}" for name, value in proc.env.items()]
-        command = agent_argv(node.python, agent, proc.cwd, proc.argv, grace)
+        command = agent_argv(node.python, agent, proc.cwd, proc.argv, grace, proc.stdin)
         return shlex.join(["exec", "env", *env_words, *command])
 
     def command_line(self, proc: ProcessPlan, node: Node, grace: float) -> str:

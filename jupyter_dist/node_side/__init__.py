@@ -5,6 +5,7 @@ Python 3.8+, no import of jupyter_dist (a node may have none).
 - cell_runner.py: runs a notebook cell as `__main__` and writes back its `--out` values.
 - dask_wait.py: waits until a Dask cluster's workers registered, before its command.
 - ports.py: free ports on a node, and why a given port is taken.
+- session_worker.py: one rank of a warm session, running the cells it is sent.
 
 `path(name)` is the file here and `source(name)` its text: the one way to load them.
 """
@@ -15,7 +16,7 @@ import functools
 from pathlib import Path
 
 FOLDER = Path(__file__).parent
-NAMES = ("agent.py", "cell_runner.py", "dask_wait.py", "ports.py")
+NAMES = ("agent.py", "cell_runner.py", "dask_wait.py", "ports.py", "session_worker.py")
 
 
 def path(name: str) -> Path:

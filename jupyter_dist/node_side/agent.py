@@ -3,7 +3,7 @@
 Standard library only, Python 3.8+: it is copied to SSH nodes as a single file and run with
 the node's Python. Usage::
 
-    python agent.py [--cwd DIR] [--grace SECONDS] -- COMMAND [ARGS...]
+    python agent.py [--cwd DIR] [--grace SECONDS] [--stdin] -- COMMAND [ARGS...]
     python agent.py --sweep JOB_ID     (kill what is left of a job on this machine)
 
 It starts COMMAND in a session of its own with this Python's folder first on PATH, inheriting
@@ -12,6 +12,9 @@ or `HANDSHAKE failed REASON` and exit 127 without an exit report). Then it reads
 
 - `term`: SIGTERM to the process tree, SIGKILL after the grace period;
 - `kill`: SIGKILL to the process tree at once;
+- `int`: SIGINT to the process (a warm session's rank: KeyboardInterrupt in its cell);
+- `feed BASE64`: these bytes to the process's standard input (with `--stdin`; without it,
+  the process's stdin is /dev/null);
 - end of input (the launcher died, the SSH connection dropped): as `term`.
 
 The tree is the child's process group, every descendant seen (torchrun moves its workers to
@@ -24,6 +27,7 @@ It is meant to grow into a per-node agent that keeps a warm, pre-imported Python
 ranks from it; the launcher's side of the protocol (handshake, stdin commands) stays the same.
 """
 
+import base64
 import contextlib
 import os
 import shutil
@@ -113,8 +117,9 @@ class Tree:
 
 
 class Agent:
-    def __init__(self, command, cwd, grace):
+    def __init__(self, command, cwd, grace, stdin=False):
         self.command = command
+        self.stdin = stdin
         self.cwd = cwd
         self.grace = grace
         self.child = None
@@ -139,7 +144,8 @@ class Agent:
         self.announced = True
         try:
             self.child = subprocess.Popen(
-                self.command, cwd=self.cwd, env=env, stdin=subprocess.DEVNULL,
+                self.command, cwd=self.cwd, env=env,
+                stdin=subprocess.PIPE if self.stdin else subprocess.DEVNULL,
                 start_new_session=True,
             )  # fmt: skip
         except OSError as exc:
@@ -173,6 +179,15 @@ class Agent:
                     threading.Thread(target=self.stop, args=(self.grace,), daemon=True).start()
                 elif word == b"kill":
                     self.stop(0)
+                elif word == b"int":
+                    with contextlib.suppress(OSError):
+                        os.kill(self.child.pid, signal.SIGINT)
+                elif word.startswith(b"feed ") and self.child.stdin is not None:
+                    try:
+                        self.child.stdin.write(base64.b64decode(word[5:]))
+                        self.child.stdin.flush()
+                    except (OSError, ValueError):
+                        pass  # the process closed its input or ended: its exit tells
 
     def stop(self, grace):
         self.stopping.set()
@@ -218,11 +233,13 @@ def sweep(job_id):
 
 
 def parse(argv):
-    cwd, grace = None, 5.0
+    cwd, grace, stdin = None, 5.0, False
     args = list(argv)
     while args and args[0] != "--":
         flag = args.pop(0)
-        if flag == "--cwd" and args:
+        if flag == "--stdin":
+            stdin = True
+        elif flag == "--cwd" and args:
             cwd = args.pop(0)
         elif flag == "--grace" and args:
             grace = float(args.pop(0))
@@ -230,15 +247,15 @@ def parse(argv):
             raise SystemExit(f"distrun agent: unknown option {flag!r}")
     if not args or len(args) < 2:
         raise SystemExit("distrun agent: usage: agent.py [--cwd DIR] [--grace S] -- COMMAND...")
-    return args[1:], cwd, grace
+    return args[1:], cwd, grace, stdin
 
 
 def main():
     if sys.argv[1:2] == ["--sweep"] and len(sys.argv) == 3:
         print(" ".join(str(pid) for pid in sweep(sys.argv[2])))
         sys.exit(0)
-    command, cwd, grace = parse(sys.argv[1:])
-    agent = Agent(command, cwd, grace)
+    command, cwd, grace, stdin = parse(sys.argv[1:])
+    agent = Agent(command, cwd, grace, stdin)
     code = agent.run()
     # The launcher's proof that the exit code is the process's, not a dead link's: every
     # process that was announced as started gets it, whatever its code (a shell's 127 for

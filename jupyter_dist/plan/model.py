@@ -59,6 +59,8 @@ class ProcessPlan:
     # workers, TensorFlow parameter servers): its SIGTERM then is no failure.
     service: bool = False
     tf_config: dict[str, Any] | None = None
+    # Reads what the job feeds it on stdin (a warm session's rank); else stdin is /dev/null.
+    stdin: bool = False
 
     @property
     def log_keys(self) -> list[str]:

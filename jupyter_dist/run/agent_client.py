@@ -7,6 +7,7 @@ same way.
 
 from __future__ import annotations
 
+import base64
 import contextlib
 import threading
 from collections.abc import Iterator
@@ -32,8 +33,12 @@ def _partial_marker(data: bytes) -> int:
     return 0
 
 
-def agent_argv(python: str, agent_path: str, cwd: str, argv: list[str], grace: float) -> list[str]:
-    return [python, agent_path, "--cwd", cwd, "--grace", f"{grace:g}", "--", *argv]
+def agent_argv(
+    python: str, agent_path: str, cwd: str, argv: list[str], grace: float, stdin: bool = False
+) -> list[str]:
+    """The agent running `argv`; with `stdin`, the process reads what `feed` sends it."""
+    wants = ["--stdin"] if stdin else []
+    return [python, agent_path, "--cwd", cwd, "--grace", f"{grace:g}", *wants, "--", *argv]
 
 
 class AgentProcess:
@@ -130,6 +135,14 @@ class AgentProcess:
 
     def kill(self) -> None:
         self._send(b"kill\n")
+
+    def interrupt(self) -> None:
+        """SIGINT to the process itself (KeyboardInterrupt in Python)."""
+        self._send(b"int\n")
+
+    def feed(self, data: bytes) -> None:
+        """Bytes for the process's standard input (one started with stdin)."""
+        self._send(b"feed " + base64.b64encode(data) + b"\n")
 
     def _send(self, data: bytes | None) -> None:
         with self._stdin_lock:

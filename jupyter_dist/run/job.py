@@ -9,6 +9,7 @@ import contextlib
 import posixpath
 import threading
 import time
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 
 from jupyter_dist.backends.base import Backend, ProcessHandle
@@ -46,7 +47,10 @@ class Job:
         name: str = "",
         timeout: float | None = None,
         grace_period: float = GRACE_PERIOD_S,
+        control: tuple[str, Callable[[ProcessPlan, str], None]] | None = None,
     ):
+        """`control`: (mark, handler) for messages the processes print among their output
+        (run/output.py); a warm session reads its ranks' cell reports so."""
         self.plan = plan
         self.job_id = plan.job_id
         self.name = name or plan.job_type
@@ -62,7 +66,7 @@ class Job:
         self._handles: dict[str, ProcessHandle] = {}
         self._readers: dict[str, list[threading.Thread]] = {}
         self._evidence = StderrEvidence()
-        self._output = OutputPipeline(record, self._evidence, self._emit_lines)
+        self._output = OutputPipeline(record, self._evidence, self._emit_lines, control)
         self.processes = {
             p.name: ProcessState(
                 name=p.name, label=p.label, node=p.node, host=p.host, role=p.role, rank=p.rank
@@ -86,6 +90,11 @@ class Job:
     def add_listener(self, listener: JobListener) -> None:
         with self._emit_lock:
             self._listeners.append(listener)
+
+    def remove_listener(self, listener: JobListener) -> None:
+        with self._emit_lock:
+            if listener in self._listeners:
+                self._listeners.remove(listener)
 
     def start(self) -> Job:
         """Start every process, or none: a failure to start stops what had started."""
@@ -188,6 +197,20 @@ class Job:
                 return
             self._message = reason
         self._stop_all("succeeded")
+
+    def feed(self, name: str, data: bytes) -> None:
+        """Bytes for the stdin of process `name` (planned with stdin); DistrunError if it
+        does not run."""
+        handle = self._handles.get(name)
+        if handle is None or self.processes[name].state != "running":
+            raise DistrunError(f"{self.processes[name].label} of job {self.job_id} is not running")
+        handle.feed(data)
+
+    def interrupt(self, names: list[str] | None = None) -> None:
+        """SIGINT to the named processes (all by default) that still run."""
+        for name, handle in list(self._handles.items()):
+            if (names is None or name in names) and self.processes[name].state == "running":
+                handle.interrupt()
 
     def collect(self, folder: str) -> dict[str, bytes]:
         """The files in `folder` of the job's directory on every node (name -> content)."""

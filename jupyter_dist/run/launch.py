@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import os
 import signal
 import threading
@@ -39,6 +40,7 @@ def make_plan(
     job_id: str | None = None,
     cwd: Path | str | None = None,
     extra_files: Mapping[str, str] | None = None,
+    stdin: bool = False,
 ) -> tuple[LaunchPlan, list[Node], Backend]:
     """Choose the backend (the spec's `backend:` section names it, else `choose_backend`
     decides), take the job's nodes from it, check them, find free ports on them, and plan
@@ -53,6 +55,9 @@ def make_plan(
         ports = chosen.choose_ports(port_requests(spec, nodes), nodes)
         job_id = job_id or store.new_job_id()
         launch_plan = plan(spec, nodes, job_id, ports, extra_files, chosen.mpi_launch)
+        if stdin:  # every process reads what the job feeds it (a warm session's ranks)
+            procs = [dataclasses.replace(p, stdin=True) for p in launch_plan.processes]
+            launch_plan = dataclasses.replace(launch_plan, processes=procs)
         return launch_plan, nodes, chosen
     except BaseException:
         chosen.release()
@@ -88,16 +93,21 @@ def prepare_job(
     cwd: Path | str | None = None,
     grace_period: float = GRACE_PERIOD_S,
     extra_files: Mapping[str, str] | None = None,
+    control: tuple[str, Callable] | None = None,
 ) -> Job:
-    """Plan the job and record it in the store; nothing is started yet."""
+    """Plan the job and record it in the store; nothing is started yet. With `control`
+    (mark, handler), every process reads stdin and its marked lines go to the handler
+    (a warm session: run/session.py)."""
     store = store or JobStore()
     launch_plan, nodes, chosen = make_plan(
-        spec, inventory=inventory, store=store, cwd=cwd, extra_files=extra_files
-    )
+        spec, inventory=inventory, store=store, cwd=cwd, extra_files=extra_files,
+        stdin=control is not None,
+    )  # fmt: skip
     record = store.create(launch_plan.job_id, spec.to_yaml(), launch_plan.to_dict())
     job = Job(
         launch_plan, nodes, chosen, record,
         name=spec.display_name_or_default(), timeout=spec.timeout, grace_period=grace_period,
+        control=control,
     )  # fmt: skip
     for listener in listeners:
         job.add_listener(listener)

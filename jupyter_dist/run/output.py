@@ -28,10 +28,14 @@ class OutputPipeline:
         record: JobRecord,
         evidence: StderrEvidence,
         emit: Callable[[list[OutputLine]], None],
+        control: tuple[str, Callable[[ProcessPlan, str], None]] | None = None,
     ) -> None:
         self.record = record
         self.evidence = evidence
         self.emit = emit
+        # (mark, handler): a stdout line holding `mark` is a message to the launcher (a
+        # session's rank reporting a cell), not output; the text before it still is.
+        self.control = control
 
     def read(self, proc: ProcessPlan, handle: ProcessHandle, stream: str) -> None:
         """Every line of `proc`'s `stream` until it ends (or breaks: the process watcher
@@ -62,6 +66,23 @@ class OutputPipeline:
                     log.close()
 
     def _deliver(self, proc, stream, texts: list[str], attribute, files) -> None:
+        messages = []
+        if self.control and stream == "stdout" and any(self.control[0] in t for t in texts):
+            mark, kept = self.control[0], []
+            for text in texts:
+                before, found, message = text.partition(mark)
+                if found:
+                    messages.append(mark + message)
+                    if not before:
+                        continue
+                kept.append(before)
+            texts = kept
+        if texts:
+            self._store_and_emit(proc, stream, texts, attribute, files)
+        for message in messages:  # after the lines before it are stored and shown
+            self.control[1](proc, message)
+
+    def _store_and_emit(self, proc, stream, texts: list[str], attribute, files) -> None:
         now = time.time()
         prefix = timestamp(now) + " "
         if attribute is None:  # every line is this process's own: the fast path

@@ -1,0 +1,222 @@
+"""Warm sessions: ranks started once that run cell after cell, each in a namespace that
+lives as long as the session (variables, modules, models, a process group).
+
+A session is a job like any other (same planner, backends, agents, store; the sidebar lists
+it) whose processes are session workers (node_side/session_worker.py) reading cells on their
+stdin. Each reports a cell with a marked line on stdout, which the job's output pipeline
+hands here instead of showing it:
+
+    session = Session.start(spec, inventory=inventory)   # returns once every rank is ready
+    result = session.run_cell("x = 1")                    # blocks; a CellResult
+    session.stop()                                         # every process gone
+
+A rank's exception fails the cell, not the session. A rank that dies ends the session (the
+job fails with its root cause, every other rank stopped): `SessionEnded` says why.
+"""
+
+from __future__ import annotations
+
+import json
+import shlex
+import threading
+import time
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
+
+from jupyter_dist import node_side
+from jupyter_dist.errors import DistrunError, SpecError
+from jupyter_dist.node_side.session_worker import MARK
+from jupyter_dist.plan.model import ProcessPlan
+from jupyter_dist.run.events import JobResult, ranges
+from jupyter_dist.run.job import Job
+from jupyter_dist.spec import JobSpec, spec_from_dict
+
+WORKER = "session_worker.py"
+READY_TIMEOUT_S = 300.0  # importing torch on a busy node can take a while
+INTERRUPT_GRACE_S = 10.0  # how long an interrupted rank has to come back from its cell
+
+
+class SessionEnded(DistrunError):
+    """The session's ranks are gone (one died, it was stopped or cancelled)."""
+
+
+@dataclass
+class CellResult:
+    """What every rank that ran a cell reported: process name -> report (`ok`, and for a
+    failure `type`, `message`, `traceback`)."""
+
+    cell: int
+    labels: dict[str, str]  # process name -> label ("rank 1")
+    reports: dict[str, dict] = field(default_factory=dict)
+
+    @property
+    def ok(self) -> bool:
+        return all(report["ok"] for report in self.reports.values())
+
+    def describe(self) -> str:
+        """The failure, each distinct error once with the ranks that raised it:
+        `ranks 0-3: ValueError: bad shape` and its traceback."""
+        errors: dict[tuple[str, str], list[str]] = {}
+        for name, report in self.reports.items():
+            if not report["ok"]:
+                key = (f"{report['type']}: {report['message']}".rstrip(": "), report["traceback"])
+                errors.setdefault(key, []).append(self.labels[name])
+        parts = []
+        for (summary, traceback), labels in errors.items():
+            parts.append(f"{ranges(labels)}: {summary}\n{traceback.rstrip()}")
+        return "\n".join(parts)
+
+
+class Session:
+    """A started session; see the module's docstring."""
+
+    def __init__(self, name: str = "session") -> None:
+        self.name = name
+        self.job: Job | None = None
+        self.started = time.time()
+        self._cells = 0
+        self._ready: set[str] = set()
+        self._reports: dict[int, dict[str, dict]] = {}
+        self._changed = threading.Condition()
+
+    # -- starting and stopping -----------------------------------------------------------
+
+    @classmethod
+    def start(
+        cls,
+        spec: JobSpec,
+        name: str = "session",
+        prepare: Callable[..., Job] | None = None,
+        **job_options,
+    ) -> Session:
+        """Start the session's ranks (keyword arguments as for run.launch.prepare_job) and
+        return once every one is ready; SessionEnded if the job ended first."""
+        from jupyter_dist.run.launch import interrupts_deferred, prepare_job
+
+        session = cls(name)
+        job = (prepare or prepare_job)(
+            session_spec(spec), extra_files={WORKER: node_side.source(WORKER)},
+            control=(MARK, session._on_message), **job_options,
+        )  # fmt: skip
+        session.job = job
+        with interrupts_deferred():
+            job.start()
+        try:
+            names = [p.name for p in job.plan.processes]
+            session._wait(lambda: all(n in session._ready for n in names), READY_TIMEOUT_S)
+        except BaseException:
+            session.stop("the session did not start")
+            raise
+        return session
+
+    def stop(self, reason: str = "stopped") -> JobResult:
+        """Stop every rank; returns once every process is gone."""
+        self.job.end(f"session {self.name} {reason}")
+        return self.job.wait()
+
+    @property
+    def alive(self) -> bool:
+        return self.job is not None and not self.job.done
+
+    @property
+    def ranks(self) -> list[ProcessPlan]:
+        return list(self.job.plan.processes)
+
+    # -- cells ---------------------------------------------------------------------------
+
+    def run_cell(self, code: str, on_tick: Callable[[], None] | None = None) -> CellResult:
+        """Run `code` on every rank; blocks until each reported. A KeyboardInterrupt
+        (the kernel's) interrupts every rank's cell; a rank that does not come back within
+        INTERRUPT_GRACE_S breaks the session (SessionEnded). `on_tick` runs about ten
+        times a second while it waits (a view's chance to draw)."""
+        if not self.alive:
+            raise SessionEnded(self._ended_message())
+        self._cells += 1
+        cell = self._cells
+        names = [p.name for p in self.job.plan.processes]
+        result = CellResult(cell, {p.name: p.label for p in self.job.plan.processes})
+        request = (json.dumps({"cell": cell, "code": code}) + "\n").encode()
+        for name in names:
+            self.job.feed(name, request)
+
+        def all_reported() -> bool:
+            return len(self._reports.get(cell, {})) == len(names)
+
+        try:
+            self._wait(all_reported, None, on_tick)
+        except KeyboardInterrupt:
+            self.job.interrupt(names)
+            try:
+                self._wait(all_reported, INTERRUPT_GRACE_S, on_tick)
+            except TimeoutError:
+                stuck = [self.job.processes[n].label for n in names
+                         if n not in self._reports.get(cell, {})]  # fmt: skip
+                self.job.cancel(
+                    f"session {self.name} broken: {ranges(stuck)} did not come back from "
+                    f"an interrupt within {INTERRUPT_GRACE_S:g} s"
+                )
+                self.job.wait()
+                raise SessionEnded(self._ended_message()) from None
+            raise
+        result.reports = dict(self._reports.pop(cell))
+        return result
+
+    # -- the ranks' messages ---------------------------------------------------------------
+
+    def _on_message(self, proc: ProcessPlan, text: str) -> None:
+        word, _, rest = text[len(MARK) :].strip().partition(" ")
+        with self._changed:
+            if word == "ready":
+                self._ready.add(proc.name)
+            elif word == "done":
+                report = json.loads(rest)
+                self._reports.setdefault(report["cell"], {})[proc.name] = report
+            self._changed.notify_all()
+
+    def _wait(
+        self,
+        condition: Callable[[], bool],
+        timeout: float | None,
+        on_tick: Callable[[], None] | None = None,
+    ) -> None:
+        """Until `condition` holds; SessionEnded if the job ends first, TimeoutError after
+        `timeout` seconds. Short waits keep KeyboardInterrupt deliverable."""
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while True:
+            with self._changed:
+                if condition():
+                    break
+                if self.job.done:
+                    raise SessionEnded(self._ended_message())
+                self._changed.wait(0.1)
+            if on_tick is not None:
+                on_tick()
+            if deadline is not None and time.monotonic() > deadline:
+                raise TimeoutError
+        if on_tick is not None:
+            on_tick()
+
+    def _ended_message(self) -> str:
+        result = self.job.wait(0) if self.job else None
+        if result is None:
+            return f"session {self.name} has ended"
+        return f"session {self.name} has ended: {result.describe()}"
+
+
+def session_spec(spec: JobSpec) -> JobSpec:
+    """The job that runs a session's ranks: the spec's ranks, each a session worker.
+    SpecError for jobs whose processes are not one rank each."""
+    dist = spec.distribution
+    if spec.job_type != "pytorch" or dist.launcher != "per_process":
+        raise SpecError(
+            "a session runs pytorch ranks, one process each (launcher per_process); "
+            f"this is {spec.job_type}"
+            + (f" with launcher {dist.launcher}" if spec.job_type == "pytorch" else "")
+        )
+    data = {key: value for key, value in spec.to_dict().items() if key != "script"}
+    data["command"] = f'python "$DISTRUN_JOB_DIR/{WORKER}"'
+    return spec_from_dict(data, base_dir=".", source="session")
+
+
+def names_of(sessions: Iterable[Session]) -> str:
+    return ", ".join(shlex.quote(s.name) for s in sessions) or "none is open"
