@@ -194,7 +194,12 @@ class DistrunMagics(Magics):
         its `distributed.Client` in the notebook (`--client-name`)."""
         if cell is None:
             return self._line_command(line)
+        ended = [s for s in self.sessions.values() if not s.alive]
+        for gone in ended:  # said once, by the next cell that would have run in it
+            del self.sessions[gone.name]
         session = self._open_session()
+        if ended and session is None and not line.strip():
+            raise SessionEnded(ended[-1].ended_message())
         if session is not None and not line.strip():  # a bare %%distrun: into the session
             with _one_line_errors():
                 return self._run_in_session(session, cell)

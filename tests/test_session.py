@@ -66,3 +66,80 @@ def test_state_persists_across_cells_and_a_failing_rank_fails_only_its_cell(kern
     assert unknown.evalue == (
         "%distrun session stop: no open session named 'nope' (open: none is open)"
     )
+
+
+def test_an_interrupt_stops_every_ranks_cell_and_the_session_lives_on(kernel_env):
+    import queue
+    import time
+
+    from jupyter_client.manager import start_new_kernel
+
+    km, kc = start_new_kernel(kernel_name="python3")
+    try:
+        kc.execute_interactive("%load_ext jupyter_dist", timeout=60)
+        started = kc.execute_interactive(
+            "%distrun session start --nodes 2 --procs-per-node 2", timeout=120
+        )
+        assert started["content"]["status"] == "ok"
+        msg_id = kc.execute("%%distrun\nimport time\nprint('sleeping', flush=True)\n"
+                            "time.sleep(300)\n")  # fmt: skip
+        seen, deadline = 0, time.monotonic() + 60
+        while seen < 4 and time.monotonic() < deadline:
+            try:
+                seen += kc.get_iopub_msg(timeout=1)["content"].get("text", "").count("sleeping")
+            except queue.Empty:
+                continue
+        assert seen == 4
+        km.interrupt_kernel()
+        reply = kc.get_shell_msg(timeout=60)
+        while reply["parent_header"].get("msg_id") != msg_id:
+            reply = kc.get_shell_msg(timeout=60)
+        assert reply["content"]["ename"] == "KeyboardInterrupt"
+        outputs = []
+        after = kc.execute_interactive(
+            "%%distrun\nprint('awake')", timeout=60,
+            output_hook=lambda msg: outputs.append(msg["content"].get("text", "")),
+        )  # fmt: skip
+        assert after["content"]["status"] == "ok"
+        assert "".join(outputs).count("awake") == 4  # the same ranks, still there
+    finally:
+        kc.stop_channels()
+        km.shutdown_kernel(now=True)
+
+
+def test_a_rank_that_dies_ends_the_session_with_its_root_cause(kernel_env):
+    nb = execute_notebook(
+        "%distrun session start --nodes 2 --procs-per-node 2",
+        "%%distrun\nimport os, time\nif os.environ['RANK'] == '2':\n    os._exit(3)\n"
+        "time.sleep(60)\n",
+        "%%distrun\nprint('never')",
+        "%%distrun\nprint('a job of its own', flush=True)",
+        allow_errors=True,
+    )
+    job_id = re.search(r"\(job (\S+)\)", stream_text(nb.cells[1])).group(1)
+    died = nb.cells[2].outputs[-1]
+    assert died.ename == "SessionEnded"
+    assert died.evalue.startswith(f"session session has ended: Job {job_id} failed.")
+    assert "Root cause: rank 2 on local1 (127.0.0.1) exited with code 3" in died.evalue
+    told = nb.cells[3].outputs[-1]  # the next cell says so once ...
+    assert told.ename == "SessionEnded" and told.evalue == died.evalue
+    assert "[rank 0] a job of its own" in stream_text(nb.cells[4])  # ... then cells are jobs
+    assert job_processes(job_id) == []
+
+
+def test_a_session_across_ssh_nodes_keeps_its_process_group(ssh_nodes, kernel_env, tmp_path):
+    """The same session over the SSH test nodes: ranks on each node, the group of cell 1
+    used by cell 2; stopping leaves nothing on a node (the ssh_nodes fixture checks)."""
+    inventory = ssh_nodes.write_inventory(tmp_path / "nodes.yml")
+    nb = execute_notebook(
+        f"%distrun session start --nodes 2 --procs-per-node 2 --nodes-file {inventory} "
+        "--env GLOO_SOCKET_IFNAME=eth0",
+        "%%distrun\nimport socket, torch, torch.distributed as dist\n"
+        "dist.init_process_group('gloo')\nrank = dist.get_rank()",
+        "%%distrun\nt = torch.tensor([float(rank)])\ndist.all_reduce(t)\n"
+        "print(rank, socket.gethostname(), t.item())",
+        "%distrun session stop",
+    )
+    text = stream_text(nb.cells[3])
+    for rank in range(4):
+        assert f"[rank {rank}] {rank} node{rank // 2} 6.0" in text, text

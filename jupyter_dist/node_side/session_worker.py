@@ -4,13 +4,15 @@ initialised process group stay for the next cell).
 
 Standard library only, Python 3.8+. It reads one request per line on stdin, a JSON object
 `{"cell": N, "code": TEXT}`, runs the code as `__main__` would, and after it writes one
-line on stdout: `MARK done {"cell": N, "ok": true}`, or with `"ok": false` and the error
-(`type`, `message`, `traceback`), whose traceback also went to stderr as Python prints it.
+line on stderr, `MARK flushed N` (all of the cell's stderr came before it), then one on
+stdout: `MARK done {"cell": N, "ok": true}`, or with `"ok": false` and the error (`type`,
+`message`, `traceback`), whose traceback also went to stderr as Python prints it.
 SIGINT raises KeyboardInterrupt in the running cell (it fails; the rank lives on). `MARK
 ready` is its first line. End of input ends it.
 """
 
 import json
+import signal
 import sys
 import traceback
 
@@ -31,8 +33,11 @@ def run_cell(code, cell, namespace):
 
 
 def main():
+    # SIGINT is KeyboardInterrupt here even where it was inherited ignored (a launcher in
+    # the background, `nohup jupyter lab &`): an interrupt must reach the running cell.
+    signal.signal(signal.SIGINT, signal.default_int_handler)
     namespace = {"__name__": "__main__", "__builtins__": __builtins__}
-    say(f"{MARK} ready")
+    say(sys.stdout, f"{MARK} ready")
     while True:
         try:
             line = sys.stdin.readline()
@@ -42,14 +47,14 @@ def main():
             return
         request = json.loads(line)
         report = run_cell(request["code"], request["cell"], namespace)
-        sys.stderr.flush()
-        say(f"{MARK} done {json.dumps(report)}")
+        say(sys.stderr, f"{MARK} flushed {request['cell']}")  # the cell's stderr is all out
+        say(sys.stdout, f"{MARK} done {json.dumps(report)}")
 
 
-def say(line):
-    sys.stdout.flush()
-    sys.stdout.write(line + "\n")
-    sys.stdout.flush()
+def say(stream, line):
+    stream.flush()
+    stream.write(line + "\n")
+    stream.flush()
 
 
 if __name__ == "__main__":

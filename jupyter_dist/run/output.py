@@ -33,8 +33,8 @@ class OutputPipeline:
         self.record = record
         self.evidence = evidence
         self.emit = emit
-        # (mark, handler): a stdout line holding `mark` is a message to the launcher (a
-        # session's rank reporting a cell), not output; the text before it still is.
+        # (mark, handler): a line holding `mark` is a message to the launcher (a session's
+        # rank reporting a cell), not output; the text before it still is.
         self.control = control
 
     def read(self, proc: ProcessPlan, handle: ProcessHandle, stream: str) -> None:
@@ -67,7 +67,7 @@ class OutputPipeline:
 
     def _deliver(self, proc, stream, texts: list[str], attribute, files) -> None:
         messages = []
-        if self.control and stream == "stdout" and any(self.control[0] in t for t in texts):
+        if self.control and any(self.control[0] in t for t in texts):
             mark, kept = self.control[0], []
             for text in texts:
                 before, found, message = text.partition(mark)

@@ -39,6 +39,10 @@ INTERRUPT_GRACE_S = 10.0  # how long an interrupted rank has to come back from i
 class SessionEnded(DistrunError):
     """The session's ranks are gone (one died, it was stopped or cancelled)."""
 
+    def _render_traceback_(self) -> list[str]:  # IPython shows the reason, not our frames
+        lines = str(self).splitlines()
+        return [f"SessionEnded: {lines[0]}", *lines[1:]]
+
 
 @dataclass
 class CellResult:
@@ -77,6 +81,7 @@ class Session:
         self._cells = 0
         self._ready: set[str] = set()
         self._reports: dict[int, dict[str, dict]] = {}
+        self._flushed: dict[int, set[str]] = {}  # cell -> ranks whose stderr is all in
         self._changed = threading.Condition()
 
     # -- starting and stopping -----------------------------------------------------------
@@ -130,7 +135,7 @@ class Session:
         INTERRUPT_GRACE_S breaks the session (SessionEnded). `on_tick` runs about ten
         times a second while it waits (a view's chance to draw)."""
         if not self.alive:
-            raise SessionEnded(self._ended_message())
+            raise SessionEnded(self.ended_message())
         self._cells += 1
         cell = self._cells
         names = [p.name for p in self.job.plan.processes]
@@ -139,8 +144,9 @@ class Session:
         for name in names:
             self.job.feed(name, request)
 
-        def all_reported() -> bool:
-            return len(self._reports.get(cell, {})) == len(names)
+        def all_reported() -> bool:  # both streams: every line of the cell came first
+            done = len(self._reports.get(cell, {})) == len(names)
+            return done and len(self._flushed.get(cell, ())) == len(names)
 
         try:
             self._wait(all_reported, None, on_tick)
@@ -156,9 +162,10 @@ class Session:
                     f"an interrupt within {INTERRUPT_GRACE_S:g} s"
                 )
                 self.job.wait()
-                raise SessionEnded(self._ended_message()) from None
+                raise SessionEnded(self.ended_message()) from None
             raise
         result.reports = dict(self._reports.pop(cell))
+        self._flushed.pop(cell, None)
         return result
 
     # -- the ranks' messages ---------------------------------------------------------------
@@ -171,6 +178,8 @@ class Session:
             elif word == "done":
                 report = json.loads(rest)
                 self._reports.setdefault(report["cell"], {})[proc.name] = report
+            elif word == "flushed":
+                self._flushed.setdefault(int(rest), set()).add(proc.name)
             self._changed.notify_all()
 
     def _wait(
@@ -187,7 +196,7 @@ class Session:
                 if condition():
                     break
                 if self.job.done:
-                    raise SessionEnded(self._ended_message())
+                    raise SessionEnded(self.ended_message())
                 self._changed.wait(0.1)
             if on_tick is not None:
                 on_tick()
@@ -196,7 +205,8 @@ class Session:
         if on_tick is not None:
             on_tick()
 
-    def _ended_message(self) -> str:
+    def ended_message(self) -> str:
+        """Why the session is over, with the job's root cause where one failed."""
         result = self.job.wait(0) if self.job else None
         if result is None:
             return f"session {self.name} has ended"
@@ -214,7 +224,7 @@ def session_spec(spec: JobSpec) -> JobSpec:
             + (f" with launcher {dist.launcher}" if spec.job_type == "pytorch" else "")
         )
     data = {key: value for key, value in spec.to_dict().items() if key != "script"}
-    data["command"] = f'python "$DISTRUN_JOB_DIR/{WORKER}"'
+    data["command"] = f'exec python "$DISTRUN_JOB_DIR/{WORKER}"'  # exec: SIGINT reaches it
     return spec_from_dict(data, base_dir=".", source="session")
 
 
