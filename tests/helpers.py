@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import subprocess
@@ -111,3 +112,41 @@ def run_command_line(command: str, timeout: float = 60) -> tuple[int, str]:
         proc.stdin.close()
         if proc.poll() is None:
             proc.kill()
+
+
+def await_text(kc, text: str, count: int, timeout: float = 60) -> int:
+    """Read the kernel's iopub messages until `text` was printed `count` times (or the
+    timeout passed); how many times it was."""
+    import queue
+    import time
+
+    seen, deadline = 0, time.monotonic() + timeout
+    while seen < count and time.monotonic() < deadline:
+        try:
+            seen += kc.get_iopub_msg(timeout=1)["content"].get("text", "").count(text)
+        except queue.Empty:
+            continue
+    return seen
+
+
+def interrupt_and_reply(km, kc, msg_id: str) -> dict:
+    """Interrupt the kernel; the reply to the execute request `msg_id`."""
+    km.interrupt_kernel()
+    reply = kc.get_shell_msg(timeout=60)
+    while reply["parent_header"].get("msg_id") != msg_id:
+        reply = kc.get_shell_msg(timeout=60)
+    return reply
+
+
+@contextlib.contextmanager
+def running_kernel():
+    """A real kernel with jupyter_dist loaded: (manager, client); shut down afterwards."""
+    from jupyter_client.manager import start_new_kernel
+
+    km, kc = start_new_kernel(kernel_name="python3")
+    try:
+        kc.execute_interactive("%load_ext jupyter_dist", timeout=60)
+        yield km, kc
+    finally:
+        kc.stop_channels()
+        km.shutdown_kernel(now=True)

@@ -8,8 +8,13 @@ import re
 import time
 
 import pytest
-from helpers import execute_notebook, job_processes, stream_text
-from jupyter_client.manager import start_new_kernel
+from helpers import (
+    execute_notebook,
+    interrupt_and_reply,
+    job_processes,
+    running_kernel,
+    stream_text,
+)
 from nbclient.exceptions import CellExecutionError
 
 
@@ -165,9 +170,7 @@ def test_line_commands(kernel_env, tmp_path):
 
 
 def test_interrupt_cancels_every_rank_and_the_kernel_lives_on(kernel_env):
-    km, kc = start_new_kernel(kernel_name="python3")
-    try:
-        kc.execute_interactive("%load_ext jupyter_dist", timeout=60)
+    with running_kernel() as (km, kc):
         msg_id = kc.execute("%%distrun --nodes 2 --procs-per-node 2\nimport time\n"
                             "print('started', flush=True)\ntime.sleep(300)\n")  # fmt: skip
         seen, job_id = 0, None
@@ -184,10 +187,7 @@ def test_interrupt_cancels_every_rank_and_the_kernel_lives_on(kernel_env):
         assert seen == 4 and job_id
         assert len(job_processes(job_id)) >= 8
         started = time.monotonic()
-        km.interrupt_kernel()
-        reply = kc.get_shell_msg(timeout=60)
-        while reply["parent_header"].get("msg_id") != msg_id:
-            reply = kc.get_shell_msg(timeout=60)
+        reply = interrupt_and_reply(km, kc, msg_id)
         assert reply["content"]["status"] == "error"
         assert reply["content"]["ename"] == "KeyboardInterrupt"
         assert time.monotonic() - started < 30
@@ -195,9 +195,6 @@ def test_interrupt_cancels_every_rank_and_the_kernel_lives_on(kernel_env):
         assert (kernel_env / job_id / "status.json").read_text().count('"cancelled"') == 1
         after = kc.execute_interactive("print(6 * 7)", timeout=30)
         assert after["content"]["status"] == "ok"
-    finally:
-        kc.stop_channels()
-        km.shutdown_kernel(now=True)
 
 
 def test_push_variables_in_and_values_out(kernel_env):

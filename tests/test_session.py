@@ -6,7 +6,14 @@ from __future__ import annotations
 
 import re
 
-from helpers import execute_notebook, job_processes, stream_text
+from helpers import (
+    await_text,
+    execute_notebook,
+    interrupt_and_reply,
+    job_processes,
+    running_kernel,
+    stream_text,
+)
 
 CELL_1 = (
     "%%distrun\n"
@@ -69,32 +76,16 @@ def test_state_persists_across_cells_and_a_failing_rank_fails_only_its_cell(kern
 
 
 def test_an_interrupt_stops_every_ranks_cell_and_the_session_lives_on(kernel_env):
-    import queue
-    import time
-
-    from jupyter_client.manager import start_new_kernel
-
-    km, kc = start_new_kernel(kernel_name="python3")
-    try:
-        kc.execute_interactive("%load_ext jupyter_dist", timeout=60)
+    with running_kernel() as (km, kc):
         started = kc.execute_interactive(
             "%distrun session start --nodes 2 --procs-per-node 2", timeout=120
         )
         assert started["content"]["status"] == "ok"
         msg_id = kc.execute("%%distrun\nimport time\nprint('sleeping', flush=True)\n"
                             "time.sleep(300)\n")  # fmt: skip
-        seen, deadline = 0, time.monotonic() + 60
-        while seen < 4 and time.monotonic() < deadline:
-            try:
-                seen += kc.get_iopub_msg(timeout=1)["content"].get("text", "").count("sleeping")
-            except queue.Empty:
-                continue
-        assert seen == 4
-        km.interrupt_kernel()
-        reply = kc.get_shell_msg(timeout=60)
-        while reply["parent_header"].get("msg_id") != msg_id:
-            reply = kc.get_shell_msg(timeout=60)
-        assert reply["content"]["ename"] == "KeyboardInterrupt"
+        assert await_text(kc, "sleeping", 4) == 4
+        reply = interrupt_and_reply(km, kc, msg_id)
+        assert reply["content"]["ename"] == "KeyboardInterrupt", reply["content"]
         outputs = []
         after = kc.execute_interactive(
             "%%distrun\nprint('awake')", timeout=60,
@@ -102,9 +93,6 @@ def test_an_interrupt_stops_every_ranks_cell_and_the_session_lives_on(kernel_env
         )  # fmt: skip
         assert after["content"]["status"] == "ok"
         assert "".join(outputs).count("awake") == 4  # the same ranks, still there
-    finally:
-        kc.stop_channels()
-        km.shutdown_kernel(now=True)
 
 
 def test_a_rank_that_dies_ends_the_session_with_its_root_cause(kernel_env):

@@ -14,7 +14,14 @@ import time
 from pathlib import Path
 
 import pytest
-from helpers import EXAMPLES, result_reports, run_cli
+from helpers import (
+    EXAMPLES,
+    await_text,
+    interrupt_and_reply,
+    result_reports,
+    run_cli,
+    running_kernel,
+)
 
 pytestmark = pytest.mark.slurm
 
@@ -45,6 +52,18 @@ def _described(pids: list[int]) -> list[str]:
         except OSError:
             continue
     return found
+
+
+def _run_in_background(spec: Path, slurm_cluster, tmp_path: Path) -> subprocess.Popen:
+    """`jupyter distrun run SPEC --backend slurm` from outside any allocation, started."""
+    import sys
+
+    env = {k: v for k, v in slurm_cluster.env.items() if k != "SLURM_JOB_ID"}
+    return subprocess.Popen(
+        [sys.executable, "-m", "jupyter_dist.cli", "run", str(spec), "--backend", "slurm",
+         "--store", str(tmp_path / "jobs")],
+        env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+    )  # fmt: skip
 
 
 def _spec(tmp_path: Path, text: str) -> Path:
@@ -327,16 +346,10 @@ def test_an_interrupt_while_pending_gives_the_request_back(allocation, slurm_clu
     Ctrl-C takes it off the queue; nothing of it remains."""
     import os
     import signal
-    import sys
 
     spec = _spec(tmp_path, "command: hostname\nresources: {instance_count: 2}\n"
                  "distribution: {type: pytorch, process_count_per_instance: 2}\n")  # fmt: skip
-    env = {k: v for k, v in slurm_cluster.env.items() if k != "SLURM_JOB_ID"}
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "jupyter_dist.cli", "run", str(spec), "--backend", "slurm",
-         "--store", str(tmp_path / "jobs")],
-        env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-    )  # fmt: skip
+    proc = _run_in_background(spec, slurm_cluster, tmp_path)
     line = proc.stderr.readline()
     assert re.match(r"slurm: job (\d+) is pending \((Resources|Priority|Nodes.*|None)\)", line), (
         line
@@ -355,15 +368,9 @@ def test_an_interrupt_while_pending_gives_the_request_back(allocation, slurm_clu
 def test_a_pending_request_runs_once_the_nodes_are_free(allocation, slurm_cluster, tmp_path):
     """Both nodes are held: the request says why it waits, then, once they are given back,
     that it was granted, and the job runs."""
-    import sys
 
     spec = _spec(tmp_path, "command: hostname\nresources: {instance_count: 2}\n")
-    env = {k: v for k, v in slurm_cluster.env.items() if k != "SLURM_JOB_ID"}
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "jupyter_dist.cli", "run", str(spec), "--backend", "slurm",
-         "--store", str(tmp_path / "jobs")],
-        env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-    )  # fmt: skip
+    proc = _run_in_background(spec, slurm_cluster, tmp_path)
     first = proc.stderr.readline()
     pending = re.match(r"slurm: job (\d+) is pending \((Resources|Priority|Nodes.*)\)", first)
     assert pending, first
@@ -437,30 +444,15 @@ def test_a_kernel_interrupt_stops_every_step_and_the_kernel_lives_on(
 ):
     """A cell's job inside an allocation, interrupted from the notebook (the kernel's
     SIGINT): every step stops, nothing of the job is left on a node, the kernel runs on."""
-    import queue
-
-    from jupyter_client.manager import start_new_kernel
 
     for name, value in allocation.items():
         monkeypatch.setenv(name, value)
-    km, kc = start_new_kernel(kernel_name="python3")
-    try:
-        kc.execute_interactive("%load_ext jupyter_dist", timeout=60)
+    with running_kernel() as (km, kc):
         msg_id = kc.execute("%%distrun --nodes 2 --procs-per-node 2\nimport time\n"
                             "print('started', flush=True)\ntime.sleep(300)\n")  # fmt: skip
-        seen, deadline = 0, time.monotonic() + 90
-        while seen < 4 and time.monotonic() < deadline:
-            try:
-                msg = kc.get_iopub_msg(timeout=1)
-            except queue.Empty:
-                continue
-            seen += msg["content"].get("text", "").count("started")
-        assert seen == 4
+        assert await_text(kc, "started", 4, timeout=90) == 4
         assert all(slurm_cluster.pids(node) for node in slurm_cluster.nodes)
-        km.interrupt_kernel()
-        reply = kc.get_shell_msg(timeout=60)
-        while reply["parent_header"].get("msg_id") != msg_id:
-            reply = kc.get_shell_msg(timeout=60)
+        reply = interrupt_and_reply(km, kc, msg_id)
         assert reply["content"]["ename"] == "KeyboardInterrupt"
         deadline = time.monotonic() + 30  # Slurm's step daemons finish a few seconds later
         while any(slurm_cluster.pids(node) for node in slurm_cluster.nodes):
@@ -468,6 +460,3 @@ def test_a_kernel_interrupt_stops_every_step_and_the_kernel_lives_on(
             assert time.monotonic() < deadline, f"left on the nodes: {left}"
             time.sleep(0.2)
         assert kc.execute_interactive("print(6 * 7)", timeout=30)["content"]["status"] == "ok"
-    finally:
-        kc.stop_channels()
-        km.shutdown_kernel(now=True)
