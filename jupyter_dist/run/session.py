@@ -91,7 +91,6 @@ class Session:
         cls,
         spec: JobSpec,
         name: str = "session",
-        prepare: Callable[..., Job] | None = None,
         **job_options,
     ) -> Session:
         """Start the session's ranks (keyword arguments as for run.launch.prepare_job) and
@@ -99,18 +98,24 @@ class Session:
         from jupyter_dist.run.launch import interrupts_deferred, prepare_job
 
         session = cls(name)
-        job = (prepare or prepare_job)(
+        job = prepare_job(
             session_spec(spec), extra_files={WORKER: node_side.source(WORKER)},
             control=(MARK, session._on_message), **job_options,
         )  # fmt: skip
         session.job = job
         with interrupts_deferred():
             job.start()
+        names = [p.name for p in job.plan.processes]
         try:
-            names = [p.name for p in job.plan.processes]
             session._wait(lambda: all(n in session._ready for n in names), READY_TIMEOUT_S)
+        except TimeoutError:
+            late = [job.processes[n].label for n in names if n not in session._ready]
+            session.stop("did not start")
+            raise SessionEnded(
+                f"session {name}: {ranges(late)} not ready within {READY_TIMEOUT_S:g} s"
+            ) from None
         except BaseException:
-            session.stop("the session did not start")
+            session.stop("did not start")
             raise
         return session
 
