@@ -60,6 +60,10 @@ class JobFailed(DistrunError):
         return [f"JobFailed: {lines[0]}", *lines[1:]]
 
 
+# Options a cell run in a session may carry (everything else launches a job).
+_SESSION_CELL_OPTIONS = ("push", "out", "out_all", "ranks", "new")
+
+
 class CellFailed(DistrunError):
     """A session's cell raised on some ranks (they live on): which, and each traceback."""
 
@@ -156,6 +160,8 @@ def _options(func: Callable) -> Callable:
         argument("--dry-run", action="store_true", help="show the spec and the plan; run nothing"),
         argument("--new", action="store_true",
                  help="while a session is open: run this cell as a job of its own"),
+        argument("--ranks", metavar="R,R",
+                 help="in a session: run the cell on these ranks only (e.g. 0,2)"),
         argument("--save", metavar="FILE", help="also write the job spec to FILE"),
     ]  # fmt: skip
     for decorate in reversed(decorators):
@@ -198,20 +204,26 @@ class DistrunMagics(Magics):
         for gone in ended:  # said once, by the next cell that would have run in it
             del self.sessions[gone.name]
         session = self._open_session()
-        if ended and session is None and not line.strip():
-            raise SessionEnded(ended[-1].ended_message())
-        if session is not None and not line.strip():  # a bare %%distrun: into the session
-            with _one_line_errors():
-                return self._run_in_session(session, cell)
         try:
             args = parse_argstring(self.distrun, line)
         except Exception as exc:  # argparse's UsageError: already one line
             raise _user_error(str(exc).strip()) from None
+        launch = sorted(k for k, v in vars(args).items()
+                        if k not in _SESSION_CELL_OPTIONS and v not in (None, False))  # fmt: skip
+        if ended and session is None and not launch and not args.new:
+            raise SessionEnded(ended[-1].ended_message())
         if session is not None and not args.new:
-            raise _user_error(
-                f"session {session.name} is open: a bare %%distrun runs the cell in it; add "
-                "--new to run this one as a job of its own (or %distrun session stop)"
-            )
+            if launch:
+                flag = "--" + launch[0].replace("_", "-")
+                raise _user_error(
+                    f"session {session.name} is open: a %%distrun cell runs in it, with "
+                    f"-i/-o/--out-all/--ranks only ({flag} is a launch option); add --new to "
+                    "run this one as a job of its own (or %distrun session stop)"
+                )
+            with _one_line_errors():
+                return self._run_in_session(session, cell, args)
+        if args.ranks:
+            raise _user_error("--ranks applies to a cell run in a session (none is open)")
         args.type = args.type or self.type
         args.nodes = args.nodes if args.nodes is not None else self.nodes
         if args.procs_per_node is None and self.procs_per_node:
@@ -330,17 +342,31 @@ class DistrunMagics(Magics):
             print(f"{session.name}: {session.job.summary}, job {session.job.job_id}, "
                   f"up {up:.0f} s")  # fmt: skip
 
-    def _run_in_session(self, session: Session, cell: str) -> None:
-        """The cell on every rank of the session, its lines printed as they come."""
+    def _run_in_session(self, session: Session, cell: str, args: Any) -> None:
+        """The cell on the session's ranks (all, or --ranks), its lines printed as they
+        come, with -i values set first and -o values brought back."""
+        outs = _names(args.out, "--out")
+        if args.out_all and not outs:
+            raise SpecError("--out-all needs --out NAMES")
+        ranks = None
+        if args.ranks:
+            try:
+                ranks = [int(word) for word in args.ranks.split(",") if word.strip()]
+            except ValueError:
+                raise SpecError(f"--ranks: {args.ranks!r} is not rank numbers (e.g. 0,2)") from None
+        chosen = session.chosen(ranks)  # a rank it does not have: one line, nothing runs
+        pushed = self._pushed(_names(args.push, "--push"))
         printer = QueuedPrinter()
         session.job.add_listener(printer)
         try:
-            result = session.run_cell(cell, on_tick=printer.flush)
+            result = session.run_cell(cell, printer.flush, [p.rank for p in chosen], pushed, outs)
         finally:
             session.job.remove_listener(printer)
             printer.flush()
         if not result.ok:
             raise CellFailed(result.describe())
+        if outs:
+            self._bring_back(session.job, outs, args.out_all, Session.out_folder(result))
 
     def _run(self, spec: JobSpec, inventory, extra: dict[str, str]) -> Job:
         """Run the job in the cell; JobFailed unless it succeeded."""
@@ -431,10 +457,10 @@ class DistrunMagics(Magics):
             values[name] = self.shell.user_ns[name]
         return base64.b64encode(cloudpickle.dumps(values)).decode()
 
-    def _bring_back(self, job, names: list[str], every_rank: bool) -> None:
+    def _bring_back(self, job, names: list[str], every_rank: bool, folder: str = "out") -> None:
         import cloudpickle
 
-        reports = [cloudpickle.loads(data) for _, data in sorted(job.collect("out").items())]
+        reports = [cloudpickle.loads(data) for _, data in sorted(job.collect(folder).items())]
         if not reports:
             raise DistrunError("--out: no rank saved its values (did the cell run to the end?)")
         for name in names:

@@ -131,3 +131,28 @@ def test_a_session_across_ssh_nodes_keeps_its_process_group(ssh_nodes, kernel_en
     text = stream_text(nb.cells[3])
     for rank in range(4):
         assert f"[rank {rank}] {rank} node{rank // 2} 6.0" in text, text
+
+
+def test_values_in_and_out_and_a_cell_on_some_ranks(kernel_env):
+    nb = execute_notebook(
+        "%distrun session start --nodes 2 --procs-per-node 2",
+        "scale = 5",
+        "%%distrun -i scale -o result --out-all\nimport os\nrank = int(os.environ['RANK'])\n"
+        "result = rank * scale",
+        "print(result)",
+        "%%distrun -o result\nresult = (rank, scale + 1)",
+        "print(result)",
+        "%%distrun --ranks 0,2\nprint('only', rank)\nresult = -rank",
+        "%%distrun -o result\nprint('all', rank)",
+        "print(result)",
+        "%%distrun --ranks 7\nprint('never')",
+        "%distrun session stop",
+        allow_errors=True,
+    )
+    out = [stream_text(cell) for cell in nb.cells[1:]]
+    assert out[3] == "[0, 5, 10, 15]\n"  # every rank's value, pushed scale included
+    assert out[5] == "(0, 6)\n"  # rank 0's, the pushed global still there a cell later
+    assert sorted(out[6].splitlines()) == ["[rank 0] only 0", "[rank 2] only 2"]
+    assert out[8] == "0\n"  # rank 0 ran the --ranks cell: its result is -0
+    wrong = nb.cells[10].outputs[-1]
+    assert wrong.evalue == "--ranks: session session has no rank 7 (its ranks: 0-3)"

@@ -2,8 +2,11 @@
 namespace that lives as long as the session (variables, imported modules, models and an
 initialised process group stay for the next cell).
 
-Standard library only, Python 3.8+. It reads one request per line on stdin, a JSON object
-`{"cell": N, "code": TEXT}`, runs the code as `__main__` would, and after it writes one
+Standard library only, Python 3.8+ (shipped beside cell_runner.py, whose value files it
+shares). It reads one request per line on stdin, a JSON object `{"cell": N, "code": TEXT}`
+with optional `"push"` (base64 of pickled globals, set before the cell) and `"out"` (names
+whose values it saves after the cell, as the cell runner does, to
+`$DISTRUN_JOB_DIR/out/cell-N/<rank>.pkl`), runs the code as `__main__` would, then writes one
 line on stderr, `MARK flushed N` (all of the cell's stderr came before it), then one on
 stdout: `MARK done {"cell": N, "ok": true}`, or with `"ok": false` and the error (`type`,
 `message`, `traceback`), whose traceback also went to stderr as Python prints it.
@@ -11,7 +14,10 @@ SIGINT raises KeyboardInterrupt in the running cell (it fails; the rank lives on
 ready` is its first line. End of input ends it.
 """
 
+import base64
 import json
+import os
+import pickle
 import signal
 import sys
 import traceback
@@ -32,6 +38,20 @@ def run_cell(code, cell, namespace):
     return {"cell": cell, "ok": True}
 
 
+def save_values(names, cell, namespace):
+    """The named values (and which are missing), in the cell runner's format."""
+    from cell_runner import _pickler, rank_key  # shipped beside this file
+
+    folder = os.path.join(os.environ["DISTRUN_JOB_DIR"], "out", f"cell-{cell}")
+    os.makedirs(folder, exist_ok=True)
+    values = {n: namespace[n] for n in names if n in namespace}
+    report = {"values": values, "missing": [n for n in names if n not in namespace]}
+    path = os.path.join(folder, rank_key() + ".pkl")
+    with open(path + ".tmp", "wb") as handle:
+        _pickler.dump(report, handle)
+    os.replace(path + ".tmp", path)
+
+
 def main():
     # SIGINT is KeyboardInterrupt here even where it was inherited ignored (a launcher in
     # the background, `nohup jupyter lab &`): an interrupt must reach the running cell.
@@ -46,7 +66,11 @@ def main():
         if not line:
             return
         request = json.loads(line)
+        if request.get("push"):
+            namespace.update(pickle.loads(base64.b64decode(request["push"])))
         report = run_cell(request["code"], request["cell"], namespace)
+        if request.get("out"):
+            save_values(request["out"], request["cell"], namespace)
         say(sys.stderr, f"{MARK} flushed {request['cell']}")  # the cell's stderr is all out
         say(sys.stdout, f"{MARK} done {json.dumps(report)}")
 

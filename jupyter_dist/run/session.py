@@ -32,6 +32,7 @@ from jupyter_dist.run.job import Job
 from jupyter_dist.spec import JobSpec, spec_from_dict
 
 WORKER = "session_worker.py"
+CELL_RUNNER = "cell_runner.py"  # the worker saves --out values with its code
 READY_TIMEOUT_S = 300.0  # importing torch on a busy node can take a while
 INTERRUPT_GRACE_S = 10.0  # how long an interrupted rank has to come back from its cell
 
@@ -98,8 +99,9 @@ class Session:
         from jupyter_dist.run.launch import interrupts_deferred, prepare_job
 
         session = cls(name)
+        files = {name: node_side.source(name) for name in (WORKER, CELL_RUNNER)}
         job = prepare_job(
-            session_spec(spec), extra_files={WORKER: node_side.source(WORKER)},
+            session_spec(spec), extra_files=files,
             control=(MARK, session._on_message), **job_options,
         )  # fmt: skip
         session.job = job
@@ -134,8 +136,17 @@ class Session:
 
     # -- cells ---------------------------------------------------------------------------
 
-    def run_cell(self, code: str, on_tick: Callable[[], None] | None = None) -> CellResult:
-        """Run `code` on every rank; blocks until each reported. A KeyboardInterrupt
+    def run_cell(
+        self,
+        code: str,
+        on_tick: Callable[[], None] | None = None,
+        ranks: list[int] | None = None,
+        push: str | None = None,
+        out: list[str] | None = None,
+    ) -> CellResult:
+        """Run `code` on every rank (or those in `ranks`), with `push` (base64 pickled
+        globals) set first and the `out` names saved after it (`out_folder(result)` on
+        each node); blocks until each reported. A KeyboardInterrupt
         (the kernel's) interrupts every rank's cell; a rank that does not come back within
         INTERRUPT_GRACE_S breaks the session (SessionEnded). `on_tick` runs about ten
         times a second while it waits (a view's chance to draw)."""
@@ -143,9 +154,10 @@ class Session:
             raise SessionEnded(self.ended_message())
         self._cells += 1
         cell = self._cells
-        names = [p.name for p in self.job.plan.processes]
+        names = [p.name for p in self.chosen(ranks)]
         result = CellResult(cell, {p.name: p.label for p in self.job.plan.processes})
-        request = (json.dumps({"cell": cell, "code": code}) + "\n").encode()
+        message = {"cell": cell, "code": code, "push": push, "out": out or []}
+        request = (json.dumps(message) + "\n").encode()
         for name in names:
             self.job.feed(name, request)
 
@@ -172,6 +184,25 @@ class Session:
         result.reports = dict(self._reports.pop(cell))
         self._flushed.pop(cell, None)
         return result
+
+    def chosen(self, ranks: list[int] | None) -> list[ProcessPlan]:
+        """The session's rank processes, or those of `ranks` (SpecError naming a rank the
+        session does not have)."""
+        if ranks is None:
+            return self.ranks
+        by_rank = {p.rank: p for p in self.ranks}
+        unknown = [r for r in ranks if r not in by_rank]
+        if unknown:
+            raise SpecError(
+                f"--ranks: session {self.name} has no rank {unknown[0]} "
+                f"(its ranks: 0-{len(by_rank) - 1})"
+            )
+        return [by_rank[r] for r in sorted(set(ranks))]
+
+    @staticmethod
+    def out_folder(result: CellResult) -> str:
+        """Where the ranks saved a cell's `out` values, in the job's folder of each node."""
+        return f"out/cell-{result.cell}"
 
     # -- the ranks' messages ---------------------------------------------------------------
 
