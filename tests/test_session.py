@@ -156,3 +156,26 @@ def test_values_in_and_out_and_a_cell_on_some_ranks(kernel_env):
     assert out[8] == "0\n"  # rank 0 ran the --ranks cell: its result is -0
     wrong = nb.cells[10].outputs[-1]
     assert wrong.evalue == "--ranks: session session has no rank 7 (its ranks: 0-3)"
+
+
+def test_a_killed_kernel_leaves_no_rank_behind(kernel_env):
+    """SIGKILL of the kernel: every rank's agent sees its input end and stops its rank."""
+    import signal
+    import time
+
+    said: list[str] = []
+    with running_kernel() as (km, kc):
+        reply = kc.execute_interactive(
+            "%distrun session start --nodes 2 --procs-per-node 2\n"
+            "from jupyter_dist.magics import DistrunMagics\n"
+            "print('JOB', DistrunMagics.last_job_id)", timeout=120,
+            output_hook=lambda msg: said.append(msg["content"].get("text", "")),
+        )  # fmt: skip
+        assert reply["content"]["status"] == "ok"
+        job_id = re.search(r"JOB (\S+)", "".join(said)).group(1)
+        assert len(job_processes(job_id)) >= 4
+        km.signal_kernel(signal.SIGKILL)
+        deadline = time.monotonic() + 10
+        while job_processes(job_id):
+            assert time.monotonic() < deadline, job_processes(job_id)
+            time.sleep(0.2)
