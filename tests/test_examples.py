@@ -17,7 +17,13 @@ from jupyter_dist.store import JobStore
 
 @pytest.mark.parametrize(
     "name",
-    ["pytorch_ddp.ipynb", "mpi_allreduce.ipynb", "tensorflow_mwms.ipynb", "dask_cluster.ipynb"],
+    [
+        "pytorch_ddp.ipynb",
+        "mpi_allreduce.ipynb",
+        "tensorflow_mwms.ipynb",
+        "dask_cluster.ipynb",
+        "session.ipynb",
+    ],
 )
 def test_example_notebook_runs(name, tmp_path, monkeypatch):
     monkeypatch.setenv("DISTRUN_HOME", str(tmp_path))
@@ -44,6 +50,14 @@ def test_example_notebook_runs(name, tmp_path, monkeypatch):
         assert holders >= 2  # the partitions are spread over the workers
         assert "totals match pandas: True" in text
         assert "stopped: 1 scheduler and 4 workers on 2 nodes ended" in text
+        (job,) = JobStore(tmp_path / "jobs").jobs()
+        assert job.status()["state"] == "succeeded" and job_processes(job.job_id) == []
+    elif name == "session.ipynb":
+        losses = [float(x) for x in re.findall(r"\[rank 0\] loss (\S+)", text)]
+        assert len(losses) == 2 and losses[1] < losses[0]  # the same model kept learning
+        assert text.count("identical weights on every rank: True") == 4
+        weights = eval(nb.cells[-2].outputs[0].text)  # rank 0's, brought back
+        assert len(weights) == 8 and weights[7] > weights[0]  # learning true_w = 0..7
         (job,) = JobStore(tmp_path / "jobs").jobs()
         assert job.status()["state"] == "succeeded" and job_processes(job.job_id) == []
     else:
