@@ -179,3 +179,32 @@ def test_a_killed_kernel_leaves_no_rank_behind(kernel_env):
         while job_processes(job_id):
             assert time.monotonic() < deadline, job_processes(job_id)
             time.sleep(0.2)
+
+
+def test_an_interrupt_while_ranks_hang_in_a_collective_breaks_the_session(kernel_env):
+    """Ranks 1-3 wait in an all_reduce rank 0 never joins: SIGINT cannot reach them inside
+    gloo, so after the grace period the session is broken, and nothing is left."""
+    said: list[str] = []
+    with running_kernel() as (km, kc):
+        kc.execute_interactive(
+            "%distrun session start --nodes 2 --procs-per-node 2\n"
+            "from jupyter_dist.magics import DistrunMagics\n"
+            "print('JOB', DistrunMagics.last_job_id)", timeout=120,
+            output_hook=lambda msg: said.append(msg["content"].get("text", "")),
+        )  # fmt: skip
+        job_id = re.search(r"JOB (\S+)", "".join(said)).group(1)
+        kc.execute_interactive(
+            "%%distrun\nimport torch, torch.distributed as dist\n"
+            "dist.init_process_group('gloo')\nrank = dist.get_rank()",
+            timeout=120,
+        )
+        msg_id = kc.execute("%%distrun\nprint('waiting', flush=True)\nif rank != 0:\n"
+                            "    dist.all_reduce(torch.ones(1))\n")  # fmt: skip
+        assert await_text(kc, "waiting", 4) == 4
+        reply = interrupt_and_reply(km, kc, msg_id)
+        assert reply["content"]["ename"] == "SessionEnded", reply["content"]
+        assert (
+            "ranks 1-3 did not come back from an interrupt within 10 s"
+            in (reply["content"]["evalue"])
+        )
+        assert job_processes(job_id) == []
