@@ -204,10 +204,7 @@ class DistrunMagics(Magics):
         for gone in ended:  # said once, by the next cell that would have run in it
             del self.sessions[gone.name]
         session = self._open_session()
-        try:
-            args = parse_argstring(self.distrun, line)
-        except Exception as exc:  # argparse's UsageError: already one line
-            raise _user_error(str(exc).strip()) from None
+        args = self._parse(line)
         launch = sorted(k for k, v in vars(args).items()
                         if k not in _SESSION_CELL_OPTIONS and v not in (None, False))  # fmt: skip
         if ended and session is None and not launch and not args.new:
@@ -224,10 +221,7 @@ class DistrunMagics(Magics):
                 return self._run_in_session(session, cell, args)
         if args.ranks:
             raise _user_error("--ranks applies to a cell run in a session (none is open)")
-        args.type = args.type or self.type
-        args.nodes = args.nodes if args.nodes is not None else self.nodes
-        if args.procs_per_node is None and self.procs_per_node:
-            args.procs_per_node = self.procs_per_node
+        self._configured_defaults(args)
         with _one_line_errors():
             interactive = args.type == "dask" and not has_code(cell)
             if not interactive:
@@ -240,9 +234,7 @@ class DistrunMagics(Magics):
                         )
             elif args.push or args.out:
                 raise SpecError("--push and --out need code in the cell (this cell is empty)")
-            outs = _names(args.out, "--out")
-            if args.out_all and not outs:
-                raise SpecError("--out-all needs --out NAMES")
+            outs = _outs(args)
             pushed = self._pushed(_names(args.push, "--push"))
             spec = LaunchOptions.take(args).to_spec(cell, base_dir=os.getcwd())
             extra: dict[str, str] = {}
@@ -265,6 +257,21 @@ class DistrunMagics(Magics):
             job = self._run(spec, inventory, extra)
             if outs:
                 self._bring_back(job, outs, args.out_all)
+
+    def _parse(self, line: str) -> Any:
+        """The options of a %%distrun line (or of `%distrun session start`)."""
+        try:
+            return parse_argstring(self.distrun, line)
+        except Exception as exc:  # argparse's UsageError: already one line
+            raise _user_error(str(exc).strip()) from None
+
+    def _configured_defaults(self, args: Any) -> None:
+        """Type, nodes and processes per node from the kernel's %config where the line
+        gives none."""
+        args.type = args.type or self.type
+        args.nodes = args.nodes if args.nodes is not None else self.nodes
+        if args.procs_per_node is None and self.procs_per_node:
+            args.procs_per_node = self.procs_per_node
 
     # -- warm sessions (run/session.py) ---------------------------------------------------
 
@@ -306,10 +313,7 @@ class DistrunMagics(Magics):
                   f"{launch_summary(session.job.plan)} ended.")  # fmt: skip
 
     def _start_session(self, line: str) -> None:
-        try:
-            args = parse_argstring(self.distrun, line)
-        except Exception as exc:
-            raise _user_error(str(exc).strip()) from None
+        args = self._parse(line)
         name = args.name or "session"
         if name in self.sessions and self.sessions[name].alive:
             raise SpecError(f"session {name} is already open; stop it first or give --name")
@@ -317,10 +321,7 @@ class DistrunMagics(Magics):
                             args.dry_run), ("--new", args.new)):  # fmt: skip
             if value:
                 raise SpecError(f"{flag} applies to a cell, not to %distrun session start")
-        args.type = args.type or self.type
-        args.nodes = args.nodes if args.nodes is not None else self.nodes
-        if args.procs_per_node is None and self.procs_per_node:
-            args.procs_per_node = self.procs_per_node
+        self._configured_defaults(args)
         spec = LaunchOptions.take(args).to_spec("", base_dir=os.getcwd())
         inventory = load_inventory(args.nodes_file or self.nodes_file or None)
         printer = QueuedPrinter()
@@ -345,9 +346,7 @@ class DistrunMagics(Magics):
     def _run_in_session(self, session: Session, cell: str, args: Any) -> None:
         """The cell on the session's ranks (all, or --ranks), its lines printed as they
         come, with -i values set first and -o values brought back."""
-        outs = _names(args.out, "--out")
-        if args.out_all and not outs:
-            raise SpecError("--out-all needs --out NAMES")
+        outs = _outs(args)
         ranks = None
         if args.ranks:
             try:
@@ -538,6 +537,14 @@ def _default_view(shell) -> str:
         return "text"  # terminal IPython
     front_end = ("JPY_SESSION_NAME", "VSCODE_PID", "VSCODE_CWD")
     return "widget" if any(name in os.environ for name in front_end) else "text"
+
+
+def _outs(args: Any) -> list[str]:
+    """The --out names; --out-all without them is a SpecError."""
+    outs = _names(args.out, "--out")
+    if args.out_all and not outs:
+        raise SpecError("--out-all needs --out NAMES")
+    return outs
 
 
 def _names(text: str | None, flag: str) -> list[str]:

@@ -75,12 +75,22 @@ def test_state_persists_across_cells_and_a_failing_rank_fails_only_its_cell(kern
     )
 
 
+def _session_in(kc) -> str:
+    """Start a 2x2 session in the running kernel; its job id."""
+    said: list[str] = []
+    reply = kc.execute_interactive(
+        "%distrun session start --nodes 2 --procs-per-node 2\n"
+        "from jupyter_dist.magics import DistrunMagics\n"
+        "print('JOB', DistrunMagics.last_job_id)", timeout=120,
+        output_hook=lambda msg: said.append(msg["content"].get("text", "")),
+    )  # fmt: skip
+    assert reply["content"]["status"] == "ok", said
+    return re.search(r"JOB (\S+)", "".join(said)).group(1)
+
+
 def test_an_interrupt_stops_every_ranks_cell_and_the_session_lives_on(kernel_env):
     with running_kernel() as (km, kc):
-        started = kc.execute_interactive(
-            "%distrun session start --nodes 2 --procs-per-node 2", timeout=120
-        )
-        assert started["content"]["status"] == "ok"
+        _session_in(kc)
         msg_id = kc.execute("%%distrun\nimport time\nprint('sleeping', flush=True)\n"
                             "time.sleep(300)\n")  # fmt: skip
         assert await_text(kc, "sleeping", 4) == 4
@@ -163,16 +173,8 @@ def test_a_killed_kernel_leaves_no_rank_behind(kernel_env):
     import signal
     import time
 
-    said: list[str] = []
     with running_kernel() as (km, kc):
-        reply = kc.execute_interactive(
-            "%distrun session start --nodes 2 --procs-per-node 2\n"
-            "from jupyter_dist.magics import DistrunMagics\n"
-            "print('JOB', DistrunMagics.last_job_id)", timeout=120,
-            output_hook=lambda msg: said.append(msg["content"].get("text", "")),
-        )  # fmt: skip
-        assert reply["content"]["status"] == "ok"
-        job_id = re.search(r"JOB (\S+)", "".join(said)).group(1)
+        job_id = _session_in(kc)
         assert len(job_processes(job_id)) >= 4
         km.signal_kernel(signal.SIGKILL)
         deadline = time.monotonic() + 10
@@ -184,15 +186,8 @@ def test_a_killed_kernel_leaves_no_rank_behind(kernel_env):
 def test_an_interrupt_while_ranks_hang_in_a_collective_breaks_the_session(kernel_env):
     """Ranks 1-3 wait in an all_reduce rank 0 never joins: SIGINT cannot reach them inside
     gloo, so after the grace period the session is broken, and nothing is left."""
-    said: list[str] = []
     with running_kernel() as (km, kc):
-        kc.execute_interactive(
-            "%distrun session start --nodes 2 --procs-per-node 2\n"
-            "from jupyter_dist.magics import DistrunMagics\n"
-            "print('JOB', DistrunMagics.last_job_id)", timeout=120,
-            output_hook=lambda msg: said.append(msg["content"].get("text", "")),
-        )  # fmt: skip
-        job_id = re.search(r"JOB (\S+)", "".join(said)).group(1)
+        job_id = _session_in(kc)
         kc.execute_interactive(
             "%%distrun\nimport torch, torch.distributed as dist\n"
             "dist.init_process_group('gloo')\nrank = dist.get_rank()",

@@ -270,7 +270,7 @@ class Job:
                 state.state = "stopped" if failed else "succeeded"
             elif failed:
                 state.state = "failed"
-                self._root_cause = self._evidence.root_cause(proc, state, self._stderr_log)
+                self._root_cause = self._evidence.root_cause(proc, state, self.record)
                 self._stop_all("failed")  # under the lock: a second failure is not the cause
             else:
                 # A service that ends cleanly on its own (a Dask scheduler told to shut
@@ -293,9 +293,6 @@ class Job:
         ]
         ran_something = any(not p.service for p in self.plan.processes)
         return ran_something and bool(running) and all(p.service for p in running)
-
-    def _stderr_log(self, key: str):
-        return self.record.log_path(key, "stderr")
 
     # -- stopping ------------------------------------------------------------------------
 

@@ -9,6 +9,7 @@ from collections import deque
 from jupyter_dist.plan.model import ProcessPlan, rank_key
 from jupyter_dist.run.attribute import failed_rank, starts_traceback
 from jupyter_dist.run.events import ProcessState, RootCause
+from jupyter_dist.store import JobRecord
 
 TAIL_LINES = 40  # stderr lines kept per log key for the root-cause report
 _LAUNCHER_LINES = 400  # a launcher's (torchrun's, mpirun's) own stderr, to find the failed rank
@@ -31,9 +32,9 @@ class StderrEvidence:
         if key == proc.name and proc.output != "plain":
             self._launcher.setdefault(key, deque(maxlen=_LAUNCHER_LINES)).append(text)
 
-    def root_cause(self, proc: ProcessPlan, state: ProcessState, log_path) -> RootCause:
+    def root_cause(self, proc: ProcessPlan, state: ProcessState, record: JobRecord) -> RootCause:
         """The failure of `proc` (ended as `state`), narrowed to the rank that failed first
-        where a launcher carried several; `log_path(key)` is that key's stderr log."""
+        where a launcher carried several, pointing at that rank's stderr log in `record`."""
         rank = failed_rank(proc, list(self._launcher.get(proc.name, ())), self._first)
         key, label = rank_key(rank) if rank is not None else (proc.name, proc.label)
         tail = list(self._tails.get(key) or self._tails.get(proc.name) or ())
@@ -41,5 +42,5 @@ class StderrEvidence:
         return RootCause(
             process=proc.name, label=label, role=proc.role, node=proc.node, host=proc.host,
             rank=rank, exit_code=state.exit_code, signal=state.signal, note=state.note,
-            stderr_tail=tail[start:], log_path=str(log_path(key)),
+            stderr_tail=tail[start:], log_path=str(record.log_path(key, "stderr")),
         )  # fmt: skip
