@@ -317,8 +317,9 @@ class DistrunMagics(Magics):
         name = args.name or "session"
         if name in self.sessions and self.sessions[name].alive:
             raise SpecError(f"session {name} is already open; stop it first or give --name")
-        for flag, value in (("--out", args.out), ("--push", args.push), ("--dry-run",
-                            args.dry_run), ("--new", args.new)):  # fmt: skip
+        for flag, value in (("--out", args.out), ("--out-all", args.out_all),
+                            ("--push", args.push), ("--ranks", args.ranks),
+                            ("--dry-run", args.dry_run), ("--new", args.new)):  # fmt: skip
             if value:
                 raise SpecError(f"{flag} applies to a cell, not to %distrun session start")
         self._configured_defaults(args)

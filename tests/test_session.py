@@ -156,6 +156,7 @@ def test_values_in_and_out_and_a_cell_on_some_ranks(kernel_env):
         "%%distrun -o result\nprint('all', rank)",
         "print(result)",
         "%%distrun --ranks 7\nprint('never')",
+        "%distrun session start --name other --ranks 1",
         "%distrun session stop",
         allow_errors=True,
     )
@@ -166,6 +167,8 @@ def test_values_in_and_out_and_a_cell_on_some_ranks(kernel_env):
     assert out[8] == "0\n"  # rank 0 ran the --ranks cell: its result is -0
     wrong = nb.cells[10].outputs[-1]
     assert wrong.evalue == "--ranks: session session has no rank 7 (its ranks: 0-3)"
+    misplaced = nb.cells[11].outputs[-1]
+    assert misplaced.evalue == "--ranks applies to a cell, not to %distrun session start"
 
 
 def test_a_killed_kernel_leaves_no_rank_behind(kernel_env):
