@@ -111,6 +111,7 @@ def test_form_validates_previews_and_submits_through_the_magics_path(kernel_env)
         "f.type.value = 'tensorflow'\nf.ps_count.value = 1\nf.chief.value = True\n"
         "print(f.preview.value)",
         "%distrun form",
+        "print(repr(f.backend.label), repr(f.backend.value), f.spec().backend)",
     )
     out = ["".join(o.get("text", "") for o in cell.outputs) for cell in nb.cells[1:]]
     assert "code: write the code every process runs" in out[0] and out[0].endswith("True\n")
@@ -123,6 +124,8 @@ def test_form_validates_previews_and_submits_through_the_magics_path(kernel_env)
     assert "type: tensorflow" in out[4] and "parameter_server_count: 1" in out[4]
     assert "chief_count: 1" in out[4] and "process_count_per_instance" not in out[4]
     assert WIDGET_MIME in nb.cells[6].outputs[0].data  # %distrun form shows the form
+    # The backend control starts on a visible choice, "automatic": no backend section.
+    assert out[6] == "'automatic' '' None\n"
 
 
 def test_the_live_view_carries_the_inspector_columns(kernel_env):

@@ -71,9 +71,10 @@ class SubmitForm(w.VBox):
         self.script_path = w.Text(placeholder="or a script file to run (python FILE)",
                                   description="script file", style=style)  # fmt: skip
         self.backend = w.Dropdown(
-            options=[("automatic (as %%distrun chooses)", None)]
+            # "" (not None, which a Dropdown shows as no choice at all): automatic
+            options=[("automatic", "")]
             + [(name, name) for name in sorted(available())],
-            value=None, description="backend", style=style,
+            value="", description="backend", style=style,
         )  # fmt: skip
         self.gpus_per_node = w.BoundedIntText(value=0, min=0, max=1024, style=style,
                                               description="GPUs per node (0: none)")  # fmt: skip
@@ -147,7 +148,7 @@ class SubmitForm(w.VBox):
             chief=tf and self.chief.value, evaluator=tf and self.evaluator.value,
             env=env, code=self.code.value.strip() or None, timeout=self.timeout.value or None,
             name=self.name.value.strip() or None,  # dask's threads and ports: the defaults
-            backend=self.backend.value,
+            backend=self.backend.value or None,
             slurm_job=(self.backend.value == "slurm" and self.slurm_job.value.strip()) or None,
             **{name: value or None for name, value in slurm.items()},
         )  # fmt: skip
