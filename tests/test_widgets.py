@@ -132,7 +132,13 @@ def test_the_live_view_carries_the_inspector_columns(kernel_env):
     """Who is who in the cell's view: ranks, master, role and each task's TF_CONFIG."""
     nb = execute_notebook(
         "%config DistrunMagics.view = 'widget'",
-        "%%distrun --type tensorflow --worker-count 2 --ps-count 1\nprint('ok')\n",
+        # The ps waits as a real parameter server would: the workers' end stops it,
+        # so its state is "stopped" every time rather than a race with its own exit.
+        "%%distrun --type tensorflow --worker-count 2 --ps-count 1\n"
+        "import json, os, time\n"
+        "if json.loads(os.environ['TF_CONFIG'])['task']['type'] == 'ps':\n"
+        "    time.sleep(60)\n"
+        "print('ok')\n",
         "import json\nfrom jupyter_dist.widgets.live import LiveView\n"
         "print(json.dumps(LiveView.last.processes))",
         "%%distrun --nodes 2 --procs-per-node 2\nprint('ok')\n",
@@ -143,7 +149,7 @@ def test_the_live_view_carries_the_inspector_columns(kernel_env):
     tf_rows = json.loads(nb.cells[3].outputs[0].text)
     assert [(r["process"], r["role"], r["state"]) for r in tf_rows] == [
         ("worker-0", "worker", "succeeded"), ("worker-1", "worker", "succeeded"),
-        ("ps-0", "ps", "succeeded"),
+        ("ps-0", "ps", "stopped"),
     ]  # fmt: skip
     configs = [json.loads(r["tf_config"]) for r in tf_rows]
     assert [c["task"] for c in configs] == [
