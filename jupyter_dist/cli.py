@@ -167,6 +167,7 @@ def _parser() -> argparse.ArgumentParser:
     logs.add_argument("--process", help="only this process or log key (worker-1, mpirun)")
     logs.add_argument("--stream", choices=("stdout", "stderr", "both"), default="both")
     logs.add_argument("--timestamps", action="store_true", help="show each line's time")
+    logs.add_argument("--cell", type=int, help="a session's job: only this cell's output")
     return parser
 
 
@@ -374,10 +375,17 @@ def cmd_logs(args: argparse.Namespace, store: JobStore) -> int:
         raise DistrunError(
             f"job {record.job_id} has no log for {unknown[0]!r} (logs: {', '.join(keys) or 'none'})"
         )
+    if args.cell is not None:
+        cells = sorted({cell for key in wanted for cell in record.cells(key)})
+        if args.cell not in cells:
+            raise DistrunError(
+                f"job {record.job_id} has no cell {args.cell} ("
+                + (f"its cells: {cells[0]}-{cells[-1]})" if cells else "it is not a session)")
+            )
     streams = ("stdout", "stderr") if args.stream == "both" else (args.stream,)
     prefix_each = len(wanted) > 1
     out = []
-    for ts, key, _stream, text in record.read_logs(wanted, streams):
+    for ts, key, _stream, text in record.read_logs(wanted, streams, cell=args.cell):
         stamp = f"{ts} " if args.timestamps else ""
         label = f"[{key}] " if prefix_each else ""
         out.append(f"{stamp}{label}{text}\n")

@@ -9,7 +9,9 @@ One folder per job under the store root::
                                   one line per printed line: "<UTC timestamp> <text>"
 
 A log key is a rank ("rank-3") where the line is known to come from one, else the process
-name ("worker-1", "torchrun-0", "mpirun").
+name ("worker-1", "torchrun-0", "mpirun"). A warm session's rank logs hold every cell it ran,
+each after a marker line `── cell N ──` on stdout (`cell_marker`), written before the cell
+was sent, so `read_logs(..., cell=N)` can pick one cell's lines out.
 """
 
 from __future__ import annotations
@@ -17,6 +19,7 @@ from __future__ import annotations
 import heapq
 import json
 import os
+import re
 import secrets
 import time
 from collections.abc import Iterator
@@ -27,6 +30,12 @@ from typing import Any
 from jupyter_dist.errors import DistrunError
 
 STREAMS = ("stdout", "stderr")
+_CELL_MARKER = re.compile(r"\u2500\u2500 cell (\d+) \u2500\u2500")
+
+
+def cell_marker(cell: int) -> str:
+    """The stored line that opens a session cell's output in a rank's log."""
+    return f"\u2500\u2500 cell {cell} \u2500\u2500"
 
 
 class UnknownJob(DistrunError):
@@ -111,13 +120,24 @@ class JobRecord:
         return lines
 
     def read_logs(
-        self, keys: list[str], streams: tuple[str, ...] = STREAMS, tail: int | None = None
+        self,
+        keys: list[str],
+        streams: tuple[str, ...] = STREAMS,
+        tail: int | None = None,
+        cell: int | None = None,
     ) -> list[tuple[str, str, str, str]]:
         """Lines of several keys merged by timestamp, as (ts, key, stream, text): every
-        stored line, or with `tail` the last `tail` of each key."""
+        stored line, or with `tail` the last `tail` of each key; with `cell`, only the
+        lines of that session cell (between its marker and the next)."""
         per_key = []
         for key in keys:
-            if tail is None:
+            if cell is not None:
+                lines = _lines_of_cell(
+                    [(line.ts, key, stream, line.text) for stream, line in self.read_log(key)],
+                    cell, streams,
+                )  # fmt: skip
+                lines = lines[-tail:] if tail else lines
+            elif tail is None:
                 lines = [(line.ts, key, stream, line.text)
                          for stream, line in self.read_log(key, streams)]  # fmt: skip
             else:
@@ -126,6 +146,11 @@ class JobRecord:
                          if line["stream"] in streams]  # fmt: skip
             per_key.append(lines)
         return list(heapq.merge(*per_key, key=lambda line: line[0]))
+
+    def cells(self, key: str) -> list[int]:
+        """The session cells whose markers are in `key`'s log (none for a job's)."""
+        found = (_CELL_MARKER.fullmatch(line.text) for line in self.iter_log(key, "stdout"))
+        return [int(m.group(1)) for m in found if m]
 
     def iter_log(self, key: str, stream: str) -> Iterator[LogLine]:
         try:
@@ -160,6 +185,20 @@ class JobRecord:
             ends[index] = max(ends[index], end)
         out = [{"ts": ts, "stream": STREAMS[index], "text": text} for ts, index, text, _ in taken]
         return out, f"{ends[0]}.{ends[1]}"
+
+
+def _lines_of_cell(
+    lines: list[tuple[str, str, str, str]], cell: int, streams: tuple[str, ...]
+) -> list[tuple[str, str, str, str]]:
+    """The lines (one key's, merged by time) after `cell`'s marker and before the next."""
+    kept, current = [], None
+    for line in lines:
+        marker = _CELL_MARKER.fullmatch(line[3]) if line[2] == "stdout" else None
+        if marker:
+            current = int(marker.group(1))
+        elif current == cell and line[2] in streams:
+            kept.append(line)
+    return kept
 
 
 def _parse_cursor(cursor: str) -> list[int]:

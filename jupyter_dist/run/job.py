@@ -206,6 +206,13 @@ class Job:
             raise DistrunError(f"{self.processes[name].label} of job {self.job_id} is not running")
         handle.feed(data)
 
+    def note(self, names: list[str], text: str) -> None:
+        """A line of ours in the stored stdout of the named processes, while they print
+        nothing (a session marks where each cell's output starts)."""
+        by_name = {p.name: p for p in self.plan.processes}
+        for name in names:
+            self._output.note(by_name[name], text)
+
     def interrupt(self, names: list[str] | None = None) -> None:
         """SIGINT to the named processes (all by default) that still run."""
         for name, handle in list(self._handles.items()):

@@ -65,6 +65,15 @@ class OutputPipeline:
                 with contextlib.suppress(OSError):
                     log.close()
 
+    def note(self, proc: ProcessPlan, text: str) -> None:
+        """Store a line of ours in each of `proc`'s stdout logs, shown to no listener (a
+        session's cell marker). Call only while `proc` prints nothing, so it lands between
+        its lines, never inside one."""
+        line = timestamp(time.time()) + " " + text + "\n"
+        for key in proc.log_keys:
+            with self.record.open_log(key, "stdout") as log:
+                log.write(line)
+
     def _deliver(self, proc, stream, texts: list[str], attribute, files) -> None:
         messages = []
         if self.control and any(self.control[0] in t for t in texts):
