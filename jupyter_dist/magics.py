@@ -342,7 +342,8 @@ class DistrunMagics(Magics):
         for session in alive:
             up = time.time() - session.started
             print(f"{session.name}: {session.job.summary}, job {session.job.job_id}, "
-                  f"up {up:.0f} s")  # fmt: skip
+                  f"up {up:.0f} s, {session.cells_run} cells run")  # fmt: skip
+            print(f"  memory (each rank's, after its last cell): {session.memory_text()}")
 
     def _run_in_session(self, session: Session, cell: str, args: Any) -> None:
         """The cell on the session's ranks (all, or --ranks), its lines printed as they
@@ -356,13 +357,19 @@ class DistrunMagics(Magics):
                 raise SpecError(f"--ranks: {args.ranks!r} is not rank numbers (e.g. 0,2)") from None
         chosen = session.chosen(ranks)  # a rank it does not have: one line, nothing runs
         pushed = self._pushed(_names(args.push, "--push"))
-        printer = QueuedPrinter()
-        session.job.add_listener(printer)
-        try:
-            result = session.run_cell(cell, printer.flush, [p.rank for p in chosen], pushed, outs)
-        finally:
-            session.job.remove_listener(printer)
-            printer.flush()
+        if self._view_mode() == "widget":
+            from jupyter_dist.widgets.session_view import run_cell_with_view
+
+            result = run_cell_with_view(session, cell, chosen, pushed, outs)
+        else:
+            printer = QueuedPrinter()
+            session.job.add_listener(printer)
+            try:
+                ranks = [p.rank for p in chosen]
+                result = session.run_cell(cell, printer.flush, ranks, pushed, outs)
+            finally:
+                session.job.remove_listener(printer)
+                printer.flush()
         if not result.ok:
             raise CellFailed(result.describe())
         if outs:
@@ -370,8 +377,7 @@ class DistrunMagics(Magics):
 
     def _run(self, spec: JobSpec, inventory, extra: dict[str, str]) -> Job:
         """Run the job in the cell; JobFailed unless it succeeded."""
-        mode = self.view if self.view in ("widget", "text") else _default_view(self.shell)
-        if mode == "text":
+        if self._view_mode() == "text":
             job, result = run_in_cell(spec, inventory, extra_files=extra)
         else:
             from jupyter_dist.widgets.live import run_with_view
@@ -381,6 +387,10 @@ class DistrunMagics(Magics):
         if not result.ok:
             raise JobFailed(result)
         return job
+
+    def _view_mode(self) -> str:
+        """`widget` or `text`: as configured, else what the front end surely renders."""
+        return self.view if self.view in ("widget", "text") else _default_view(self.shell)
 
     def _start_dask(self, spec: JobSpec, inventory, args: Any) -> None:
         """Start an interactive Dask cluster; its client goes into the notebook."""

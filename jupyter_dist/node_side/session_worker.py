@@ -9,7 +9,9 @@ whose values it saves after the cell, as the cell runner does, to
 `$DISTRUN_JOB_DIR/out/cell-N/<rank>.pkl`), runs the code as `__main__` would, then writes one
 line on stderr, `MARK flushed N` (all of the cell's stderr came before it), then one on
 stdout: `MARK done {"cell": N, "ok": true}`, or with `"ok": false` and the error (`type`,
-`message`, `traceback`), whose traceback also went to stderr as Python prints it.
+`message`, `traceback`), whose traceback also went to stderr as Python prints it. Both
+`ready` (`MARK ready {...}`) and `done` reports carry the rank's memory: `rss` (resident
+bytes) and, once the cell used CUDA through torch, `gpu` (bytes torch holds on its device).
 SIGINT raises KeyboardInterrupt in the running cell (it fails; the rank lives on). `MARK
 ready` is its first line. End of input ends it.
 """
@@ -38,6 +40,27 @@ def run_cell(code, cell, namespace):
     return {"cell": cell, "ok": True}
 
 
+def memory():
+    """This rank's resident bytes, and the CUDA bytes torch holds where it has used CUDA
+    (never initialising CUDA itself)."""
+    try:
+        with open("/proc/self/statm") as handle:
+            report = {"rss": int(handle.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")}
+    except (OSError, ValueError, IndexError):  # not Linux: the peak is what there is
+        import resource
+
+        peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+        report = {"rss": peak if sys.platform == "darwin" else peak * 1024}
+    torch = sys.modules.get("torch")
+    cuda = getattr(torch, "cuda", None)
+    try:
+        if cuda is not None and cuda.is_initialized():
+            report["gpu"] = int(cuda.memory_reserved())
+    except Exception:  # a half-imported or odd torch: memory is a courtesy
+        pass
+    return report
+
+
 def save_values(names, cell, namespace):
     """The named values (and which are missing), in the cell runner's format."""
     from cell_runner import _pickler, rank_key  # shipped beside this file
@@ -57,7 +80,7 @@ def main():
     # the background, `nohup jupyter lab &`): an interrupt must reach the running cell.
     signal.signal(signal.SIGINT, signal.default_int_handler)
     namespace = {"__name__": "__main__", "__builtins__": __builtins__}
-    say(sys.stdout, f"{MARK} ready")
+    say(sys.stdout, f"{MARK} ready {json.dumps(memory())}")
     while True:
         try:
             line = sys.stdin.readline()
@@ -69,6 +92,7 @@ def main():
         if request.get("push"):
             namespace.update(pickle.loads(base64.b64decode(request["push"])))
         report = run_cell(request["code"], request["cell"], namespace)
+        report.update(memory())
         if request.get("out"):
             save_values(request["out"], request["cell"], namespace)
         say(sys.stderr, f"{MARK} flushed {request['cell']}")  # the cell's stderr is all out

@@ -30,6 +30,7 @@ from jupyter_dist.plan.model import ProcessPlan
 from jupyter_dist.run.events import JobResult, ranges
 from jupyter_dist.run.job import Job
 from jupyter_dist.spec import JobSpec, spec_from_dict
+from jupyter_dist.store import cell_marker
 
 WORKER = "session_worker.py"
 CELL_RUNNER = "cell_runner.py"  # the worker saves --out values with its code
@@ -84,6 +85,8 @@ class Session:
         self._reports: dict[int, dict[str, dict]] = {}
         self._flushed: dict[int, set[str]] = {}  # cell -> ranks whose stderr is all in
         self._changed = threading.Condition()
+        # process name -> {"rss": bytes, "gpu": bytes}, as each rank last reported
+        self.memory: dict[str, dict[str, int]] = {}
 
     # -- starting and stopping -----------------------------------------------------------
 
@@ -152,12 +155,12 @@ class Session:
         times a second while it waits (a view's chance to draw)."""
         if not self.alive:
             raise SessionEnded(self.ended_message())
-        self._cells += 1
-        cell = self._cells
+        cell = self._cells = self.next_cell
         names = [p.name for p in self.chosen(ranks)]
         result = CellResult(cell, {p.name: p.label for p in self.job.plan.processes})
         message = {"cell": cell, "code": code, "push": push, "out": out or []}
         request = (json.dumps(message) + "\n").encode()
+        self.job.note(names, cell_marker(cell))  # the stored logs show where it starts
         for name in names:
             self.job.feed(name, request)
 
@@ -199,6 +202,33 @@ class Session:
             )
         return [by_rank[r] for r in sorted(set(ranks))]
 
+    @property
+    def cells_run(self) -> int:
+        return self._cells
+
+    @property
+    def next_cell(self) -> int:
+        """The number run_cell gives the next cell (its marker in the logs, its out folder)."""
+        return self._cells + 1
+
+    def memory_text(self) -> str:
+        """Each rank's memory as it last reported (ready, or after its last cell):
+        `rank 0 212 MiB, rank 1 230 MiB`, or for many ranks the spread and the largest."""
+        rows = [(p.label, self.memory.get(p.name, {})) for p in self.ranks]
+        parts = []
+        for kind, word in (("rss", ""), ("gpu", " on GPU")):
+            known = [(label, m[kind]) for label, m in rows if kind in m]
+            if not known:
+                continue
+            if len(known) <= 8:
+                parts.append(", ".join(f"{label} {_mib(n)}" for label, n in known) + word)
+            else:
+                sizes = sorted(n for _, n in known)
+                top = max(known, key=lambda item: item[1])
+                parts.append(f"{_mib(sizes[0])} to {_mib(sizes[-1])} per rank{word} "
+                             f"(most: {top[0]})")  # fmt: skip
+        return "; ".join(parts) or "not reported yet"
+
     @staticmethod
     def out_folder(result: CellResult) -> str:
         """Where the ranks saved a cell's `out` values, in the job's folder of each node."""
@@ -211,9 +241,11 @@ class Session:
         with self._changed:
             if word == "ready":
                 self._ready.add(proc.name)
+                self.memory[proc.name] = json.loads(rest or "{}")
             elif word == "done":
                 report = json.loads(rest)
                 self._reports.setdefault(report["cell"], {})[proc.name] = report
+                self.memory[proc.name] = {k: report[k] for k in ("rss", "gpu") if k in report}
             elif word == "flushed":
                 self._flushed.setdefault(int(rest), set()).add(proc.name)
             self._changed.notify_all()
@@ -262,6 +294,10 @@ def session_spec(spec: JobSpec) -> JobSpec:
     data = {key: value for key, value in spec.to_dict().items() if key != "script"}
     data["command"] = f'exec python "$DISTRUN_JOB_DIR/{WORKER}"'  # exec: SIGINT reaches it
     return spec_from_dict(data, base_dir=".", source="session")
+
+
+def _mib(size: int) -> str:
+    return f"{size / 2**20:.0f} MiB"
 
 
 def names_of(sessions: Iterable[Session]) -> str:

@@ -88,12 +88,13 @@ function rankOf(state) {
 
 const byNumber = (a, b) => a.localeCompare(b, undefined, { numeric: true });
 
-// Keyed by job id: anywidget hands initialize and render different proxies of one model.
-// job id -> { buffers: key -> [line], labels: key -> label, total, views: Set<view> }
+// Keyed by job id and session cell: anywidget hands initialize and render different
+// proxies of one model, and each cell of a session has its own lines.
+// "job/cell" -> { buffers: key -> [line], labels: key -> label, total, views: Set<view> }
 const LINES = new Map();
 
 function linesOf(model) {
-  const id = model.get("job_id");
+  const id = `${model.get("job_id")}/${model.get("cell") || 0}`;
   if (!LINES.has(id)) {
     LINES.set(id, { buffers: { all: [] }, labels: {}, total: 0, views: new Set() });
   }

@@ -49,17 +49,20 @@ class LiveView(anywidget.AnyWidget):
     log_dir = Unicode("").tag(sync=True)
     max_lines = Int(2000).tag(sync=True)
     lines_total = Int(0).tag(sync=True)  # lines the job printed so far, sent or skipped
+    cell = Int(0).tag(sync=True)  # the session cell this view shows; 0: the whole job
+    session = Unicode("")  # the session's name, for a cell's view
 
-    def __init__(self, job, **kwargs):
+    def __init__(self, job, names: list[str] | None = None, **kwargs):
+        """The view of `job`, or of its processes in `names` only."""
         # Who is who (ranks, master, role, TF_CONFIG) is fixed by the plan; states change.
         self._who = {row["process"]: row for row in plan_rows(job.plan)}
         self._keys = {p.name: p.log_keys for p in job.plan.processes}
-        super().__init__(
-            job_id=job.job_id, name=job.name,
-            summary=job.summary,
-            log_dir=str(job.record.logs_dir),
-            processes=[self._row(state) for state in job.processes.values()], **kwargs,
-        )  # fmt: skip
+        shown = [s for s in job.processes.values() if names is None or s.name in names]
+        kwargs = {
+            "name": job.name, "summary": job.summary,
+            "processes": [self._row(state) for state in shown], **kwargs,
+        }  # fmt: skip
+        super().__init__(job_id=job.job_id, log_dir=str(job.record.logs_dir), **kwargs)
         self._job = job  # its start time, for the elapsed clock
         self._last_elapsed = 0.0
         self.listener = _Collector()
@@ -79,13 +82,14 @@ class LiveView(anywidget.AnyWidget):
         if not force and now - self._last_send < MIN_INTERVAL_S:
             return
         lines, states, result = self.listener.take()
-        started = self._job.started
+        started, ended = self._clock()
         due = force or result is not None or now - self._last_elapsed >= ELAPSED_INTERVAL_S
         if started and due:
-            self.elapsed = round((self._job.ended or time.time()) - started, 1)
+            self.elapsed = round((ended or time.time()) - started, 1)
             self._last_elapsed = now
+        by_name = {row["name"]: row for row in self.processes}
+        states = [state for state in states if state.name in by_name]
         if states:
-            by_name = {row["name"]: row for row in self.processes}
             for state in states:
                 by_name[state.name] = self._row(state)
             self.processes = list(by_name.values())
@@ -108,6 +112,28 @@ class LiveView(anywidget.AnyWidget):
             self.state = result.state.replace("_", " ")
             self.root_cause = result.root_cause.format() if result.root_cause else ""
 
+    def settled(self) -> LiveView:
+        """A new view of what this one shows now: the cell's final display. A fresh model,
+        because a browser can lose every message of a live one: anywidget drops a model's
+        messages for good when its module took over 2 s to load (a page starved of CPU
+        while ranks start). The new one holds the final state and asks for the lines it
+        lacks; where nothing was lost its page already holds them and asks nothing."""
+        copy = LiveView(
+            self._job, names=[row["name"] for row in self.processes],
+            **{name: getattr(self, name) for name in (
+                "name", "summary", "elapsed", "state", "processes", "root_cause",
+                "max_lines", "lines_total", "cell", "session",
+            )},
+        )  # fmt: skip
+        self._job.remove_listener(copy.listener)  # it changes no more
+        copy._recent.extend(self._recent)
+        copy._labels.update(self._labels)
+        return copy
+
+    def _clock(self) -> tuple[float | None, float | None]:
+        """When what this view shows started and ended (None: not yet)."""
+        return self._job.started, self._job.ended
+
     def _on_message(self, _widget, content: dict, _buffers) -> None:
         """A page that missed lines asks for what the browser would hold (answered once
         the kernel is free: while a cell runs its messages wait)."""
@@ -118,16 +144,29 @@ class LiveView(anywidget.AnyWidget):
     def stored_lines(self) -> list[list[str]]:
         """The last `max_lines` lines of every log key from the store, merged by time, as
         [key, label, stream, text] (the shape of a "lines" message)."""
+        keys = self._record.log_keys()
+        if self.cell:  # the ranks this view shows, that cell's lines only
+            shown = {key for row in self.processes for key in row["keys"]}
+            keys = [key for key in keys if key in shown]
         return [
             [key, self._labels.get(key, key), stream, text]
             for _ts, key, stream, text in self._record.read_logs(
-                self._record.log_keys(), tail=self.max_lines
+                keys, tail=self.max_lines, cell=self.cell or None
             )
         ]
 
+    def heading(self) -> str:
+        """The plain-text form's first line."""
+        if self.cell:
+            return (
+                f"session {self.session} cell {self.cell}: {self.state} (logs: "
+                f"jupyter distrun logs {self.job_id} --cell {self.cell})"
+            )
+        return f"job {self.job_id}: {self.state} (full logs: {self.log_dir})"
+
     def text(self) -> str:
         """The view as plain text: status per process, the last lines, the root cause."""
-        rows = [f"job {self.job_id}: {self.state} (full logs: {self.log_dir})"]
+        rows = [self.heading()]
         for row in self.processes:
             exit_ = "" if row["exit"] is None else f" ({row['exit']})"
             rows.append(f"  {row['label']} on {row['node']}: {row['state']}{exit_}")
@@ -169,7 +208,8 @@ def run_with_view(spec: JobSpec, inventory, store: JobStore | None = None, extra
         result = start_and_wait(job, on_tick=view.tick)
     finally:
         view.tick(force=True)
-        handle.update(view)  # the final text form, for notebooks saved without widgets
+        # The final state, and the text form kept by notebooks saved without widgets.
+        handle.update(view.settled())
     return job, result, view
 
 

@@ -1,0 +1,85 @@
+"""The live view of one cell run in a warm session: the live view of the session's job,
+narrowed to the ranks the cell runs on and to the time it runs. Its lines are that cell's
+(a page loaded again reads them from the store between the cell's markers); each rank's
+chip ends succeeded, or failed where its cell raised; the errors, each once with the ranks
+that raised it, are the root cause. The session's ranks live on either way.
+"""
+
+from __future__ import annotations
+
+import time
+
+from jupyter_dist.plan.model import ProcessPlan
+from jupyter_dist.run.events import ProcessState, ranges
+from jupyter_dist.run.session import CellResult, Session
+from jupyter_dist.widgets.live import LiveView
+
+
+class CellView(LiveView):
+    def __init__(self, session: Session, chosen: list[ProcessPlan]) -> None:
+        cell = session.next_cell
+        self._started, self._ended = time.time(), None
+        self._outcome: dict[str, str] = {}  # process name -> its state for this cell
+        super().__init__(
+            session.job, names=[p.name for p in chosen], cell=cell, session=session.name,
+            name=f"{session.name} · cell {cell}",
+            summary=f"cell {cell} of session {session.name} on {ranges([p.label for p in chosen])}",
+        )  # fmt: skip
+        self.state = "running"
+
+    def _clock(self) -> tuple[float | None, float | None]:
+        return self._started, self._ended
+
+    def _row(self, state: ProcessState) -> dict:
+        row = super()._row(state)
+        if state.state == "running" and state.name in self._outcome:
+            row["state"] = self._outcome[state.name]
+        return row
+
+    def finish(self, result: CellResult | None, why: str = "") -> None:
+        """The cell is over: `result` where every rank reported, else `why` it stopped
+        (an interrupt, the session's end). The view stops listening to the job."""
+        self._ended = time.time()
+        self._job.remove_listener(self.listener)
+        by_name = {state.name: state for state in self._job.processes.values()}
+        if result is not None:
+            self._outcome = {
+                name: "succeeded" if report["ok"] else "failed"
+                for name, report in result.reports.items()
+            }
+        else:
+            self._outcome = {row["name"]: "stopped" for row in self.processes}
+        self.tick(force=True)  # the last lines, and the rows of ranks that died
+        self.processes = [self._row(by_name[row["name"]]) for row in self.processes]
+        if result is not None:
+            self.state = "succeeded" if result.ok else "failed"
+            self.root_cause = "" if result.ok else result.describe()
+        elif not self.root_cause:  # a session that ended has the job's root cause
+            self.state = "cancelled"
+            self.root_cause = why
+
+
+def run_cell_with_view(
+    session: Session,
+    code: str,
+    chosen: list[ProcessPlan],
+    push: str | None = None,
+    out: list[str] | None = None,
+) -> CellResult:
+    """Run a cell in `session` with its live view displayed in the cell (the magic's way
+    when it shows widgets); arguments and errors as for Session.run_cell."""
+    from IPython.display import display
+
+    view = LiveView.last = CellView(session, chosen)
+    handle = display(view, display_id=True)
+    result, why = None, "interrupted: every rank stopped this cell; the session is still open"
+    try:
+        result = session.run_cell(code, view.tick, [p.rank for p in chosen], push, out)
+        return result
+    except BaseException as exc:
+        if not isinstance(exc, KeyboardInterrupt):
+            why = str(exc).splitlines()[0]
+        raise
+    finally:
+        view.finish(result, why)
+        handle.update(view.settled())  # see LiveView.settled
