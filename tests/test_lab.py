@@ -45,6 +45,14 @@ if rank == 41:
     raise SystemExit("rank 41 gives up")
 time.sleep(120)"""
 
+# A warm session, in a notebook of its own: each cell run in it has a view of its own.
+SESSION_CELLS = [
+    "%distrun session start --nodes 2 --name lab-session",
+    "%%distrun\nimport os\nrank = int(os.environ['RANK'])\nprint('first cell on rank', rank)",
+    "%%distrun\nprint('second cell on rank', rank)",
+    "%distrun session stop",
+]
+
 
 @pytest.fixture(scope="module")
 def lab(tmp_path_factory):
@@ -52,6 +60,7 @@ def lab(tmp_path_factory):
     labserver.write_notebook(
         server, "distrun.ipynb", ["%load_ext jupyter_dist", DDP_CELL, LONG_CELL, RANKS_64_CELL]
     )
+    labserver.write_notebook(server, "session.ipynb", ["%load_ext jupyter_dist", *SESSION_CELLS])
     yield server
     labserver.stop(server)
 
@@ -60,6 +69,10 @@ def lab(tmp_path_factory):
 def lab_page(lab):
     ARTIFACTS.mkdir(parents=True, exist_ok=True)
     with labserver.open_page(lab, "/lab/workspaces/distrun-test/tree/distrun.ipynb?reset") as page:
+        # The page's own errors, for when a view stops drawing.
+        console = open(ARTIFACTS / "console.log", "w")  # noqa: SIM115 (closed below)
+        page.on("console", lambda m: console.write(f"{m.type}: {m.text}\n"))
+        page.on("pageerror", lambda e: console.write(f"pageerror: {e}\n"))
         # The kernel must really be ready before the first Shift+Enter: the status bar says
         # so once the session is connected; the first cell is run until it really ran.
         page.locator(".jp-StatusBar-Widget", has_text="| Idle").first.wait_for()
@@ -68,6 +81,7 @@ def lab_page(lab):
             _shot(page, "0-unexpected-dialog")
             pytest.fail(f"JupyterLab opened a dialog: {dialog.inner_text()}")
         yield page
+        console.close()
 
 
 def _shot(page, name: str) -> None:
@@ -240,7 +254,11 @@ def test_64_ranks_stay_usable_and_the_failed_one_comes_first(lab_page):
     page.locator(".lm-TabBar-tab", has_text="distrun.ipynb").click()
     _run_cell(page, 3)
     view = page.locator(".jp-Notebook .jp-Cell").nth(3).locator(".distrun-live")
-    view.locator(".distrun-job-state", has_text="failed").wait_for(timeout=180_000)
+    try:
+        view.locator(".distrun-job-state", has_text="failed").wait_for(timeout=180_000)
+    except PlaywrightTimeout:
+        _shot(page, "8-64-ranks-timed-out")  # what the page showed instead
+        raise
     bar = view.locator(".distrun-rankbar.distrun-compact")
     assert bar.locator(".distrun-grid button").count() == 64
     failed = bar.locator(".distrun-failed-group button")
@@ -301,5 +319,41 @@ def test_a_page_loaded_again_draws_the_lines_it_missed(lab_page, lab):
         view.locator(".distrun-rankbar [data-key='rank-2']").click()
         rank_2 = lines.inner_text()
         assert "rank 2 says the sum of ranks is 6" in rank_2 and "rank 0" not in rank_2
+    finally:
+        page.close()
+
+
+def test_each_cell_of_a_session_has_a_view_of_its_own(lab_page, lab):
+    """Two cells run in one session (one job) keep their own lines, chips and clocks."""
+    page = lab_page.context.browser.new_page(viewport={"width": 1400, "height": 1000})
+    try:
+        page.goto(lab.page_url("/lab/workspaces/distrun-session/tree/session.ipynb?reset"))
+        page.locator(".jp-StatusBar-Widget", has_text="| Idle").first.wait_for()
+        _run_cell(page, 0, wait=True)
+        _run_cell(page, 1)
+        cells = page.locator(".jp-Notebook .jp-Cell")
+        cells.nth(1).locator(".jp-OutputArea", has_text="Session lab-session ready").wait_for(
+            timeout=120_000
+        )
+        views = []
+        for index in (2, 3):
+            _run_cell(page, index)
+            view = cells.nth(index).locator(".distrun-live")
+            view.locator(".distrun-job-state", has_text="succeeded").wait_for(timeout=60_000)
+            views.append(view)
+        first, second = (view.locator(".distrun-lines").inner_text() for view in views)
+        assert "first cell on rank 0" in first and "first cell on rank 1" in first
+        assert "second cell" not in first
+        assert "second cell on rank 1" in second and "first cell" not in second
+        assert views[1].locator(".distrun-title").inner_text() == "lab-session · cell 2"
+        assert views[0].get_attribute("data-job-id") == views[1].get_attribute("data-job-id")
+        chips = views[1].locator(".distrun-rankbar button.distrun-rank")
+        assert chips.all_inner_texts() == ["rank 0", "rank 1"]
+        _shot(page, "9-session-cells")
+        views[1].screenshot(path=str(ARTIFACTS / "live-view-session-cell.png"))
+        _run_cell(page, 4)
+        cells.nth(4).locator(".jp-OutputArea", has_text="Session lab-session stopped").wait_for(
+            timeout=60_000
+        )
     finally:
         page.close()

@@ -4,16 +4,23 @@ fails the cell, not the session; stopping leaves nothing."""
 
 from __future__ import annotations
 
+import os
 import re
+import time
 
+import pytest
 from helpers import (
     await_text,
     execute_notebook,
     interrupt_and_reply,
     job_processes,
+    run_cli,
     running_kernel,
     stream_text,
 )
+
+from jupyter_dist.run.session import Session, SessionEnded
+from jupyter_dist.spec import parse_spec
 
 CELL_1 = (
     "%%distrun\n"
@@ -35,6 +42,7 @@ CELL_3 = (
 
 
 def test_state_persists_across_cells_and_a_failing_rank_fails_only_its_cell(kernel_env):
+    home = str(kernel_env.parent)
     nb = execute_notebook(
         "%distrun session start --nodes 2 --procs-per-node 2",
         CELL_1,
@@ -66,13 +74,34 @@ def test_state_persists_across_cells_and_a_failing_rank_fails_only_its_cell(kern
     refused = nb.cells[7].outputs[-1]
     assert refused.ename == "DistrunError" and "--new" in refused.evalue
     assert "\n" not in refused.evalue
-    assert re.match(r"session: 4 ranks on 2 nodes \(local\), job \S+, up \d+ s\n", out[7]), out[7]
+    listed = re.match(
+        r"session: 4 ranks on 2 nodes \(local\), job \S+, up \d+ s, 5 cells run\n"
+        r"  memory \(each rank's, after its last cell\): rank 0 (\d+) MiB, rank 1 \d+ MiB, "
+        r"rank 2 \d+ MiB, rank 3 \d+ MiB\n",
+        out[7],
+    )
+    assert listed and int(listed.group(1)) > 50, out[7]  # torch is imported: tens of MiB
     assert out[8].startswith(f"Session session stopped (job {job_id}): 4 ranks on 2 nodes")
     assert job_processes(job_id) == []
     unknown = nb.cells[10].outputs[-1]
     assert unknown.evalue == (
         "%distrun session stop: no open session named 'nope' (open: none is open)"
     )
+    # The store keeps each cell's lines after its marker: one cell's output comes back.
+    second = run_cli("logs", job_id, "--cell", "2", env={**os.environ, "DISTRUN_HOME": home})
+    assert second.returncode == 0, second.stderr
+    assert sorted(second.stdout.splitlines()) == [f"[rank-{r}] model 3" for r in range(4)]
+    failed = run_cli("logs", job_id, "--cell", "4", "--rank", "1",
+                     env={**os.environ, "DISTRUN_HOME": home})  # fmt: skip
+    assert failed.stdout.splitlines()[-1] == "ValueError: rank 1 has a bad shard"
+    assert "ready" not in failed.stdout and "after" not in failed.stdout
+    whole = run_cli("logs", job_id, "--rank", "0", env={**os.environ, "DISTRUN_HOME": home})
+    assert [line for line in whole.stdout.splitlines() if "cell" in line] == [
+        f"\u2500\u2500 cell {n} \u2500\u2500" for n in range(1, 6)
+    ]
+    nope = run_cli("logs", job_id, "--cell", "9", env={**os.environ, "DISTRUN_HOME": home})
+    assert nope.returncode != 0
+    assert nope.stderr.strip().endswith(f"job {job_id} has no cell 9 (its cells: 1-5)")
 
 
 def _session_in(kc) -> str:
@@ -206,3 +235,34 @@ def test_an_interrupt_while_ranks_hang_in_a_collective_breaks_the_session(kernel
             in (reply["content"]["evalue"])
         )
         assert job_processes(job_id) == []
+
+
+def test_a_dropped_ssh_connection_ends_the_session_and_leaves_nothing(ssh_nodes, store, tmp_path):
+    """node1's link drops while the session waits between cells: its agents stop their
+    ranks, node0's are stopped too, and the next cell says the session ended and why."""
+    spec = parse_spec(
+        "command: unused\nresources: {instance_count: 2}\n"
+        "distribution: {type: pytorch, process_count_per_instance: 2}"
+    )
+    inventory = ssh_nodes.load_inventory(tmp_path)
+    session = Session.start(spec, name="s", store=store, inventory=inventory, grace_period=3)
+    try:
+        assert session.run_cell("import os\nrank = int(os.environ['RANK'])").ok
+        job_id = session.job.job_id
+        assert len(ssh_nodes.job_processes(job_id)) >= 4
+        ssh_nodes.drop_sessions(ssh_nodes.nodes[1])
+        result = session.job.wait(60)
+        assert result is not None and result.state == "failed"
+        assert result.root_cause.node == "node1"
+        assert "lost its SSH connection" in result.root_cause.summary()
+        with pytest.raises(
+            SessionEnded, match=r"(?s)session s has ended: .*lost its SSH connection"
+        ):
+            session.run_cell("print(rank)")
+    finally:
+        if session.alive:
+            session.stop()
+    deadline = time.monotonic() + 15
+    while ssh_nodes.job_processes(job_id) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert ssh_nodes.job_processes(job_id) == []

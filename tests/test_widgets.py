@@ -201,3 +201,42 @@ def test_a_page_loaded_again_gets_the_last_lines_of_every_tab_from_the_store(ker
             f"line {i} of rank {rank}" for i in range(30)
         ]
         assert [line for line in every if line[2] == "stderr"] == [[key, label, "stderr", "done"]]
+
+
+def test_a_session_cell_has_a_live_view_of_its_own_ranks_and_lines(kernel_env):
+    """In a session each cell gets its view: only its ranks, its lines (also read back
+    from the store for a reloaded page), each rank's outcome and the errors as the root
+    cause; the ranks live on for the next cell."""
+    view = (
+        "import json\nfrom jupyter_dist.widgets.live import LiveView\nv = LiveView.last\n"
+        "print(json.dumps([v.cell, v.name, v.state, [(p['label'], p['state']) "
+        "for p in v.processes], v.lines_total, v.root_cause, v.stored_lines()]))"
+    )
+    nb = execute_notebook(
+        "%config DistrunMagics.view = 'widget'",
+        "%distrun session start --nodes 2",
+        "%%distrun\nimport os\nrank = int(os.environ['RANK'])\nprint('first', rank)",
+        "%%distrun\nprint('second', rank)\nif rank == 1:\n    raise KeyError('no shard')",
+        view,
+        "%%distrun --ranks 0\nprint('third', rank)",
+        view,
+        "%distrun session stop",
+        allow_errors=True,
+    )
+    (display,) = [o for o in nb.cells[4].outputs if o.output_type == "display_data"]
+    assert WIDGET_MIME in display.data
+    text = display.data["text/plain"]
+    assert text.startswith("session session cell 2: failed (logs: jupyter distrun logs ")
+    assert text.rstrip().endswith("KeyError: 'no shard'")  # the root cause, last
+    assert "[rank 1] second 1" in text and "first" not in text
+    assert nb.cells[4].outputs[-1].ename == "CellFailed"
+    cell, name, state, rows, total, cause, stored = json.loads(nb.cells[5].outputs[0].text)
+    assert (cell, name, state) == (2, "session · cell 2", "failed")
+    assert rows == [["rank 0", "succeeded"], ["rank 1", "failed"]]
+    assert cause.startswith("rank 1: KeyError: 'no shard'\nTraceback")
+    stdout = sorted(line[3] for line in stored if line[2] == "stdout")
+    assert stdout == ["second 0", "second 1"]  # not cell 1's, not the marker
+    assert total == len(stored)  # every line the view had is in the store
+    cell, name, state, rows, total, cause, stored = json.loads(nb.cells[7].outputs[0].text)
+    assert (cell, state, rows, cause) == (3, "succeeded", [["rank 0", "succeeded"]], "")
+    assert [line[:4] for line in stored] == [["rank-0", "rank 0", "stdout", "third 0"]]
