@@ -91,7 +91,10 @@ const byNumber = (a, b) => a.localeCompare(b, undefined, { numeric: true });
 // Keyed by job id and session cell: anywidget hands initialize and render different
 // proxies of one model, and each cell of a session has its own lines.
 // "job/cell" -> { buffers: key -> [line], labels: key -> label, total, views: Set<view> }
-const LINES = new Map();
+// Held on the page, not in this module: anywidget may load the module once per model, and
+// a job's settled view (a new model, see LiveView.settled) must find the lines its live
+// view received.
+const LINES = globalThis.__jupyterDistLines ??= new Map();
 
 function linesOf(model) {
   const id = `${model.get("job_id")}/${model.get("cell") || 0}`;
