@@ -206,7 +206,17 @@ def cmd_plan(args: argparse.Namespace, store: JobStore) -> int:
         return EXIT_OK
     _print_table(plan_rows(launch_plan), PLAN_COLUMNS, title=f"{spec.job_type} job plan")
     print(format_commands(launch_plan, commands))
+    _print_checks(launch_plan)
     return EXIT_OK
+
+
+def _print_checks(plan) -> None:
+    """What stands out in the plan (plan/parity.py), one line each."""
+    from jupyter_dist.plan.parity import describe, parity_notes
+
+    checks = describe(parity_notes(plan))
+    if checks:
+        print(checks)
 
 
 def _print_table(
@@ -337,6 +347,7 @@ def cmd_inspect(args: argparse.Namespace, store: JobStore) -> int:
     configs = tf_configs(plan)
     if configs:
         print(configs)
+    _print_checks(plan)
     return EXIT_OK
 
 

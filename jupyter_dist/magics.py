@@ -524,6 +524,7 @@ class DistrunMagics(Magics):
             raise _user_error(f"%distrun {words[0]} failed (see above)")
 
     def _dry_run(self, spec: JobSpec, inventory) -> None:
+        from jupyter_dist.plan.parity import describe, parity_notes
         from jupyter_dist.run.launch import dry_run
 
         plan, commands = dry_run(spec, inventory=inventory)
@@ -535,6 +536,9 @@ class DistrunMagics(Magics):
                 import json
 
                 print(f"\nTF_CONFIG of {proc.label}:\n{json.dumps(proc.tf_config, indent=2)}")
+        checks = describe(parity_notes(plan))
+        if checks:
+            print(checks)
 
 
 def _spec_yaml(spec: JobSpec) -> str:

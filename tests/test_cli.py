@@ -211,3 +211,35 @@ def test_inspect_shows_every_process_with_status_and_tf_config(tmp_path: Path, s
         assert re.search(rf"{name}\s.*succeeded\s.*0", shown.stdout)
     assert shown.stdout.count("TF_CONFIG of") == 3
     assert '"type": "ps"' in shown.stdout
+
+
+def test_plan_and_inspect_say_what_would_make_ranks_collide(tmp_path: Path, store):
+    """Environment parity before launch: unset OMP_NUM_THREADS under mpirun, ranks sharing
+    the one visible GPU (a node's GPU count: test_plan); a plain pytorch job says nothing."""
+
+    def checks(text: str, *args: str, env: dict | None = None) -> list[str]:
+        spec = _write(tmp_path, text)
+        done = run_cli("plan", str(spec), *args, store=store,
+                       env={**os.environ, "COLUMNS": "250", **(env or {})})  # fmt: skip
+        assert done.returncode == 0, done.stderr
+        return [line for line in done.stdout.splitlines() if line.startswith("Check: ")]
+
+    mpi = "command: python t.py\nresources: {instance_count: 2}\n"
+    mpi += "distribution: {type: mpi, process_count_per_instance: 2}\n"
+    assert checks(mpi) == [
+        "Check: OMP_NUM_THREADS is unset and local0, local1 each run 2 ranks: each one's "
+        "math libraries would take every core (torchrun sets 1 here); set it, e.g. --env "
+        "OMP_NUM_THREADS=1"
+    ]
+    assert checks(mpi + "environment_variables: {OMP_NUM_THREADS: '4'}\n") == []
+    torch = "command: python t.py\ndistribution: {type: pytorch, process_count_per_instance: 2}\n"
+    assert checks(torch) == []  # we set OMP_NUM_THREADS=1 as torchrun does
+    (one_gpu,) = checks(torch + "environment_variables: {CUDA_VISIBLE_DEVICES: '0'}\n")
+    assert one_gpu.startswith("Check: the 2 ranks on local0 all see CUDA_VISIBLE_DEVICES=0 (1 ")
+    assert checks(torch + "environment_variables: {CUDA_VISIBLE_DEVICES: ''}\n") == []
+    # inspect reads the stored plan: a real job's note comes back with it.
+    done = run_cli("run", str(_write(tmp_path, mpi.replace("python t.py", "echo ok"))),
+                   store=store)  # fmt: skip
+    job_id = store.jobs()[-1].job_id
+    shown = run_cli("inspect", job_id, store=store, env={**os.environ, "COLUMNS": "250"})
+    assert "Check: OMP_NUM_THREADS is unset and local0, local1" in shown.stdout, (done, shown)

@@ -402,3 +402,21 @@ def test_launch_summary_counts_ranks_and_processes(distribution, nodes, said):
 
     p = _plan(f"command: x\nresources: {{instance_count: {nodes}}}\ndistribution: {distribution}")
     assert launch_summary(p) == said
+
+
+def test_parity_notes_more_ranks_than_a_nodes_gpus(store):
+    """The GPU count of an inventory node (`gpus:`) is in the plan; more ranks than GPUs
+    on a node is a note (the CLI path of the other notes is in test_cli)."""
+    from jupyter_dist.plan.parity import parity_notes
+
+    spec = parse_spec("command: x\ndistribution: {type: pytorch, process_count_per_instance: 2}")
+    launch_plan, _, chosen = make_plan(spec, store=store)
+    chosen.release()
+    assert [n["gpus"] for n in launch_plan.nodes] == [None] and parity_notes(launch_plan) == []
+    launch_plan.nodes[0]["gpus"] = 1
+    assert parity_notes(launch_plan) == [
+        "local0 has 1 GPU for 2 ranks: ranks using CUDA would share one (NCCL refuses that); "
+        "use --procs-per-node 1"
+    ]
+    launch_plan.nodes[0]["gpus"] = 2
+    assert parity_notes(launch_plan) == []

@@ -141,8 +141,9 @@ def test_the_live_view_carries_the_inspector_columns(kernel_env):
         "print('ok')\n",
         "import json\nfrom jupyter_dist.widgets.live import LiveView\n"
         "print(json.dumps(LiveView.last.processes))",
-        "%%distrun --nodes 2 --procs-per-node 2\nprint('ok')\n",
-        "print(json.dumps(LiveView.last.processes))",
+        # Every rank sees the one GPU: a check the view shows (the job itself runs on CPU).
+        "%%distrun --nodes 2 --procs-per-node 2 --env CUDA_VISIBLE_DEVICES=0\nprint('ok')\n",
+        "print(json.dumps(LiveView.last.processes))\nprint(json.dumps(LiveView.last.checks))",
     )
     import json
 
@@ -156,7 +157,15 @@ def test_the_live_view_carries_the_inspector_columns(kernel_env):
         {"type": "worker", "index": 0}, {"type": "worker", "index": 1}, {"type": "ps", "index": 0},
     ]  # fmt: skip
     assert len(configs[0]["cluster"]["ps"]) == 1
-    torch_rows = json.loads(nb.cells[5].outputs[0].text)
+    rows_text, checks_text = nb.cells[5].outputs[0].text.splitlines()
+    assert json.loads(checks_text) == [
+        "the 2 ranks on each of local0, local1 all see CUDA_VISIBLE_DEVICES=0 (1 device): "
+        "ranks using CUDA would share one (NCCL refuses that); list one device per rank, or "
+        "pick each rank's by LOCAL_RANK"
+    ]
+    final_text = nb.cells[4].outputs[-1].data["text/plain"]  # the settled view's text form
+    assert "Check: the 2 ranks on each of local0, local1" in final_text
+    torch_rows = json.loads(rows_text)
     assert [r["rank"] for r in torch_rows] == ["0", "1", "2", "3"]
     assert [(r["node_rank"], r["local_rank"]) for r in torch_rows] == [
         (0, 0),

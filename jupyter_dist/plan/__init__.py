@@ -71,7 +71,9 @@ def plan(
     return LaunchPlan(
         job_id=job_id,
         job_type=spec.job_type,
-        nodes=[{"name": n.name, "host": n.host, "backend": n.backend} for n in nodes],
+        nodes=[
+            {"name": n.name, "host": n.host, "backend": n.backend, "gpus": n.gpus} for n in nodes
+        ],
         master_addr=ctx.master_addr,
         master_port=int(master_port) if master_port else None,
         world_size=processes[0].world_size,

@@ -183,13 +183,14 @@ function render({ model, el }) {
   rankBar.setAttribute("role", "tablist");
   const pane = element("pre", "distrun-lines");
   const cause = element("pre", "distrun-root-cause");
+  const checks = element("ul", "distrun-checks");  // what stands out in the plan
   const inspector = element("details", "distrun-inspector");
   const inspectorSummary = element("summary", "distrun-inspector-summary");
   const statusTable = element("table", "distrun-status");
   const tableBox = element("div", "distrun-table-box");
   tableBox.appendChild(statusTable);
   inspector.append(inspectorSummary, tableBox);
-  root.append(header, rankBar, pane, cause, inspector);
+  root.append(header, rankBar, pane, cause, checks, inspector);
   el.appendChild(root);
 
   function colour(key) {
@@ -323,6 +324,9 @@ function render({ model, el }) {
     statusTable.replaceChildren(head, ...rows);
     cause.textContent = model.get("root_cause");
     cause.style.display = model.get("root_cause") ? "" : "none";
+    const notes = model.get("checks") || [];
+    checks.replaceChildren(...notes.map((note) => element("li", "", note)));
+    checks.style.display = notes.length ? "" : "none";
     drawRankBar();
     tickClock();
   }
@@ -363,7 +367,7 @@ function render({ model, el }) {
 
   const view = { append, redraw };
   held.views.add(view);
-  for (const name of ["processes", "state", "root_cause", "summary", "name"]) {
+  for (const name of ["processes", "state", "root_cause", "summary", "name", "checks"]) {
     model.on(`change:${name}`, drawStatus);
   }
   drawStatus();

@@ -23,6 +23,7 @@ import anywidget
 from traitlets import Dict, Float, Int, List, Unicode
 
 from jupyter_dist.describe import plan_rows
+from jupyter_dist.plan.parity import parity_notes
 from jupyter_dist.run.events import JobListener, JobResult, OutputLine, ProcessState
 from jupyter_dist.spec import JobSpec
 from jupyter_dist.store import JobStore
@@ -51,6 +52,7 @@ class LiveView(anywidget.AnyWidget):
     lines_total = Int(0).tag(sync=True)  # lines the job printed so far, sent or skipped
     cell = Int(0).tag(sync=True)  # the session cell this view shows; 0: the whole job
     session = Unicode("")  # the session's name, for a cell's view
+    checks = List(Unicode()).tag(sync=True)  # what stands out in the plan (plan/parity.py)
 
     def __init__(self, job, names: list[str] | None = None, **kwargs):
         """The view of `job`, or of its processes in `names` only."""
@@ -59,7 +61,7 @@ class LiveView(anywidget.AnyWidget):
         self._keys = {p.name: p.log_keys for p in job.plan.processes}
         shown = [s for s in job.processes.values() if names is None or s.name in names]
         kwargs = {
-            "name": job.name, "summary": job.summary,
+            "name": job.name, "summary": job.summary, "checks": parity_notes(job.plan),
             "processes": [self._row(state) for state in shown], **kwargs,
         }  # fmt: skip
         super().__init__(job_id=job.job_id, log_dir=str(job.record.logs_dir), **kwargs)
@@ -122,7 +124,7 @@ class LiveView(anywidget.AnyWidget):
             self._job, names=[row["name"] for row in self.processes],
             **{name: getattr(self, name) for name in (
                 "name", "summary", "elapsed", "state", "processes", "root_cause",
-                "max_lines", "lines_total", "cell", "session",
+                "max_lines", "lines_total", "cell", "session", "checks",
             )},
         )  # fmt: skip
         self._job.remove_listener(copy.listener)  # it changes no more
@@ -173,6 +175,7 @@ class LiveView(anywidget.AnyWidget):
         rows += [f"[{line.label}] {line.text}" for line in self._recent]
         if self.root_cause:
             rows.append(self.root_cause)
+        rows += [f"Check: {note}" for note in self.checks]
         return "\n".join(rows)
 
     def _repr_mimebundle_(self, **kwargs):

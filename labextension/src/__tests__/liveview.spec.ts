@@ -23,6 +23,9 @@ class FakeModel {
   get(name: string): any {
     return this.traits[name];
   }
+  set(name: string, value: any): void {
+    this.traits[name] = value;
+  }
   on(event: string, handler: Handler): void {
     (this.handlers[event] ??= []).push(handler);
   }
@@ -239,3 +242,53 @@ describe('live view at scale and state', () => {
     ]);
   });
 });
+
+describe('session cells, settled views and plan checks', () => {
+  it('keeps each session cell of one job apart', () => {
+    const first = model('job-cells', 5, 0, ranks(2));
+    first.set('cell', 1);
+    const second = model('job-cells', 5, 0, ranks(2));
+    second.set('cell', 2);
+    const els = [first, second].map(m => {
+      live.initialize({ model: m });
+      const el = document.createElement('div');
+      live.render({ model: m, el });
+      return el;
+    });
+    first.emit('msg:custom', lines(0, 2));
+    second.emit('msg:custom', lines(5, 1));
+    expect(shown(els[0])).toEqual(['[rank 0] line 0', '[rank 0] line 1']);
+    expect(shown(els[1])).toEqual(['[rank 0] line 5']);
+  });
+
+  it("draws a settled view (a new model of the job) from the live view's lines", () => {
+    const liveModel = model('job-settled', 5, 0, ranks(1));
+    live.initialize({ model: liveModel });
+    liveModel.emit('msg:custom', lines(0, 3));
+    const settled = model('job-settled', 5, 3, ranks(1));
+    live.initialize({ model: settled });
+    const el = document.createElement('div');
+    live.render({ model: settled, el });
+    expect(shown(el)).toEqual(['[rank 0] line 0', '[rank 0] line 1', '[rank 0] line 2']);
+    expect(settled.sent).toEqual([]); // it holds every line: nothing to ask
+    const lost = model('job-lost', 5, 3, ranks(1)); // a page that got none of them
+    live.initialize({ model: lost });
+    expect(lost.sent).toEqual([{ type: 'history' }]);
+  });
+
+  it('shows what stands out in the plan, and nothing when all is well', () => {
+    const m = model('job-checks', 5, 0, ranks(2));
+    live.initialize({ model: m });
+    const el = document.createElement('div');
+    live.render({ model: m, el });
+    const box = el.querySelector('.distrun-checks') as HTMLElement;
+    expect(box.style.display).toBe('none');
+    m.set('checks', ['OMP_NUM_THREADS is unset and local0 runs 2 ranks']);
+    m.emit('change:checks');
+    expect(box.style.display).toBe('');
+    expect(Array.from(box.querySelectorAll('li')).map(li => li.textContent)).toEqual([
+      'OMP_NUM_THREADS is unset and local0 runs 2 ranks'
+    ]);
+  });
+});
+

@@ -1,0 +1,98 @@
+"""What in a plan would make ranks run differently from what torchrun gives them, or
+collide with each other, said before anything starts: one line per finding (nodes alike
+in it share the line), shown by `--dry-run`, `jupyter distrun plan`, `jupyter distrun
+inspect` and the live view. Nothing is refused: a note names what it saw and what to set.
+
+    notes = parity_notes(plan)   # [] when nothing stands out
+"""
+
+from __future__ import annotations
+
+from jupyter_dist.plan.model import LaunchPlan, ProcessPlan
+
+# The processes on a node whose environment its ranks get: a rank's own, torchrun's for
+# its workers (mpirun passes its own on to every node's ranks).
+_STARTERS = ("rank", "torchrun")
+
+
+def parity_notes(plan: LaunchPlan) -> list[str]:
+    """One line per finding in `plan`, in a fixed order."""
+    found: dict[tuple, list[str]] = {}  # (kind, details...) -> node names
+    per_node = _ranks_per_node(plan)
+    mpirun = next((p for p in plan.processes if p.role == "mpirun"), None)
+    for node in plan.nodes:
+        name, gpus = node["name"], node.get("gpus")
+        own = [p for p in plan.processes if p.node == name and p.role in _STARTERS]
+        source = own[0] if own else mpirun  # whose environment this node's ranks get
+        count = per_node.get(name, 0)
+        if count < 2 or source is None:
+            continue
+        env = source.env
+        if "OMP_NUM_THREADS" not in env and source.role != "torchrun":  # torchrun sets it
+            found.setdefault(("omp", count), []).append(name)
+        visible = env.get("CUDA_VISIBLE_DEVICES", "")
+        devices = [d for d in visible.split(",") if d.strip()]  # "": no GPU, on purpose
+        if devices and len(devices) < count:
+            found.setdefault(("visible", count, visible, len(devices)), []).append(name)
+        elif gpus and count > gpus:
+            found.setdefault(("gpus", count, gpus), []).append(name)
+    return [_say(key, names) for key, names in found.items()]
+
+
+def _say(key: tuple, names: list[str]) -> str:
+    kind, count = key[0], key[1]
+    where = _nodes(names)
+    if kind == "omp":
+        return (
+            f"OMP_NUM_THREADS is unset and {where} {_runs(names)} {count} ranks: each one's "
+            "math libraries would take every core (torchrun sets 1 here); set it, e.g. "
+            "--env OMP_NUM_THREADS=1"
+        )
+    if kind == "visible":
+        visible, devices = key[2], key[3]
+        return (
+            f"the {count} ranks on {'each of ' * (len(names) > 1)}{where} all see "
+            f"CUDA_VISIBLE_DEVICES={visible} "
+            f"({devices} device{'s' * (devices != 1)}): ranks using CUDA would share one "
+            "(NCCL refuses that); list one device per rank, or pick each rank's by LOCAL_RANK"
+        )
+    gpus = key[2]
+    return (
+        f"{where} {'has' if len(names) == 1 else 'have'} {gpus} GPU{'s' * (gpus != 1)} for "
+        f"{count} ranks: ranks using CUDA would share one (NCCL refuses that); use "
+        f"--procs-per-node {gpus}"
+    )
+
+
+def _nodes(names: list[str]) -> str:
+    if len(names) <= 3:
+        return ", ".join(names)
+    return f"{len(names)} nodes ({names[0]}, {names[1]}, ..., {names[-1]})"
+
+
+def _runs(names: list[str]) -> str:
+    return "runs" if len(names) == 1 else "each run"
+
+
+def _ranks_per_node(plan: LaunchPlan) -> dict[str, int]:
+    """How many ranks each node runs: its own rank processes, those its torchrun starts,
+    and an even share of mpirun's."""
+    counts: dict[str, int] = {}
+    for proc in plan.processes:
+        for node, n in _ranks_of(proc, plan):
+            counts[node] = counts.get(node, 0) + n
+    return counts
+
+
+def _ranks_of(proc: ProcessPlan, plan: LaunchPlan) -> list[tuple[str, int]]:
+    if proc.role == "mpirun":  # its ranks are spread evenly over the job's nodes
+        share = len(proc.ranks) // max(len(plan.nodes), 1)
+        return [(node["name"], share) for node in plan.nodes]
+    if proc.role in ("rank", "torchrun"):
+        return [(proc.node, max(len(proc.ranks), 1))]
+    return []
+
+
+def describe(notes: list[str]) -> str:
+    """The notes as printed under a plan ("" when there are none)."""
+    return "\n".join(f"Check: {note}" for note in notes)
