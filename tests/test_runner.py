@@ -145,6 +145,11 @@ def test_a_rank_killed_by_a_signal_is_reported_by_name(store):
     assert result.root_cause.rank == 1
     assert result.root_cause.signal == "SIGKILL"
     assert "killed by SIGKILL" in result.root_cause.summary()
+    assert (
+        result.root_cause.format()
+        .splitlines()[-1]
+        .startswith("Hint: rank 1 got SIGKILL from outside (not from jupyter-dist)")
+    )
 
 
 def test_cancel_stops_every_process_and_its_children(store):

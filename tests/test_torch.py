@@ -94,3 +94,27 @@ def test_cancel_a_torchrun_job_leaves_nothing(store):
     result = job.wait(60)
     assert result is not None and result.state == "cancelled"
     assert job_processes(job.job_id) == []
+
+
+def test_a_taken_master_port_fails_with_a_hint(store, tmp_path):
+    """Rank 0 finds MASTER_PORT taken (here by its own socket, as a leftover server would
+    hold it): the root cause is rank 0's EADDRINUSE, and a hint says what to do."""
+    (tmp_path / "taken.py").write_text(
+        "import os, socket\n"
+        "import torch.distributed as dist\n"
+        "if os.environ['RANK'] == '0':\n"
+        "    held = socket.socket()\n"
+        "    held.bind(('', int(os.environ['MASTER_PORT'])))\n"
+        "    held.listen()\n"
+        "dist.init_process_group('gloo')\n"
+    )
+    spec = parse_spec(
+        f"code: {tmp_path}\ncommand: python taken.py\nresources: {{instance_count: 2}}\n"
+        "distribution: {type: pytorch}"
+    )
+    result = run(spec, store=store, grace_period=2)
+    assert result.state == "failed" and result.root_cause.rank == 0
+    report = result.root_cause.format()
+    assert report.splitlines()[-1].startswith(
+        'Hint: a port rank 0 needed on local0 was taken ("address already in use")'
+    ), report

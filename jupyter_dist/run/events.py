@@ -6,6 +6,8 @@ import signal
 from dataclasses import asdict, dataclass, field
 from typing import Any, NamedTuple
 
+from jupyter_dist.run.hints import hint_for
+
 # Job states: pending -> running -> succeeded | failed | cancelled | timed_out
 FINAL_STATES = ("succeeded", "failed", "cancelled", "timed_out")
 
@@ -136,6 +138,9 @@ class RootCause:
             lines.append("Stopped by jupyter-dist after this failure: " + ranges(self.stopped))
         if self.log_path:
             lines.append(f"Full log: {self.log_path}")
+        hint = hint_for(self)
+        if hint:
+            lines.append(hint)
         return "\n".join(lines)
 
     def to_dict(self) -> dict[str, Any]:
