@@ -23,7 +23,7 @@ import anywidget
 from traitlets import Dict, Float, Int, List, Unicode
 
 from jupyter_dist.describe import plan_rows
-from jupyter_dist.plan.parity import parity_notes
+from jupyter_dist.plan.parity import describe, parity_notes
 from jupyter_dist.run.events import JobListener, JobResult, OutputLine, ProcessState
 from jupyter_dist.spec import JobSpec
 from jupyter_dist.store import JobStore
@@ -89,8 +89,8 @@ class LiveView(anywidget.AnyWidget):
         if started and due:
             self.elapsed = round((ended or time.time()) - started, 1)
             self._last_elapsed = now
-        by_name = {row["name"]: row for row in self.processes}
-        states = [state for state in states if state.name in by_name]
+        by_name = {row["name"]: row for row in self.processes} if states else {}
+        states = [state for state in states if state.name in by_name]  # a cell's ranks only
         if states:
             for state in states:
                 by_name[state.name] = self._row(state)
@@ -175,7 +175,8 @@ class LiveView(anywidget.AnyWidget):
         rows += [f"[{line.label}] {line.text}" for line in self._recent]
         if self.root_cause:
             rows.append(self.root_cause)
-        rows += [f"Check: {note}" for note in self.checks]
+        if self.checks:
+            rows.append(describe(self.checks))
         return "\n".join(rows)
 
     def _repr_mimebundle_(self, **kwargs):
