@@ -29,7 +29,12 @@ from jupyter_dist.describe import (
 from jupyter_dist.errors import DistrunError
 from jupyter_dist.nodes import load_inventory
 from jupyter_dist.options import LaunchOptions
-from jupyter_dist.run.control import effective_state, request_cancel, wait_until_ended
+from jupyter_dist.run.control import (
+    effective_state,
+    request_cancel,
+    request_stacks,
+    wait_until_ended,
+)
 from jupyter_dist.run.events import (
     FINAL_STATES,
     JobListener,
@@ -38,6 +43,8 @@ from jupyter_dist.run.events import (
     ProcessState,
     exit_text,
 )
+from jupyter_dist.run.stacks import METHODS as STACK_METHODS
+from jupyter_dist.run.stacks import StackDump
 from jupyter_dist.spec import JobSpec, load_spec
 from jupyter_dist.store import JobStore
 
@@ -159,6 +166,24 @@ def _parser() -> argparse.ArgumentParser:
     cancel.add_argument(
         "--wait", type=float, default=30.0, metavar="SECONDS",
         help="how long to wait for every process to stop (default 30; 0: do not wait)",
+    )  # fmt: skip
+
+    stacks = sub.add_parser(
+        "stacks", parents=[common], help="every rank's Python stack, grouped (a hung job)"
+    )
+    stacks.add_argument("job", help="job id (or a unique prefix)")
+    stacks.add_argument(
+        "--method", choices=STACK_METHODS, default="auto",
+        help="how stacks are read: py-spy where a node has it, else faulthandler (default: auto)",
+    )  # fmt: skip
+    stacks.add_argument(
+        "--last", action="store_true", help="print the last stacks taken; ask nobody"
+    )
+    stacks.add_argument("--brief", action="store_true", help="one line per group of ranks")
+    stacks.add_argument("--json", action="store_true", help="the dump as JSON")
+    stacks.add_argument(
+        "--timeout", type=float, default=60.0, metavar="SECONDS",
+        help="how long to wait for the job's owner to answer (default 60)",
     )  # fmt: skip
 
     logs = sub.add_parser("logs", parents=[common], help="print a job's stored output")
@@ -348,6 +373,10 @@ def cmd_inspect(args: argparse.Namespace, store: JobStore) -> int:
     if configs:
         print(configs)
     _print_checks(plan)
+    stacks = record.last_stacks()
+    if stacks:  # the latest dump, one line per group (all of it: `stacks --last`)
+        print()
+        print(StackDump.from_dict(stacks).format(detail=False))
     return EXIT_OK
 
 
@@ -369,6 +398,21 @@ def cmd_cancel(args: argparse.Namespace, store: JobStore) -> int:
         )
         return EXIT_FAILED
     print(f"job {record.job_id}: {state}", file=sys.stderr)
+    return EXIT_OK
+
+
+def cmd_stacks(args: argparse.Namespace, store: JobStore) -> int:
+    record = store.get(args.job)
+    if args.last:
+        dump = record.last_stacks()
+        if dump is None:
+            raise DistrunError(f"no stacks were taken of job {record.job_id}")
+    else:
+        dump = request_stacks(record, args.method, args.timeout)
+    if args.json:
+        print(json.dumps(dump, indent=1))
+    else:
+        print(StackDump.from_dict(dump).format(detail=not args.brief))
     return EXIT_OK
 
 
@@ -406,7 +450,7 @@ def cmd_logs(args: argparse.Namespace, store: JobStore) -> int:
 
 COMMANDS = {
     "plan": cmd_plan, "run": cmd_run, "nodes": cmd_nodes, "jobs": cmd_jobs, "logs": cmd_logs,
-    "inspect": cmd_inspect, "cancel": cmd_cancel,
+    "inspect": cmd_inspect, "cancel": cmd_cancel, "stacks": cmd_stacks,
 }  # fmt: skip
 
 

@@ -44,8 +44,10 @@ from jupyter_dist.run.session import Session, SessionEnded, names_of
 from jupyter_dist.spec import JobSpec, load_spec, script_command, spec_from_dict
 from jupyter_dist.store import JobStore
 
-LINE_COMMANDS = ("jobs", "logs", "inspect", "cancel", "nodes", "run", "form", "dask", "session")
-JOB_COMMANDS = ("logs", "inspect", "cancel")  # JOB defaults to this kernel's latest job
+LINE_COMMANDS = (
+    "jobs", "logs", "inspect", "stacks", "cancel", "nodes", "run", "form", "dask", "session",
+)  # fmt: skip
+JOB_COMMANDS = ("logs", "inspect", "stacks", "cancel")  # JOB defaults to this kernel's latest job
 
 
 class JobFailed(DistrunError):
@@ -193,7 +195,8 @@ class DistrunMagics(Magics):
         """Run the cell as a distributed job on every rank, with live per-rank output.
 
         As a line magic: `%distrun jobs`, `%distrun logs [JOB] [--rank R]`,
-        `%distrun inspect [JOB]`, `%distrun cancel JOB`, `%distrun nodes`,
+        `%distrun inspect [JOB]`, `%distrun stacks [JOB]` (every rank's Python stack, of a
+        running job or session), `%distrun cancel JOB`, `%distrun nodes`,
         `%distrun run SPEC.yml`, `%distrun form`, `%distrun dask start|stop`.
 
         An empty `%%distrun --type dask` cell starts an interactive Dask cluster and puts

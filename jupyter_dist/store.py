@@ -103,6 +103,17 @@ class JobRecord:
     def spec_yaml(self) -> str:
         return (self.path / "spec.yml").read_text()
 
+    def save_stacks(self, dump: dict[str, Any]) -> None:
+        """Keep the latest stack dump (run/stacks.StackDump.to_dict), replacing the last."""
+        write_atomic(self.path / "stacks.json", json.dumps(dump))
+
+    def last_stacks(self) -> dict[str, Any] | None:
+        """The latest stack dump taken of the job, if any was."""
+        try:
+            return json.loads((self.path / "stacks.json").read_text())
+        except (FileNotFoundError, json.JSONDecodeError):
+            return None
+
     def plan(self) -> dict[str, Any]:
         return json.loads((self.path / "plan.json").read_text())
 

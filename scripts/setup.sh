@@ -56,7 +56,7 @@ pip install --upgrade pip
 if [[ $want_tests -eq 1 ]]; then
     pip install numpy mpi4py -e ".[lab,test,tensorflow,dask]"
 else
-    pip install numpy mpi4py -e ".[lab]"
+    pip install numpy mpi4py -e ".[lab,stacks]"
 fi
 .venv/bin/python -c "import torch, numpy, paramiko, jupyter_dist"  # fail loudly if an install went wrong
 # The lab extension and the server extension must both be installed and enabled.

@@ -21,6 +21,8 @@ and a backend may rely on that order:
 Outside a job, `health(nodes)` checks nodes for `jupyter distrun nodes` and the sidebar, and
 `trust(node)` records a node's identity (an SSH host key) for `nodes --trust`.
 
+`run_on_node(node, argv)` runs a short helper beside a running job (its stacks).
+
 `command_line(proc, node, grace)` is the dry run: the exact command that `start` would run
 for that process, as one line a user could paste (shown by `--dry-run` and `jupyter distrun
 plan`).
@@ -150,6 +152,13 @@ class Backend(ABC):
     def sweep(self, job_id: str, node_names: set[str]) -> list[int]:
         """Kill whatever still carries the job's id on the named nodes (the last safety net
         after every agent stopped its tree); the pids killed. Never raises."""
+
+    @abstractmethod
+    def run_on_node(self, node: Node, argv: list[str], timeout: float = 60) -> tuple[int, str, str]:
+        """Run a short command on the node (a node-side helper such as node_side/stacks.py,
+        beside the job's processes) and wait for it: (exit code, stdout, stderr). A node that
+        cannot be reached raises NodeError; a command that outlives `timeout` is stopped and
+        reported with a non-zero code."""
 
     def health(self, nodes: list[Node]) -> list[NodeHealth]:
         """Check each node (in parallel where that costs something) and say what was found,

@@ -119,6 +119,15 @@ class LocalBackend(Backend):
     def collect(self, node: Node, folder: str) -> dict[str, bytes]:
         return read_folder(folder)
 
+    def run_on_node(self, node: Node, argv: list[str], timeout: float = 60) -> tuple[int, str, str]:
+        try:
+            done = subprocess.run(
+                argv, capture_output=True, text=True, timeout=timeout, stdin=subprocess.DEVNULL
+            )
+        except subprocess.TimeoutExpired:
+            return 1, "", f"{argv[0]} did not finish within {timeout:g} s"
+        return done.returncode, done.stdout, done.stderr
+
     def sweep(self, job_id: str, node_names: set[str]) -> list[int]:
         """Kill any process still carrying this job's id (a rank that daemonized, an orphan).
         Cheap here, so always done, whatever `node_names` says."""

@@ -221,13 +221,14 @@ class SlurmBackend(LocalBackend):
                 proc.wait(timeout=COMMAND_TIMEOUT_S)
 
     def choose_ports(self, requests: list[PortRequest], nodes: list[Node]) -> dict[str, int]:
-        return ports_on_nodes(requests, nodes, self._run_on, _on_every_node)
+        return ports_on_nodes(requests, nodes, self.run_on_node, _on_every_node)
 
     def sweep(self, job_id: str, node_names: set[str]) -> list[int]:
         """The agent's sweep on every node where one did not report a clean exit."""
 
         def sweep_node(node: Node) -> list[int]:
-            code, out, _ = self._run_on(node, [node.python, str(AGENT_SOURCE), "--sweep", job_id])
+            argv = [node.python, str(AGENT_SOURCE), "--sweep", job_id]
+            code, out, _ = self.run_on_node(node, argv)
             return [int(p) for p in out.split()] if code == 0 else []
 
         nodes = [Node(name, name, "slurm", sys.executable) for name in sorted(node_names)]
@@ -262,11 +263,14 @@ class SlurmBackend(LocalBackend):
     def _handle(self, popen: subprocess.Popen, proc: ProcessPlan, node: Node) -> SlurmProcess:
         return SlurmProcess(popen, f"{proc.label} on {node.name}")
 
-    def _run_on(self, node: Node, argv: list[str]) -> tuple[int, str, str]:
+    def run_on_node(
+        self, node: Node, argv: list[str], timeout: float = COMMAND_TIMEOUT_S
+    ) -> tuple[int, str, str]:
+        """`argv` as a step of the allocation on `node`, beside the job's own steps."""
         try:
             done = subprocess.run(
                 [*self._step(node), *argv], capture_output=True, text=True,
-                timeout=COMMAND_TIMEOUT_S, stdin=subprocess.DEVNULL,
+                timeout=timeout, stdin=subprocess.DEVNULL,
             )  # fmt: skip
         except (OSError, subprocess.TimeoutExpired) as exc:
             return 1, "", f"srun: {exc}"

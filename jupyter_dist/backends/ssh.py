@@ -542,6 +542,9 @@ class SshBackend(Backend):
             raise NodeError(f"node {node.name}: {argv[0]} failed: {err.strip() or code}")
         return out
 
+    def run_on_node(self, node: Node, argv: list[str], timeout: float = 60) -> tuple[int, str, str]:
+        return self.connections.run(self._nodes.get(node.name, node), argv, timeout)
+
     def sweep(self, job_id: str, node_names: set[str]) -> list[int]:
         """Kill anything of the job still running on the named nodes: those where an agent
         did not report a clean exit (elsewhere the agent already took its tree down)."""

@@ -6,6 +6,7 @@ Python 3.8+, no import of jupyter_dist (a node may have none).
 - dask_wait.py: waits until a Dask cluster's workers registered, before its command.
 - ports.py: free ports on a node, and why a given port is taken.
 - session_worker.py: one rank of a warm session, running the cells it is sent.
+- stacks.py: every Python stack of a job's processes on a node (py-spy or faulthandler).
 
 `path(name)` is the file here and `source(name)` its text: the one way to load them.
 """
@@ -16,7 +17,7 @@ import functools
 from pathlib import Path
 
 FOLDER = Path(__file__).parent
-NAMES = ("agent.py", "cell_runner.py", "dask_wait.py", "ports.py", "session_worker.py")
+NAMES = ("agent.py", "cell_runner.py", "dask_wait.py", "ports.py", "session_worker.py", "stacks.py")
 
 
 def path(name: str) -> Path:

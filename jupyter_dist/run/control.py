@@ -1,10 +1,13 @@
-"""Stopping a job from another process: the CLI, the lab server, another kernel.
+"""Asking a job's owner from another process (the CLI, the lab server, another kernel) to
+stop the job or to read its stacks.
 
 Only the process that started a job (its owner: a kernel, or `jupyter distrun run`) holds the
-connections to its ranks, so the others ask it: they write `cancel.json` into the job's folder
-in the store, and the owner, which looks for that file a few times a second, cancels the job
-the usual way (SIGTERM to every rank, SIGKILL after the grace period, a sweep). A file works
-wherever the store is shared and needs no port, socket or signal to the owner.
+connections to its ranks, so the others ask it: they write a request file into the job's
+folder in the store, and the owner, which looks for them a few times a second, acts on it:
+`cancel.json` cancels the job the usual way (SIGTERM to every rank, SIGKILL after the grace
+period, a sweep); `stacks-request.json` reads every rank's stack and stores the dump, tagged
+with the request's id, as `stacks.json` (run/stacks.py). A file works wherever the store is
+shared and needs no port, socket or signal to the owner.
 """
 
 from __future__ import annotations
@@ -13,6 +16,7 @@ import json
 import os
 import socket
 import time
+import uuid
 from typing import Any
 
 from jupyter_dist.errors import DistrunError
@@ -20,6 +24,7 @@ from jupyter_dist.run.events import FINAL_STATES
 from jupyter_dist.store import JobRecord, write_atomic
 
 CANCEL_FILE = "cancel.json"
+STACKS_REQUEST_FILE = "stacks-request.json"
 POLL_SECONDS = 0.2  # how often an owner looks for a request
 
 
@@ -62,19 +67,25 @@ def cancel_requested(record: JobRecord) -> str | None:
     return str(request.get("reason") or "cancelled")
 
 
+def _ask_owner(record: JobRecord, what: str) -> str:
+    """The job's state, if someone is there to act on a request; raises for a lost job."""
+    state = effective_state(record.status())
+    if state == "lost":
+        raise DistrunError(
+            f"job {record.job_id} has no owner any more (the process that started it is gone); "
+            f"nobody can {what}; its processes stopped with it"
+        )
+    return state
+
+
 def request_cancel(record: JobRecord, reason: str = "cancelled") -> str:
     """Ask the owner of a job to cancel it; returns the job's state when asked.
 
     A job that already ended is left alone (its state is returned). A lost job (owner gone)
     raises, since nobody is there to act on the request."""
-    state = effective_state(record.status())
+    state = _ask_owner(record, "stop it")
     if state in FINAL_STATES:
         return state
-    if state == "lost":
-        raise DistrunError(
-            f"job {record.job_id} has no owner any more (the process that started it is gone); "
-            "its processes stopped with it"
-        )
     write_atomic(
         record.path / CANCEL_FILE, json.dumps({"reason": reason, "requested": time.time()})
     )
@@ -89,3 +100,43 @@ def wait_until_ended(record: JobRecord, timeout: float) -> str:
         if state in FINAL_STATES or state == "lost" or time.monotonic() >= deadline:
             return state
         time.sleep(0.1)
+
+
+def stacks_requested(record: JobRecord) -> dict[str, Any] | None:
+    """A pending stacks request ({"id", "method"}), taken off the folder; None if none."""
+    path = record.path / STACKS_REQUEST_FILE
+    try:
+        request = json.loads(path.read_text())
+    except FileNotFoundError:
+        return None
+    except (OSError, json.JSONDecodeError):
+        request = {}
+    path.unlink(missing_ok=True)
+    return {"id": str(request.get("id", "")), "method": str(request.get("method", "auto"))}
+
+
+def request_stacks(record: JobRecord, method: str, timeout: float) -> dict[str, Any]:
+    """Ask the owner of a running job for every rank's stack and wait for the dump
+    (StackDump.to_dict). DistrunError when the job is not running or no answer comes."""
+    state = _ask_owner(record, "read its stacks")
+    if state != "running":
+        raise DistrunError(
+            f"job {record.job_id} is {state}; stacks are read from a running job "
+            f"(the last ones taken: jupyter distrun stacks {record.job_id} --last)"
+        )
+    request_id = uuid.uuid4().hex
+    write_atomic(
+        record.path / STACKS_REQUEST_FILE, json.dumps({"id": request_id, "method": method})
+    )
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        dump = record.last_stacks()
+        if dump and dump.get("request") == request_id:
+            return dump
+        if effective_state(record.status()) != "running":
+            raise DistrunError(f"job {record.job_id} ended before its stacks were read")
+        time.sleep(0.1)
+    raise DistrunError(
+        f"job {record.job_id}'s owner did not answer within {timeout:g} s (it may be busy); "
+        "try again, or give it longer with --timeout"
+    )

@@ -29,7 +29,8 @@ from jupyter_dist.run.events import (
 )
 from jupyter_dist.run.output import OutputPipeline
 from jupyter_dist.run.root_cause import StderrEvidence
-from jupyter_dist.run.stopping import escalate, watch_cancel_requests
+from jupyter_dist.run.stacks import StackDump, take_stacks
+from jupyter_dist.run.stopping import escalate, watch_requests
 from jupyter_dist.store import JobRecord
 
 GRACE_PERIOD_S = 5.0  # between SIGTERM and SIGKILL when a process is stopped
@@ -126,7 +127,8 @@ class Job:
             timer.daemon = True
             timer.start()
         threading.Thread(
-            target=watch_cancel_requests, args=(self.record, self._done, self.cancel),
+            target=watch_requests,
+            args=(self.record, self._done, self.cancel, self._stacks_for_request),
             daemon=True, name=f"distrun-{self.job_id}-control",
         ).start()  # fmt: skip
         return self
@@ -180,6 +182,27 @@ class Job:
         if not self._done.wait(timeout):
             return None
         return self._result
+
+    def stacks(self, method: str = "auto", reason: str = "asked") -> StackDump:
+        """Every Python stack of the running job, read on its nodes (run/stacks.py) and
+        stored with it; DistrunError once the job ended."""
+        if self.state != "running":
+            raise DistrunError(
+                f"job {self.job_id} is {self.state}; stacks are read from a running job"
+            )
+        nodes = list(self._nodes.values())
+        dump = take_stacks(self._backend.run_on_node, nodes, self.job_id, method)
+        dump.reason = reason
+        self.record.save_stacks(dump.to_dict())
+        return dump
+
+    def _stacks_for_request(self, method: str, request_id: str) -> None:
+        """Answer another process's request (run/control.request_stacks) in the store."""
+        try:
+            dump = self.stacks(method)
+        except Exception as exc:  # the asker gets the reason, not a silent timeout
+            dump = StackDump(self.job_id, time.time(), [], problems=[str(exc)])
+        self.record.save_stacks(dump.to_dict() | {"request": request_id})
 
     def cancel(self, reason: str = "cancelled by the user") -> None:
         """Stop every process (SIGTERM, then SIGKILL after the grace period)."""

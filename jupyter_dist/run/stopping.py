@@ -1,5 +1,6 @@
 """Stopping a job's processes from outside the state machine: the escalation from SIGTERM to
-SIGKILL, and the watch for cancel requests other processes leave in the store."""
+SIGKILL, and the watch for the requests other processes leave in the store (a cancel, a
+stacks dump)."""
 
 from __future__ import annotations
 
@@ -9,7 +10,7 @@ import time
 from collections.abc import Callable
 
 from jupyter_dist.backends.base import ProcessHandle
-from jupyter_dist.run.control import POLL_SECONDS, cancel_requested
+from jupyter_dist.run.control import POLL_SECONDS, cancel_requested, stacks_requested
 from jupyter_dist.store import JobRecord
 
 
@@ -29,11 +30,22 @@ def escalate(handles: list[ProcessHandle], grace: float, all_ended: Callable[[],
             handle.kill()
 
 
-def watch_cancel_requests(
-    record: JobRecord, done: threading.Event, cancel: Callable[[str], None]
+def watch_requests(
+    record: JobRecord,
+    done: threading.Event,
+    cancel: Callable[[str], None],
+    stacks: Callable[[str, str], None],
 ) -> None:
-    """Until `done`, call `cancel(reason)` once another process asked (run/control.py)."""
+    """Until `done`, act on what other processes ask (run/control.py): `cancel(reason)` once,
+    `stacks(method, request_id)` for each stacks request (in a thread of its own, so that a
+    slow node does not hold up a cancel)."""
     while not done.wait(POLL_SECONDS):
+        request = stacks_requested(record)
+        if request is not None:
+            threading.Thread(
+                target=stacks, args=(request["method"], request["id"]), daemon=True,
+                name=f"distrun-{record.job_id}-stacks",
+            ).start()  # fmt: skip
         reason = cancel_requested(record)
         if reason is not None:
             cancel(reason)
