@@ -8,6 +8,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import signal
 import sys
 import threading
 import time
@@ -290,11 +291,24 @@ def cmd_run(args: argparse.Namespace, store: JobStore) -> int:
         file=sys.stderr,
     )
     try:
+        _interrupt_on(signal.SIGTERM, signal.SIGHUP)
         result = start_and_wait(job)
     except KeyboardInterrupt:
         print(f"job {job.job_id} cancelled: every process was stopped", file=sys.stderr)
         return EXIT_INTERRUPTED
     return _report(result)
+
+
+def _interrupt_on(*signals: signal.Signals) -> None:
+    """`kill` (SIGTERM) or a closed terminal (SIGHUP) stops a job as Ctrl-C does: every
+    process stopped and the job marked cancelled, not left for its agents to notice."""
+
+    def interrupt(_signum: int, _frame: object) -> None:
+        raise KeyboardInterrupt
+
+    if threading.current_thread() is threading.main_thread():
+        for sig in signals:
+            signal.signal(sig, interrupt)
 
 
 def _report(result: JobResult) -> int:

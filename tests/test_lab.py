@@ -28,10 +28,15 @@ print(f"rank {dist.get_rank()} says the sum of ranks is {total.item():g}")
 dist.barrier()
 dist.destroy_process_group()"""
 
+# Rank 2 waits in load_batch, the others at the end: what the Stacks buttons show.
 LONG_CELL = """\
 %%distrun --nodes 2 --procs-per-node 2 --name lab-long
-import time
+import os, time
+def load_batch():
+    time.sleep(300)
 print("started", flush=True)
+if os.environ["RANK"] == "2":
+    load_batch()
 time.sleep(300)"""
 
 # 64 ranks on 2 local nodes; rank 41 fails, the others are stopped.
@@ -240,6 +245,25 @@ def test_cancel_from_the_sidebar_stops_every_rank(lab_page, lab):
     job_id = job.get_attribute("data-job-id")
     assert len(job_processes(job_id)) >= 4
     _shot(page, "4-running")
+    # Stacks, from the cell's live view (its kernel is busy with the cell: the server asks
+    # the job's owner) and from the sidebar: rank 2 stands out, in load_batch.
+    cell = page.locator(".jp-Notebook .jp-Cell").nth(2)
+    cell.locator(".distrun-stacks-button").click()
+    odd = cell.locator(".distrun-stacks li.distrun-stacks-odd")
+    odd.wait_for(timeout=60_000)
+    assert odd.inner_text() == (
+        "rank 2 (local1): script.py:3 in load_batch ← script.py:6 in <module>"
+    )
+    assert cell.locator(".distrun-stacks li").nth(1).inner_text() == (
+        "ranks 0-1, 3 (local0, local1): script.py:7 in <module>"
+    )
+    cell.locator(".distrun-stacks").scroll_into_view_if_needed()
+    _shot(page, "4a-stacks-in-the-live-view")
+    job.get_by_role("button", name="Stacks").click()
+    in_sidebar = job.locator(".jp-distrun-stacks li.jp-distrun-stacks-odd")
+    in_sidebar.wait_for(timeout=60_000)
+    assert "rank 2 (local1): script.py:3 in load_batch" in in_sidebar.inner_text()
+    _shot(page, "4b-stacks-in-the-sidebar")
     job.get_by_role("button", name="Cancel").click()
     sidebar.locator(f".jp-distrun-job[data-job-id='{job_id}'][data-state='cancelled']").wait_for()
     _shot(page, "5-cancelled")

@@ -27,6 +27,8 @@ ENDPOINTS = [
     ("GET", "distrun/jobs/some-job"),
     ("GET", "distrun/jobs/some-job/logs"),
     ("POST", "distrun/jobs/some-job/cancel"),
+    ("POST", "distrun/jobs/some-job/stacks"),
+    ("GET", "distrun/jobs/some-job/stacks"),
 ]
 
 
@@ -180,6 +182,52 @@ async def test_cancel_reaches_the_process_that_owns_the_job(jp_fetch, home, tmp_
 
     code, reply = await _json(jp_fetch, "distrun", "jobs", job_id, "cancel", method="POST")
     assert code == 200 and reply["state"] == "cancelled"
+
+
+async def test_stacks_are_read_by_the_jobs_owner_and_kept(jp_fetch, home, tmp_path):
+    """The sidebar's and the live view's Stacks button: the owner (a `jupyter distrun run`
+    in a terminal) reads every rank and the reply carries the grouped summary."""
+    spec = tmp_path / "waits.yml"
+    spec.write_text(
+        "command: python waits.py\n"
+        f"code: {tmp_path}\n"
+        "resources: {instance_count: 2}\n"
+        "distribution: {type: pytorch, process_count_per_instance: 2}\n"
+    )
+    (tmp_path / "waits.py").write_text(
+        "import os, time\n"
+        "def wait_for_data():\n"
+        "    time.sleep(300)\n"
+        "print('started', flush=True)\n"
+        "if os.environ['RANK'] == '3':\n"
+        "    wait_for_data()\n"
+        "time.sleep(300)\n"
+    )
+    store = JobStore()
+    proc, job_id = await asyncio.to_thread(start_cli_run, spec, store)
+    try:
+        code, error = await _error(jp_fetch, "distrun", "jobs", job_id, "stacks")
+        assert code == 404 and error == f"no stacks were taken of job {job_id}"
+        code, error = await _error(
+            jp_fetch, "distrun", "jobs", job_id, "stacks", method="POST", params={"method": "gdb"}
+        )
+        assert code == 400 and "unknown stack method 'gdb'; use one of auto" in error
+        code, dump = await _json(jp_fetch, "distrun", "jobs", job_id, "stacks", method="POST")
+        assert code == 200 and sorted(p["rank"] for p in dump["processes"]) == [0, 1, 2, 3]
+        assert dump["summary"][0] == (
+            "rank 3 (local1): waits.py:3 in wait_for_data ← waits.py:6 in <module>"
+        )
+        assert dump["summary"][1] == "ranks 0-2 (local0, local1): waits.py:7 in <module>"
+        assert dump["heading"].startswith(f"Stacks of job {job_id}: 4 Python processes")
+        assert "        time.sleep(300)" in dump["text"]
+        code, last = await _json(jp_fetch, "distrun", "jobs", job_id, "stacks")
+        assert last["summary"] == dump["summary"]
+    finally:
+        proc.terminate()  # `kill`: the run stops its job as Ctrl-C would
+        await asyncio.to_thread(proc.wait, 30)
+    assert proc.returncode == 130 and job_processes(job_id) == []
+    code, error = await _error(jp_fetch, "distrun", "jobs", job_id, "stacks", method="POST")
+    assert code == 400 and "stacks are read from a running job" in error
 
 
 async def test_nodes_without_an_inventory_are_local(jp_fetch):

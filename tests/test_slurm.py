@@ -9,6 +9,7 @@ import json
 import re
 import socket
 import subprocess
+import sys
 import textwrap
 import time
 from pathlib import Path
@@ -56,8 +57,6 @@ def _described(pids: list[int]) -> list[str]:
 
 def _run_in_background(spec: Path, slurm_cluster, tmp_path: Path) -> subprocess.Popen:
     """`jupyter distrun run SPEC --backend slurm` from outside any allocation, started."""
-    import sys
-
     env = {k: v for k, v in slurm_cluster.env.items() if k != "SLURM_JOB_ID"}
     return subprocess.Popen(
         [sys.executable, "-m", "jupyter_dist.cli", "run", str(spec), "--backend", "slurm",
@@ -460,3 +459,56 @@ def test_a_kernel_interrupt_stops_every_step_and_the_kernel_lives_on(
             assert time.monotonic() < deadline, f"left on the nodes: {left}"
             time.sleep(0.2)
         assert kc.execute_interactive("print(6 * 7)", timeout=30)["content"]["status"] == "ok"
+
+
+def test_stacks_of_a_hung_job_are_read_through_job_steps(allocation, store, tmp_path):
+    """Rank 2 hangs in load_batch while the others wait in all_reduce: `jupyter distrun
+    stacks` from another terminal reaches the owner (`run` inside the allocation), which
+    reads every node through a step of the allocation."""
+    script = tmp_path / "hang.py"
+    script.write_text(
+        "import time\nimport torch\nimport torch.distributed as dist\n\n"
+        "def load_batch():\n    time.sleep(3600)\n\n"
+        "dist.init_process_group('gloo')\nprint('READY', flush=True)\n"
+        "if dist.get_rank() == 2:\n    load_batch()\ndist.all_reduce(torch.ones(1))\n"
+    )
+    spec = _spec(
+        tmp_path,
+        f"""\
+        code: {tmp_path}
+        command: python hang.py
+        environment_variables: {{GLOO_SOCKET_IFNAME: eth0, OMP_NUM_THREADS: "1"}}
+        resources: {{instance_count: 2}}
+        distribution: {{type: pytorch, process_count_per_instance: 2}}
+    """,
+    )
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "jupyter_dist.cli", "run", str(spec), "--store", str(store.root)],
+        env=allocation, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+    )  # fmt: skip
+    try:
+        deadline = time.monotonic() + 120
+        while time.monotonic() < deadline:
+            records = store.jobs()
+            ready = records and sum(
+                1 for key in records[0].log_keys()
+                for line in records[0].iter_log(key, "stdout") if line.text == "READY"
+            )  # fmt: skip
+            if ready == 4:
+                break
+            time.sleep(0.3)
+        else:
+            pytest.fail("the ranks never all said READY")
+        time.sleep(1)
+        done = run_cli("stacks", records[0].job_id, "--brief", store=store, timeout=90)
+        assert done.returncode == 0, done.stderr
+        lines = done.stdout.splitlines()
+        assert "rank 2 (sln2): hang.py:6 in load_batch ← hang.py:11 in <module>" in lines, lines
+        assert any(
+            line.startswith("ranks 0-1, 3 (sln1, sln2): torch/distributed/distributed_c10d.py")
+            for line in lines
+        ), lines
+        assert "read with py-spy" in lines[0]  # a command job: only py-spy reads it
+    finally:
+        proc.terminate()
+        proc.wait(60)

@@ -7,6 +7,9 @@ the CLI, and do their file and network work in a thread pool, never on the event
     GET  /distrun/jobs/{id}/logs?rank=R    a range of one rank's (or process's) log:
          &offset=CURSOR&limit=N&tail=N     `offset` is the `next` of the previous reply
     POST /distrun/jobs/{id}/cancel         ask the job's owner to stop it
+    POST /distrun/jobs/{id}/stacks         every rank's stack, read now by the job's owner
+         ?method=auto|py-spy|faulthandler  (run/stacks.py); the dump, with its text
+    GET  /distrun/jobs/{id}/stacks         the last stacks taken
 """
 
 from __future__ import annotations
@@ -27,11 +30,13 @@ from jupyter_dist.describe import inspect_rows, job_summary
 from jupyter_dist.errors import DistrunError
 from jupyter_dist.nodes import load_inventory
 from jupyter_dist.plan import LaunchPlan
-from jupyter_dist.run.control import request_cancel
+from jupyter_dist.run.control import request_cancel, request_stacks
 from jupyter_dist.run.events import FINAL_STATES
+from jupyter_dist.run.stacks import StackDump
 from jupyter_dist.store import JobStore, UnknownJob
 
 MAX_LIMIT = 20000
+STACKS_TIMEOUT_S = 60.0  # how long a stacks request waits for the job's owner
 HEALTH_TTL = 15.0  # seconds a node health check is reused (every open lab polls it)
 
 
@@ -171,6 +176,37 @@ class CancelHandler(DistrunHandler):
         self.reply(body, status)
 
 
+class StacksHandler(DistrunHandler):
+    @web.authenticated
+    async def get(self, job_id: str) -> None:
+        def last():
+            record = self.store.get(job_id)
+            dump = record.last_stacks()
+            if dump is None:
+                raise web.HTTPError(404, f"no stacks were taken of job {record.job_id}")
+            return _readable(dump)
+
+        self.reply(await self.blocking(last))
+
+    @web.authenticated
+    async def post(self, job_id: str) -> None:
+        method = self.get_query_argument("method", "auto")
+
+        def take():
+            dump = request_stacks(self.store.get(job_id), method, STACKS_TIMEOUT_S)
+            return _readable(dump)
+
+        self.reply(await self.blocking(take))
+
+
+def _readable(dump: dict[str, Any]) -> dict[str, Any]:
+    """A stored dump with what a view shows of it: one summary line per group (the odd ones
+    first) and the whole text."""
+    stacks = StackDump.from_dict(dump)
+    summary = [group.summary() for group in stacks.groups()]
+    return {**dump, "heading": stacks.heading(), "summary": summary, "text": stacks.format()}
+
+
 def setup_handlers(web_app: Any, store: JobStore | None = None) -> None:
     web_app.settings.setdefault("distrun_store", store or JobStore())
     web_app.settings.setdefault("distrun_pool", ThreadPoolExecutor(4, "distrun-api"))
@@ -185,5 +221,6 @@ def setup_handlers(web_app: Any, store: JobStore | None = None) -> None:
             (base + job, JobHandler),
             (base + job + "/logs", LogsHandler),
             (base + job + "/cancel", CancelHandler),
+            (base + job + "/stacks", StacksHandler),
         ],
     )

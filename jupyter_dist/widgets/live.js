@@ -1,7 +1,9 @@
 // The live view of a jupyter-dist job: a header (job state, elapsed time, counts per
 // state), a rank bar (one chip per rank or task, coloured by its state; at scale a compact
 // grid with the failed ones first), the output of all ranks or of the chosen one, the root
-// cause when the job fails, and the inspector folded under a one-line summary.
+// cause when the job fails, and the inspector folded under a one-line summary. While the
+// job runs, "Stacks" asks the Jupyter server for every rank's Python stack, grouped
+// (the job's owner reads them even while its cell keeps the kernel busy).
 //
 // Lines arrive as deltas (custom messages); at most `max_lines` per tab stay in the
 // browser, the full log stays on disk. Lines are kept by the model, not the view: the model
@@ -138,6 +140,37 @@ function initialize({ model }) {
   if (model.get("lines_total") > held.total) model.send({ type: "history" });
 }
 
+// The Jupyter server this page talks to ({ baseUrl, token }), from the page's config; null
+// where there is none (VS Code), and there the view offers no Stacks button.
+export function jupyterServer(doc = document) {
+  const config = doc.getElementById("jupyter-config-data");
+  if (!config) return null;
+  try {
+    const data = JSON.parse(config.textContent);
+    return data.baseUrl ? { baseUrl: data.baseUrl, token: data.token || "" } : null;
+  } catch {
+    return null;
+  }
+}
+
+// Every rank's stack, read now by the job's owner (the server's /distrun/jobs/ID/stacks):
+// { heading, summary: [line per group, odd ones first], text } or { error }.
+export async function fetchStacks(server, jobId, fetcher = fetch) {
+  const xsrf = (document.cookie.match(/(?:^|; )_xsrf=([^;]*)/) || [])[1];
+  const headers = {};
+  if (xsrf) headers["X-XSRFToken"] = decodeURIComponent(xsrf);
+  if (server.token) headers.Authorization = `token ${server.token}`;
+  const url = `${server.baseUrl.replace(/\/?$/, "/")}distrun/jobs/${encodeURIComponent(jobId)}/stacks`;
+  try {
+    const reply = await fetcher(url, { method: "POST", headers, credentials: "same-origin" });
+    const body = await reply.json().catch(() => ({}));
+    if (!reply.ok) return { error: body.message || `the server answered ${reply.status}` };
+    return body;
+  } catch (error) {
+    return { error: `the server could not be reached (${error.message || error})` };
+  }
+}
+
 function element(tag, className, text) {
   const node = document.createElement(tag);
   if (className) node.className = className;
@@ -179,6 +212,46 @@ function render({ model, el }) {
     actions.appendChild(path);
   }
 
+  // Stacks: every rank's Python stack, grouped; the odd group (the likely culprit) first.
+  const server = jupyterServer();
+  const stacksButton = element("button",
+    "jp-Button jp-mod-styled jp-mod-minimal distrun-stacks-button", "Stacks");
+  stacksButton.title = "every rank's Python stack now, grouped: which rank is stuck, and where";
+  const stacks = element("div", "distrun-stacks");
+  stacks.style.display = "none";
+  if (server) actions.prepend(stacksButton);
+  stacksButton.onclick = async () => {
+    stacksButton.disabled = true;
+    stacksButton.textContent = "Reading stacks…";
+    drawStacks(await fetchStacks(server, model.get("job_id")));
+    stacksButton.disabled = false;
+    stacksButton.textContent = "Stacks";
+  };
+
+  function drawStacks(dump) {
+    const close = element("button", "jp-Button jp-mod-minimal distrun-stacks-close", "×");
+    close.title = "close";
+    close.onclick = () => { stacks.style.display = "none"; };
+    const head = element("div", "distrun-stacks-head");
+    head.append(element("span", "", dump.error ? "Stacks could not be read" : dump.heading),
+      close);
+    const children = [head];
+    if (dump.error) {
+      children.push(element("div", "distrun-stacks-error", dump.error));
+    } else {
+      const list = element("ul", "distrun-stacks-groups");
+      const groups = dump.summary || [];
+      list.append(...groups.map((line, i) => element("li",
+        i === 0 && groups.length > 1 ? "distrun-stacks-odd" : "", line)));
+      const all = element("details", "distrun-stacks-all");
+      all.append(element("summary", "", "Every frame, with its source line"),
+        element("pre", "", dump.text));
+      children.push(list, all);
+    }
+    stacks.replaceChildren(...children);
+    stacks.style.display = "";
+  }
+
   const rankBar = element("div", "distrun-rankbar");
   rankBar.setAttribute("role", "tablist");
   const pane = element("pre", "distrun-lines");
@@ -190,7 +263,7 @@ function render({ model, el }) {
   const tableBox = element("div", "distrun-table-box");
   tableBox.appendChild(statusTable);
   inspector.append(inspectorSummary, tableBox);
-  root.append(header, rankBar, pane, cause, checks, inspector);
+  root.append(header, rankBar, pane, cause, stacks, checks, inspector);
   el.appendChild(root);
 
   function colour(key) {
@@ -295,6 +368,7 @@ function render({ model, el }) {
     const state = model.get("state");
     const processes = model.get("processes");
     jobState.textContent = state;
+    stacksButton.style.display = running() ? "" : "none";  // a job that ended has none
     jobState.className = `distrun-chip distrun-job-state distrun-state-${state.replace(" ", "_")}`;
     title.textContent = model.get("name") || model.get("job_id");
     title.title = `job ${model.get("job_id")}`;

@@ -71,6 +71,15 @@ export interface ILogRange {
   state: string;
 }
 
+/** Every rank's Python stack, grouped (run/stacks.py): a line per group, odd ones first. */
+export interface IStacks {
+  job_id: string;
+  taken: number;
+  heading: string;
+  summary: string[];
+  text: string;
+}
+
 /** What a request returns: a status and a JSON body (or an error body with `message`). */
 export interface IReply {
   status: number;
@@ -128,6 +137,11 @@ export class DistrunApi {
   /** Ask the job's owner to stop it; resolves to the state the server reports. */
   async cancel(jobId: string): Promise<{ state: string; message: string }> {
     return this.call('POST', `jobs/${encodeURIComponent(jobId)}/cancel`, [200, 202, 409]);
+  }
+
+  /** Every rank's stack, read now by the job's owner (a running job only). */
+  stacks(jobId: string): Promise<IStacks> {
+    return this.call('POST', `jobs/${encodeURIComponent(jobId)}/stacks`, [200]);
   }
 
   private get<T>(path: string): Promise<T> {

@@ -1,13 +1,14 @@
 /**
  * The left-sidebar panel: the attached nodes with their health, and the jobs of every
- * notebook and the CLI with live status, a Cancel button and a way to their logs. It polls
+ * notebook and the CLI with live status, Cancel and Stacks buttons (every rank's Python
+ * stack, grouped: which rank is stuck, and where) and a way to their logs. It polls
  * politely: backs off on errors, and stands by while hidden.
  */
 
 import { Poll } from '@lumino/polling';
 import { Widget } from '@lumino/widgets';
 
-import { DistrunApi, FINAL_STATES, IJobSummary, INodes } from './api';
+import { DistrunApi, FINAL_STATES, IJobSummary, INodes, IStacks } from './api';
 import { duration, h, plural } from './dom';
 
 /** JupyterLab's own button look (made compact by style/index.css). */
@@ -31,6 +32,8 @@ export class DistrunSidebar extends Widget {
   private readonly nodesPoll: Poll;
   private readonly jobsShown: number;
   private cancelling = new Set<string>();
+  // The stacks shown under a job (kept across polls, which redraw the list), or why not.
+  private stacks = new Map<string, IStacks | { error: string } | 'reading'>();
 
   constructor(options: ISidebarOptions) {
     super();
@@ -160,7 +163,18 @@ export class DistrunSidebar extends Widget {
       );
       cancel.disabled = pending;
       cancel.addEventListener('click', () => void this.cancel(job.job_id));
-      buttons.push(cancel);
+      const reading = this.stacks.get(job.job_id) === 'reading';
+      const stacks = h(
+        'button',
+        {
+          class: `${BUTTON} jp-mod-reject jp-distrun-button jp-distrun-stacks-button`,
+          title: "Every rank's Python stack now, grouped: which rank is stuck, and where"
+        },
+        reading ? 'Reading…' : 'Stacks'
+      );
+      stacks.disabled = reading;
+      stacks.addEventListener('click', () => void this.readStacks(job.job_id));
+      buttons.push(stacks, cancel);
     }
     const ranked = ['pytorch', 'mpi'].includes(job.type) && job.world_size;
     const size = ranked ? plural(job.world_size!, 'rank') : plural(job.processes, 'process');
@@ -180,8 +194,59 @@ export class DistrunSidebar extends Widget {
       !job.root_cause && job.message && !running
         ? h('div', { class: 'jp-distrun-muted' }, job.message)
         : null,
-      h('div', { class: 'jp-distrun-job-buttons' }, ...buttons)
+      h('div', { class: 'jp-distrun-job-buttons' }, ...buttons),
+      this.stacksBox(job.job_id)
     );
+  }
+
+  private stacksBox(jobId: string): HTMLElement | null {
+    const shown = this.stacks.get(jobId);
+    if (shown === undefined || shown === 'reading') {
+      return null;
+    }
+    const close = h('button', { class: 'jp-Button jp-mod-minimal', title: 'close' }, '×');
+    close.addEventListener('click', () => {
+      this.stacks.delete(jobId);
+      this.refresh();
+    });
+    if ('error' in shown) {
+      return h(
+        'div',
+        { class: 'jp-distrun-stacks' },
+        h('div', { class: 'jp-distrun-stacks-head' }, 'Stacks could not be read', close),
+        h('div', { class: 'jp-distrun-error' }, shown.error)
+      );
+    }
+    const odd = shown.summary.length > 1;
+    return h(
+      'div',
+      { class: 'jp-distrun-stacks' },
+      h('div', { class: 'jp-distrun-stacks-head' }, shown.heading, close),
+      h(
+        'ul',
+        { class: 'jp-distrun-stacks-groups' },
+        ...shown.summary.map((line, i) =>
+          h('li', { class: i === 0 && odd ? 'jp-distrun-stacks-odd' : '' }, line)
+        )
+      ),
+      h(
+        'details',
+        {},
+        h('summary', {}, 'Every frame'),
+        h('pre', { class: 'jp-distrun-stacks-text' }, shown.text)
+      )
+    );
+  }
+
+  private async readStacks(jobId: string): Promise<void> {
+    this.stacks.set(jobId, 'reading');
+    this.refresh();
+    try {
+      this.stacks.set(jobId, await this.api.stacks(jobId));
+    } catch (error) {
+      this.stacks.set(jobId, { error: error instanceof Error ? error.message : String(error) });
+    }
+    this.refresh();
   }
 
   private async cancel(jobId: string): Promise<void> {

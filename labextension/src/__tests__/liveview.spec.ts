@@ -7,6 +7,8 @@
 import live, {
   ansiToNodes,
   clock,
+  fetchStacks,
+  jupyterServer,
   stateCounts
 } from '../../../jupyter_dist/widgets/live.js';
 
@@ -292,3 +294,98 @@ describe('session cells, settled views and plan checks', () => {
   });
 });
 
+
+describe('stacks', () => {
+  const config = (data: any) => {
+    document.getElementById('jupyter-config-data')?.remove();
+    const script = document.createElement('script');
+    script.id = 'jupyter-config-data';
+    script.type = 'application/json';
+    script.textContent = JSON.stringify(data);
+    document.body.appendChild(script);
+  };
+  afterEach(() => document.getElementById('jupyter-config-data')?.remove());
+
+  it("finds the page's Jupyter server, and none where there is no config", () => {
+    expect(jupyterServer()).toBeNull();
+    config({ baseUrl: '/user/a/', token: 'secret' });
+    expect(jupyterServer()).toEqual({ baseUrl: '/user/a/', token: 'secret' });
+  });
+
+  it('asks the server with the XSRF cookie and the token, and turns failures into a line', async () => {
+    document.cookie = '_xsrf=abc%7C1';
+    const calls: any[] = [];
+    const ok = async (url: string, init: any) => {
+      calls.push([url, init]);
+      return { ok: true, status: 200, json: async () => ({ heading: 'h', summary: ['s'] }) };
+    };
+    const server = { baseUrl: '/user/a', token: 't' };
+    expect(await fetchStacks(server, 'job 1', ok as any)).toEqual({ heading: 'h', summary: ['s'] });
+    expect(calls[0][0]).toBe('/user/a/distrun/jobs/job%201/stacks');
+    expect(calls[0][1].method).toBe('POST');
+    expect(calls[0][1].headers).toEqual({ 'X-XSRFToken': 'abc|1', Authorization: 'token t' });
+    const refused = async () => ({
+      ok: false,
+      status: 400,
+      json: async () => ({ message: 'job x is succeeded; stacks are read from a running job' })
+    });
+    expect(await fetchStacks(server, 'x', refused as any)).toEqual({
+      error: 'job x is succeeded; stacks are read from a running job'
+    });
+    const down = async () => {
+      throw new Error('connection refused');
+    };
+    expect((await fetchStacks(server, 'x', down as any)).error).toBe(
+      'the server could not be reached (connection refused)'
+    );
+  });
+
+  it('shows a Stacks button only with a server and while the job runs', () => {
+    const without = model('job-no-server', 5, 0, ranks(2));
+    live.initialize({ model: without });
+    const plain = document.createElement('div');
+    live.render({ model: without, el: plain });
+    expect(plain.querySelector('.distrun-stacks-button')).toBeNull();
+
+    config({ baseUrl: '/' });
+    const m = model('job-stacks', 5, 0, ranks(2));
+    live.initialize({ model: m });
+    const el = document.createElement('div');
+    live.render({ model: m, el });
+    const button = el.querySelector('.distrun-stacks-button') as HTMLElement;
+    expect(button.style.display).toBe('');
+    m.set('state', 'failed');
+    m.emit('change:state');
+    expect(button.style.display).toBe('none');
+  });
+
+  it('draws the groups, the odd one marked, and every frame folded', async () => {
+    config({ baseUrl: '/' });
+    const dump = {
+      heading: 'Stacks of job j: 4 Python processes on 2 nodes',
+      summary: ['rank 2 (node1): train.py:6 in load_batch', 'ranks 0-1, 3 (node0, node1): all_reduce'],
+      text: 'every frame'
+    };
+    const original = globalThis.fetch;
+    globalThis.fetch = (async () => ({ ok: true, status: 200, json: async () => dump })) as any;
+    try {
+      const m = model('job-stacks-drawn', 5, 0, ranks(4));
+      live.initialize({ model: m });
+      const el = document.createElement('div');
+      live.render({ model: m, el });
+      (el.querySelector('.distrun-stacks-button') as HTMLElement).click();
+      await new Promise(resolve => setTimeout(resolve, 0));
+      const panel = el.querySelector('.distrun-stacks') as HTMLElement;
+      expect(panel.style.display).toBe('');
+      expect(panel.querySelector('.distrun-stacks-head')?.textContent).toContain(dump.heading);
+      const items = Array.from(panel.querySelectorAll('li'));
+      expect(items.map(li => li.textContent)).toEqual(dump.summary);
+      expect(items[0].className).toBe('distrun-stacks-odd');
+      expect(panel.querySelector('details pre')?.textContent).toBe('every frame');
+      (panel.querySelector('.distrun-stacks-close') as HTMLElement).click();
+      expect(panel.style.display).toBe('none');
+    } finally {
+      globalThis.fetch = original;
+    }
+  });
+});

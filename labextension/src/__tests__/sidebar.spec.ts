@@ -55,3 +55,60 @@ describe('DistrunSidebar job list', () => {
     expect(older).toBeNull();
   });
 });
+
+describe('DistrunSidebar stacks', () => {
+  it("reads a running job's stacks and keeps them shown across polls until closed", async () => {
+    const running = { ...job(1), state: 'running', ended: null };
+    const asked: string[] = [];
+    const api = new DistrunApi(async (path, init) => {
+      asked.push(`${init.method} ${path}`);
+      if (path.endsWith('/stacks')) {
+        return {
+          status: 200,
+          body: {
+            job_id: 'job-1',
+            taken: 1,
+            heading: 'Stacks of job job-1: 2 Python processes on 1 node',
+            summary: ['rank 1 (local0): train.py:6 in load_batch', 'rank 0 (local0): all_reduce'],
+            text: 'every frame'
+          }
+        };
+      }
+      return { status: 200, body: [running] };
+    });
+    const sidebar = new DistrunSidebar({ api, openLogs: () => undefined });
+    await (sidebar as any).refreshJobs();
+    const button = sidebar.node.querySelector('.jp-distrun-stacks-button') as HTMLButtonElement;
+    expect(button.textContent).toBe('Stacks');
+    await (sidebar as any).readStacks('job-1');
+    await (sidebar as any).refreshJobs(); // a later poll redraws the list: the stacks stay
+    expect(asked).toContain('POST jobs/job-1/stacks');
+    const box = sidebar.node.querySelector('.jp-distrun-stacks') as HTMLElement;
+    expect(box.querySelector('.jp-distrun-stacks-head')?.textContent).toContain('2 Python');
+    const items = [...box.querySelectorAll('li')];
+    expect(items.map(li => li.textContent)).toEqual([
+      'rank 1 (local0): train.py:6 in load_batch',
+      'rank 0 (local0): all_reduce'
+    ]);
+    expect(items[0].className).toBe('jp-distrun-stacks-odd');
+    (box.querySelector('button') as HTMLButtonElement).click();
+    await (sidebar as any).refreshJobs();
+    expect(sidebar.node.querySelector('.jp-distrun-stacks')).toBeNull();
+    sidebar.dispose();
+  });
+
+  it('says in one line why stacks could not be read', async () => {
+    const api = new DistrunApi(async path =>
+      path.endsWith('/stacks')
+        ? { status: 400, body: { message: 'job job-1 is succeeded; stacks are read from a running job' } }
+        : { status: 200, body: [{ ...job(1), state: 'running' }] }
+    );
+    const sidebar = new DistrunSidebar({ api, openLogs: () => undefined });
+    await (sidebar as any).readStacks('job-1');
+    await (sidebar as any).refreshJobs();
+    expect(sidebar.node.querySelector('.jp-distrun-stacks .jp-distrun-error')?.textContent).toBe(
+      'job job-1 is succeeded; stacks are read from a running job'
+    );
+    sidebar.dispose();
+  });
+});
