@@ -44,10 +44,12 @@ from jupyter_dist.run.events import (
     ProcessState,
     exit_text,
 )
+from jupyter_dist.run.meters import summarize
 from jupyter_dist.run.stacks import METHODS as STACK_METHODS
 from jupyter_dist.run.stacks import StackDump
+from jupyter_dist.run.stall import describe_stall
 from jupyter_dist.spec import JobSpec, load_spec
-from jupyter_dist.store import JobStore
+from jupyter_dist.store import JobStore, natural_order
 
 EXIT_OK, EXIT_FAILED, EXIT_USAGE, EXIT_INTERRUPTED = 0, 1, 2, 130
 _COLOURS = ("36", "33", "35", "32", "34", "31", "96", "93", "95", "92", "94", "91")
@@ -86,6 +88,11 @@ class TerminalPrinter(JobListener):
                 how = exit_text(state.exit_code, state.signal)
                 self.err.write(f"[{state.label}] failed: {how}\n")
                 self.err.flush()
+
+    def on_stall(self, notice: str | None, summary: list[str]) -> None:
+        with self._lock:
+            self.err.write(describe_stall(notice, summary))
+            self.err.flush()
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -147,6 +154,16 @@ def _parser() -> argparse.ArgumentParser:
     spec_options(run)
     run.add_argument("--timeout", type=int, metavar="SECONDS", help="stop the job after this")
     run.add_argument(
+        "--stall-timeout", type=int, metavar="SECONDS",
+        help="flag the job as stuck (with every rank's stack) once no rank printed or used "
+        "CPU for this long (default 300; 0: never)",
+    )  # fmt: skip
+    run.add_argument(
+        "--on-stall", choices=("warn", "kill"),
+        help="what a stall does: warn (the default: say so, with the stacks) or kill (stop "
+        "the job too)",
+    )  # fmt: skip
+    run.add_argument(
         "--color", choices=("auto", "always", "never"), default="auto", help="colour prefixes"
     )
 
@@ -202,6 +219,8 @@ def _load(args: argparse.Namespace) -> JobSpec:
     overrides: dict[str, object] = {
         "instance_count": args.nodes,
         "timeout": getattr(args, "timeout", None),
+        "stall_timeout": getattr(args, "stall_timeout", None),
+        "on_stall": getattr(args, "on_stall", None),
     }
     if args.procs_per_node is not None:
         if spec.job_type == "tensorflow":
@@ -234,6 +253,30 @@ def cmd_plan(args: argparse.Namespace, store: JobStore) -> int:
     print(format_commands(launch_plan, commands))
     _print_checks(launch_plan)
     return EXIT_OK
+
+
+METER_COLUMNS = ("rank", "cpu avg", "cpu peak", "memory avg", "memory peak")
+
+
+def meter_rows(plan, samples: list[dict]) -> list[dict]:
+    """The inspect table of what each rank used (run/meters.py), in rank order; processes
+    that carry no rank (TensorFlow tasks, a Dask scheduler) by their own label."""
+    labels = {p.name: p.label for p in plan.processes}
+    launchers = {p.name for p in plan.processes if len(p.ranks) > 1}
+    rows = []
+    for found in sorted(summarize(samples), key=lambda f: natural_order(f.key)):
+        if found.key in launchers:
+            continue  # its ranks have rows of their own
+        label = labels.get(found.key) or found.key.replace("-", " ")
+        rows.append({
+            "rank": label, "cpu avg": f"{found.cpu_avg:.0f}%", "cpu peak": f"{found.cpu_peak:.0f}%",
+            "memory avg": _mib(found.rss_avg), "memory peak": _mib(found.rss_peak),
+        })  # fmt: skip
+    return rows
+
+
+def _mib(size: int) -> str:
+    return f"{size / 2**20:,.0f} MiB"
 
 
 def _print_checks(plan) -> None:
@@ -387,6 +430,10 @@ def cmd_inspect(args: argparse.Namespace, store: JobStore) -> int:
     if configs:
         print(configs)
     _print_checks(plan)
+    meters = meter_rows(plan, record.usage())
+    if meters:
+        print()
+        _print_table(meters, METER_COLUMNS, title="What each rank used (sampled every 5 s)")
     stacks = record.last_stacks()
     if stacks:  # the latest dump, one line per group (all of it: `stacks --last`)
         print()

@@ -76,6 +76,8 @@ def job_summary(status: dict[str, Any]) -> dict[str, Any]:
         "ended": status.get("ended"),
         "root_cause": RootCause(**cause).summary() if cause else None,
         "message": status.get("message"),
+        # "looks stuck: ..." while a running job is quiet (run/stall.py), else None
+        "stalled": status.get("stalled") if state == "running" else None,
     }
 
 

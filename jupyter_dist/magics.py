@@ -41,6 +41,7 @@ from jupyter_dist.options import LaunchOptions, has_code
 from jupyter_dist.run.events import JobListener, JobResult, OutputLine
 from jupyter_dist.run.job import Job
 from jupyter_dist.run.session import Session, SessionEnded, names_of
+from jupyter_dist.run.stall import DEFAULT_STALL_TIMEOUT_S, describe_stall
 from jupyter_dist.spec import JobSpec, load_spec, script_command, spec_from_dict
 from jupyter_dist.store import JobStore
 
@@ -97,15 +98,24 @@ class QueuedPrinter(JobListener):
 
     def __init__(self) -> None:
         self._lines: list[OutputLine] = []
+        self._news: list[str] = []  # stall notices, printed with the next batch
         self._lock = threading.Lock()
 
     def on_lines(self, lines: list[OutputLine]) -> None:
         with self._lock:
             self._lines.extend(lines)
 
+    def on_stall(self, notice: str | None, summary: list[str]) -> None:
+        with self._lock:
+            self._news.append(describe_stall(notice, summary))
+
     def flush(self) -> None:
         with self._lock:
             lines, self._lines = self._lines, []
+            news, self._news = self._news, []
+        if news:
+            sys.stderr.write("".join(news))
+            sys.stderr.flush()
         out = "".join(f"[{l.label}] {l.text}\n" for l in lines if l.stream == "stdout")  # noqa: E741
         err = "".join(f"[{l.label}] {l.text}\n" for l in lines if l.stream == "stderr")  # noqa: E741
         if out:
@@ -152,6 +162,11 @@ def _options(func: Callable) -> Callable:
         argument("--qos", metavar="NAME", help="slurm: quality of service"),
         argument("--constraint", metavar="FEATURES", help="slurm: node features"),
         argument("--timeout", type=int, metavar="SECONDS", help="stop the job after this"),
+        argument("--stall-timeout", type=int, metavar="SECONDS",
+                 help="flag the job as stuck, with every rank's stack, once no rank printed or "
+                      "used CPU for this long (default 300; 0: never)"),
+        argument("--on-stall", choices=("warn", "kill"),
+                 help="what a stall does: warn (the default) or kill (stop the job too)"),
         argument("--name", help="job name (shown in job lists)"),
         argument("-i", "--push", metavar="NAMES",
                  help="notebook variables sent to every process (comma-separated)"),
@@ -177,6 +192,10 @@ class DistrunMagics(Magics):
 
     type = Unicode("pytorch", help="default job type").tag(config=True)
     nodes = Int(1, help="default number of nodes").tag(config=True)
+    stall_timeout = Int(
+        DEFAULT_STALL_TIMEOUT_S,
+        help="seconds without output or CPU use after which a job looks stuck (0: never)",
+    ).tag(config=True)
     procs_per_node = Int(0, help="default processes per node (0: the spec's default)").tag(
         config=True
     )
@@ -272,6 +291,8 @@ class DistrunMagics(Magics):
         """Type, nodes and processes per node from the kernel's %config where the line
         gives none."""
         args.type = args.type or self.type
+        if args.stall_timeout is None and self.stall_timeout != DEFAULT_STALL_TIMEOUT_S:
+            args.stall_timeout = self.stall_timeout
         args.nodes = args.nodes if args.nodes is not None else self.nodes
         if args.procs_per_node is None and self.procs_per_node:
             args.procs_per_node = self.procs_per_node

@@ -54,6 +54,8 @@ class LaunchOptions:
     code: str | None = None
     name: str | None = None
     timeout: int | None = None
+    stall_timeout: int | None = None
+    on_stall: str | None = None
     backend: str | None = None  # the spec's backend section, with the options below
     slurm_job: str | None = None  # slurm: an allocation to run in (its job id)
     partition: str | None = None  # slurm
@@ -103,8 +105,14 @@ class LaunchOptions:
             data["code"] = self.code
         if self.name:
             data["name"] = self.name
-        if self.timeout:
-            data["limits"] = {"timeout": self.timeout}
+        limits = {
+            key: value
+            for key, value in (("timeout", self.timeout), ("stall_timeout", self.stall_timeout),
+                               ("on_stall", self.on_stall))
+            if value is not None
+        }  # fmt: skip
+        if limits:
+            data["limits"] = limits
         backend = self.backend_section()
         if backend:
             data["backend"] = backend

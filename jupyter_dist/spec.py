@@ -118,6 +118,10 @@ class Resources(StrictSection):
 
 class Limits(StrictSection):
     timeout: count(1) | None = None
+    # Ours: seconds without output or CPU use after which the job looks stuck (0: never;
+    # default run/stall.DEFAULT_STALL_TIMEOUT_S), and whether it is then only flagged or stopped.
+    stall_timeout: count(0) | None = None
+    on_stall: Literal["warn", "kill"] | None = None
 
 
 class BackendSection(StrictSection):
@@ -343,6 +347,14 @@ class JobSpec(StrictSection):
     def timeout(self) -> int | None:
         return self.limits.timeout if self.limits else None
 
+    @property
+    def stall_timeout(self) -> int | None:
+        return self.limits.stall_timeout if self.limits else None
+
+    @property
+    def on_stall(self) -> str | None:
+        return self.limits.on_stall if self.limits else None
+
     def resolved_command(self) -> str | None:
         """The command with every `${{inputs.NAME}}` replaced by its value; with only a
         `script`, the command runs it."""
@@ -369,8 +381,9 @@ class JobSpec(StrictSection):
     def with_overrides(self, **changes: Any) -> JobSpec:
         """A copy with some keys changed, validated again (the same errors as the YAML).
 
-        Keys: `instance_count`, `nodes`, `timeout`, `backend` (a mapping merged into the
-        backend section), and any key of the distribution section.
+        Keys: `instance_count`, `nodes`, `timeout`, `stall_timeout`, `on_stall` (the
+        limits), `backend` (a mapping merged into the backend section), and any key of the
+        distribution section.
         """
         data = self.to_dict()
         dist = dict(data.get("distribution") or {"type": self.job_type})
@@ -381,8 +394,8 @@ class JobSpec(StrictSection):
                 data["resources"] = {**data.get("resources", {}), "instance_count": value}
             elif key == "nodes":
                 data["nodes"] = value
-            elif key == "timeout":
-                data["limits"] = {**data.get("limits", {}), "timeout": value}
+            elif key in ("timeout", "stall_timeout", "on_stall"):
+                data["limits"] = {**data.get("limits", {}), key: value}
             elif key == "backend":  # {type: ..., option: value}: merged into the section
                 data["backend"] = {**(data.get("backend") or {}), **value}
             else:

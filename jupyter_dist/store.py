@@ -16,6 +16,7 @@ was sent, so `read_logs(..., cell=N)` can pick one cell's lines out.
 
 from __future__ import annotations
 
+import contextlib
 import heapq
 import json
 import os
@@ -103,6 +104,24 @@ class JobRecord:
     def spec_yaml(self) -> str:
         return (self.path / "spec.yml").read_text()
 
+    def append_usage(self, sample: dict[str, Any]) -> None:
+        """One usage report of a process's agent ({"t", "p", "cpu", "rss", "ranks"}), kept
+        as a line of usage.jsonl (run/meters.py reads them back)."""
+        with open(self.path / "usage.jsonl", "a", encoding="utf-8") as handle:
+            handle.write(json.dumps(sample, separators=(",", ":")) + "\n")
+
+    def usage(self) -> list[dict[str, Any]]:
+        """The usage reports kept so far, oldest first."""
+        try:
+            text = (self.path / "usage.jsonl").read_text()
+        except FileNotFoundError:
+            return []
+        found = []
+        for line in text.splitlines():
+            with contextlib.suppress(json.JSONDecodeError):  # a line cut by a crash
+                found.append(json.loads(line))
+        return found
+
     def save_stacks(self, dump: dict[str, Any]) -> None:
         """Keep the latest stack dump (run/stacks.StackDump.to_dict), replacing the last."""
         write_atomic(self.path / "stacks.json", json.dumps(dump))
@@ -119,7 +138,7 @@ class JobRecord:
 
     def log_keys(self) -> list[str]:
         keys = {p.name.rsplit(".", 2)[0] for p in self.logs_dir.glob("*.log")}
-        return sorted(keys, key=_natural)
+        return sorted(keys, key=natural_order)
 
     def read_log(self, key: str, streams: tuple[str, ...] = STREAMS) -> list[tuple[str, LogLine]]:
         """Every stored line of `key`, stdout and stderr merged by timestamp."""
@@ -271,7 +290,8 @@ def _tail_start(path: Path, count: int, block: int = 1 << 16) -> int:
     return 0
 
 
-def _natural(key: str) -> tuple:
+def natural_order(key: str) -> tuple:
+    """A log key's place: "rank-2" before "rank-10"."""
     head, _, tail = key.rpartition("-")
     return (head, int(tail)) if tail.isdigit() else (key, -1)
 

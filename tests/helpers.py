@@ -21,6 +21,24 @@ LONG_JOB = (
 )
 
 
+# Rank 2 waits for data in load_batch for ever while the others wait for it in all_reduce:
+# a hung job (the stacks and stall tests). Each rank prints READY once its group is up.
+HANG_SCRIPT = """\
+import time
+import torch
+import torch.distributed as dist
+
+def load_batch():
+    time.sleep(3600)  # this rank's data never comes
+
+dist.init_process_group("gloo")
+print("READY", flush=True)
+if dist.get_rank() == 2:
+    load_batch()
+dist.all_reduce(torch.ones(1))
+"""
+
+
 def job_processes(job_id: str, among: list[int] | None = None) -> list[int]:
     """Live PIDs (zombies are dead) whose environment carries the job's id, read from
     /proc: every process on this machine, or those `among`."""

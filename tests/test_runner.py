@@ -271,3 +271,31 @@ def test_a_serving_task_that_ends_cleanly_does_not_end_the_job(store):
     assert {p.name: p.state for p in result.processes} == {
         "worker-0": "succeeded", "worker-1": "succeeded", "ps-0": "succeeded",
     }  # fmt: skip
+
+
+def test_usage_reports_never_touch_the_output_and_carry_each_ranks_memory(store, tmp_path):
+    """Each node agent reports its tree's usage on stderr once a second, in the middle of
+    the ranks' own unfinished lines: the stored output is byte for byte what the ranks
+    wrote, and the job sees each rank's CPU time and memory (rank 1 holds 300 MiB)."""
+    script = tmp_path / "slow.py"
+    script.write_text(
+        "import os, sys, time\n"
+        "held = bytearray(300 * 2**20) if os.environ['RANK'] == '1' else b''\n"
+        "for i in range(25):\n"
+        "    sys.stderr.write(str(i % 10))\n"
+        "    sys.stderr.flush()\n"
+        "    time.sleep(0.1)\n"
+        "sys.stderr.write('|\\n')\n"
+    )
+    job = launch(_spec(f"{PY} {script}", nodes=1), store=store)
+    peak: dict[str, int] = {}
+    while not job.done:
+        for sample in list(job.usage.values()):
+            for rank, (_cpu, rss) in sample["ranks"].items():
+                peak[rank] = max(peak.get(rank, 0), rss)
+        time.sleep(0.2)
+    assert job.wait().ok
+    for rank in ("rank-0", "rank-1"):
+        (line,) = [entry.text for entry in job.record.iter_log(rank, "stderr")]
+        assert line == "0123456789012345678901234|"
+    assert peak["1"] > 300 * 2**20 > peak["0"], peak

@@ -129,7 +129,7 @@ def test_a_failing_rank_on_node_1_stops_node_0(ssh_nodes, store, tmp_path):
     cause = result.root_cause
     assert (cause.rank, cause.node, cause.host) == (2, "node1", ssh_nodes.nodes[1].host)
     assert cause.stderr_tail[-1].endswith("RuntimeError: rank 2 lost its data shard")
-    assert sorted(cause.stopped) == ["rank 0", "rank 1", "rank 3"]
+    assert sorted(cause.stopped + cause.collateral) == ["rank 0", "rank 1", "rank 3"]
     assert ssh_nodes.job_processes(result.job_id) == []
 
 

@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 import yaml
-from helpers import execute_notebook, job_processes, run_cli, stream_text
+from helpers import HANG_SCRIPT, execute_notebook, job_processes, run_cli, stream_text
 
 from jupyter_dist.errors import DistrunError
 from jupyter_dist.run.launch import launch
@@ -27,25 +27,10 @@ from jupyter_dist.spec import parse_spec
 
 pytestmark = pytest.mark.torch
 
-HANG = textwrap.dedent("""\
-    import time
-    import torch
-    import torch.distributed as dist
-
-    def load_batch():
-        time.sleep(3600)  # this rank's data never comes
-
-    dist.init_process_group("gloo")
-    print("READY", flush=True)
-    if dist.get_rank() == 2:
-        load_batch()
-    dist.all_reduce(torch.ones(1))
-""")
-
 
 def _hang_spec(launcher: str = "per_process", env: dict | None = None):
     return parse_spec(yaml.safe_dump({
-        "script": HANG,
+        "script": HANG_SCRIPT,
         "environment_variables": {"OMP_NUM_THREADS": "1", **(env or {})},
         "resources": {"instance_count": 2},
         "distribution": {"type": "pytorch", "process_count_per_instance": 2,

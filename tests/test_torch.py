@@ -67,7 +67,7 @@ def test_a_failing_rank_stops_the_job(launcher: str, store):
     assert cause.stderr_tail[-1].endswith("RuntimeError: rank 2 lost its data shard")
     assert "Traceback (most recent call last):" in cause.stderr_tail[0]
     if launcher == "per_process":
-        assert sorted(cause.stopped) == ["rank 0", "rank 1", "rank 3"]
+        assert sorted(cause.stopped + cause.collateral) == ["rank 0", "rank 1", "rank 3"]
     else:
         assert cause.stopped == ["node 0"]  # torchrun on node 0, stopped with its ranks
     assert job_processes(result.job_id) == []

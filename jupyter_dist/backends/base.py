@@ -35,7 +35,7 @@ ProcessHandle over a backend's pipes).
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import asdict, dataclass
 from typing import Any, Protocol
 
@@ -79,6 +79,11 @@ class ProcessHandle(Protocol):
     def exit_note(self) -> str | None:
         """Why the exit code is not the process's own (its agent or link died), or None.
         Read once the output is drained."""
+
+    #: Called with each usage report of the process's agent (about once a second, from the
+    #: stderr reader): {"cpu": seconds, "rss": bytes, "ranks": {rank: [seconds, bytes]}}.
+    #: Set before the streams are read.
+    on_usage: Callable[[dict[str, Any]], None] | None
 
 
 @dataclass(frozen=True)

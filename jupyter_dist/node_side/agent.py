@@ -3,7 +3,7 @@
 Standard library only, Python 3.8+: it is copied to SSH nodes as a single file and run with
 the node's Python. Usage::
 
-    python agent.py [--cwd DIR] [--grace SECONDS] [--stdin] -- COMMAND [ARGS...]
+    python agent.py [--cwd DIR] [--grace SECONDS] [--stdin] [--usage SECONDS] -- COMMAND...
     python agent.py --sweep JOB_ID     (kill what is left of a job on this machine)
 
 It starts COMMAND in a session of its own with this Python's folder first on PATH, inheriting
@@ -17,6 +17,14 @@ or `HANDSHAKE failed REASON` and exit 127 without an exit report). Then it reads
   the process's stdin is /dev/null);
 - end of input (the launcher died, the SSH connection dropped): as `term`.
 
+With `--usage S`, every S seconds it also reports what its process tree uses, one line on
+stderr: `HANDSHAKE usage {"cpu": SECONDS, "rss": BYTES, "ranks": {"RANK": [SECONDS, BYTES]}}`:
+CPU time used so far and resident memory, of the whole tree and of each rank: the processes
+that carry it (RANK, OMPI_COMM_WORLD_RANK or PMI_RANK in their environment: the workers of
+torchrun, the ranks of mpirun on this node, with their shells and forked workers) together.
+Each report is one write of under 4 KiB, so it never interleaves with the process's own
+writes.
+
 The tree is the child's process group, every descendant seen (torchrun moves its workers to
 sessions of their own), and any process still carrying this agent's token in its environment
 (an orphan that daemonized). Whatever remains of the tree when the child exits is killed too.
@@ -29,6 +37,7 @@ ranks from it; the launcher's side of the protocol (handshake, stdin commands) s
 
 import base64
 import contextlib
+import json
 import os
 import shutil
 import signal
@@ -116,9 +125,71 @@ class Tree:
         return live
 
 
+_TICKS = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
+_PAGE = os.sysconf("SC_PAGE_SIZE") if hasattr(os, "sysconf") else 4096
+_RANK_VARS = (b"RANK=", b"OMPI_COMM_WORLD_RANK=", b"PMI_RANK=")
+_MAX_REPORT = 4000  # bytes: below PIPE_BUF, so one write is never split
+
+
+def _rank_of(pid):
+    """The rank a process carries in its environment, or None."""
+    try:
+        with open(f"/proc/{pid}/environ", "rb") as handle:
+            pairs = handle.read().split(b"\0")
+    except OSError:
+        return None
+    for prefix in _RANK_VARS:
+        for pair in pairs:
+            if pair.startswith(prefix) and pair[len(prefix) :].isdigit():
+                return int(pair[len(prefix) :])
+    return None
+
+
+def _cpu_and_rss(pid):
+    """(CPU seconds used, resident bytes) of a live process, or None."""
+    try:
+        with open(f"/proc/{pid}/stat") as handle:
+            fields = handle.read().rsplit(")", 1)[1].split()
+    except OSError:
+        return None
+    if fields[0] == "Z":
+        return None
+    return (int(fields[11]) + int(fields[12])) / _TICKS, int(fields[21]) * _PAGE
+
+
+class Usage:
+    """What a process tree uses, sampled (see the module's `--usage`)."""
+
+    def __init__(self, tree):
+        self.tree = tree
+        self.ranks = {}  # pid -> rank or None, read once per process
+
+    def report(self):
+        with self.tree.lock:
+            pids = list(self.tree.seen)
+        cpu, rss, ranks = 0.0, 0, {}
+        for pid in pids:
+            found = _cpu_and_rss(pid)
+            if found is None:
+                continue
+            cpu, rss = cpu + found[0], rss + found[1]
+            if pid not in self.ranks:
+                self.ranks[pid] = _rank_of(pid)
+            rank = self.ranks[pid]
+            if rank is not None:  # its shell, itself and its forks (data loader workers)
+                before = ranks.get(rank, (0.0, 0))
+                ranks[rank] = (before[0] + found[0], before[1] + found[1])
+        ranks = {str(r): [round(c, 2), m] for r, (c, m) in sorted(ranks.items())}
+        line = json.dumps({"cpu": round(cpu, 2), "rss": rss, "ranks": ranks})
+        if len(line) > _MAX_REPORT:  # hundreds of ranks under one agent: totals only
+            line = json.dumps({"cpu": round(cpu, 2), "rss": rss, "ranks": {}})
+        return line
+
+
 class Agent:
-    def __init__(self, command, cwd, grace, stdin=False):
+    def __init__(self, command, cwd, grace, stdin=False, usage_every=0.0):
         self.command = command
+        self.usage_every = usage_every
         self.stdin = stdin
         self.cwd = cwd
         self.grace = grace
@@ -206,10 +277,18 @@ class Agent:
                 target=self.stop, args=(self.grace,), daemon=True).start())  # fmt: skip
         threading.Thread(target=self.listen, daemon=True).start()
         # Remember descendants while they are still linked to the child.
+        usage = Usage(self.tree) if self.usage_every > 0 else None
+        next_report = time.monotonic()
         while self.child.poll() is None:
             self.tree.refresh()
+            if usage is not None and time.monotonic() >= next_report:
+                next_report = time.monotonic() + self.usage_every
+                line = f"{HANDSHAKE} usage {usage.report()}\n".encode()
+                with contextlib.suppress(OSError):
+                    os.write(2, line)  # one write: atomic on a pipe
+            wait = 0.5 if usage is None else max(0.01, min(0.5, next_report - time.monotonic()))
             with contextlib.suppress(subprocess.TimeoutExpired):
-                self.child.wait(timeout=0.5)
+                self.child.wait(timeout=wait)
         code = self.child.returncode
         if self.tree.alive():  # leftovers of a finished process are not kept running
             self.tree.signal(signal.SIGKILL)
@@ -233,7 +312,7 @@ def sweep(job_id):
 
 
 def parse(argv):
-    cwd, grace, stdin = None, 5.0, False
+    cwd, grace, stdin, usage_every = None, 5.0, False, 0.0
     args = list(argv)
     while args and args[0] != "--":
         flag = args.pop(0)
@@ -243,19 +322,21 @@ def parse(argv):
             cwd = args.pop(0)
         elif flag == "--grace" and args:
             grace = float(args.pop(0))
+        elif flag == "--usage" and args:
+            usage_every = float(args.pop(0))
         else:
             raise SystemExit(f"distrun agent: unknown option {flag!r}")
     if not args or len(args) < 2:
         raise SystemExit("distrun agent: usage: agent.py [--cwd DIR] [--grace S] -- COMMAND...")
-    return args[1:], cwd, grace, stdin
+    return args[1:], cwd, grace, stdin, usage_every
 
 
 def main():
     if sys.argv[1:2] == ["--sweep"] and len(sys.argv) == 3:
         print(" ".join(str(pid) for pid in sweep(sys.argv[2])))
         sys.exit(0)
-    command, cwd, grace, stdin = parse(sys.argv[1:])
-    agent = Agent(command, cwd, grace, stdin)
+    command, cwd, grace, stdin, usage_every = parse(sys.argv[1:])
+    agent = Agent(command, cwd, grace, stdin, usage_every)
     code = agent.run()
     # The launcher's proof that the exit code is the process's, not a dead link's: every
     # process that was announced as started gets it, whatever its code (a shell's 127 for

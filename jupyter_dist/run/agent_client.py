@@ -1,4 +1,5 @@
-"""The launcher's side of the node agent (agent.py): handshake, output, stop, exit code.
+"""The launcher's side of the node agent (agent.py): handshake, output, usage reports, stop,
+exit code.
 
 A backend supplies the byte pipes (a local subprocess, an SSH channel); this class speaks
 the protocol over them (backends.base.ProcessHandle), so every backend stops processes the
@@ -9,8 +10,10 @@ from __future__ import annotations
 
 import base64
 import contextlib
+import json
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
+from typing import Any
 
 from jupyter_dist import node_side
 from jupyter_dist.errors import DistrunError
@@ -18,17 +21,18 @@ from jupyter_dist.node_side.agent import HANDSHAKE
 
 AGENT_SOURCE = node_side.path("agent.py")
 _HANDSHAKE = HANDSHAKE.encode()
-_EXITED = _HANDSHAKE + b" exited "
+_REPORT = _HANDSHAKE + b" "  # the agent's reports on stderr: "exited CODE", "usage JSON"
 _MAX_HANDSHAKE = 64 * 1024
+USAGE_EVERY_S = 1.0  # how often an agent reports what its process tree uses
 
 
 def _partial_marker(data: bytes) -> int:
-    """How many trailing bytes of `data` could begin an exit report (or be an unfinished one)."""
-    report = data.rfind(_EXITED[:1])
+    """How many trailing bytes of `data` could begin a report (or be an unfinished one)."""
+    report = data.rfind(_REPORT[:1])
     if report < 0:
         return 0
     tail = data[report:]
-    if _EXITED.startswith(tail) or (tail.startswith(_EXITED) and b"\n" not in tail):
+    if _REPORT.startswith(tail) or (tail.startswith(_REPORT) and b"\n" not in tail):
         return len(tail)
     return 0
 
@@ -36,9 +40,11 @@ def _partial_marker(data: bytes) -> int:
 def agent_argv(
     python: str, agent_path: str, cwd: str, argv: list[str], grace: float, stdin: bool = False
 ) -> list[str]:
-    """The agent running `argv`; with `stdin`, the process reads what `feed` sends it."""
+    """The agent running `argv`, reporting its usage every USAGE_EVERY_S; with `stdin`, the
+    process reads what `feed` sends it."""
     wants = ["--stdin"] if stdin else []
-    return [python, agent_path, "--cwd", cwd, "--grace", f"{grace:g}", *wants, "--", *argv]
+    timing = ["--grace", f"{grace:g}", "--usage", f"{USAGE_EVERY_S:g}"]
+    return [python, agent_path, "--cwd", cwd, *timing, *wants, "--", *argv]
 
 
 class AgentProcess:
@@ -54,6 +60,7 @@ class AgentProcess:
         self._stdin_open = True
         self.pid: int | None = None
         self.agent_exit: int | None = None  # the code the agent reported as it exited
+        self.on_usage: Callable[[dict[str, Any]], None] | None = None
 
     # -- raw pipes, provided by the backend ----------------------------------------------
 
@@ -98,26 +105,39 @@ class AgentProcess:
             while data := self._read(stream):
                 yield data
             return
-        # stderr ends with the agent's exit report: take it out of the output.
+        # The agent's reports (usage, and last its exit) come on stderr, wherever the
+        # process's own bytes stand: take them out of the output.
         held = self._stderr_head
         while True:
             data = self._read(stream)
-            held += data
-            report = held.find(_EXITED)
-            if report >= 0:
-                line_end = held.find(b"\n", report)
-                if line_end >= 0 or not data:
-                    end = len(held) if line_end < 0 else line_end + 1
-                    with contextlib.suppress(ValueError):
-                        self.agent_exit = int(held[report + len(_EXITED) : end].strip())
-                    held = held[:report] + held[end:]
-            # Keep back a tail that could be the start of the report, until it is whole.
+            held = self._take_reports(held + data, whole=not data)
+            # Keep back a tail that could be the start of a report, until it is whole.
             keep = _partial_marker(held) if data else 0
             if len(held) > keep:
                 yield held[: len(held) - keep]
                 held = held[len(held) - keep :]
             if not data:
                 return
+
+    def _take_reports(self, held: bytes, whole: bool) -> bytes:
+        """`held` less every complete report in it, each acted on (with `whole`, the
+        stream ended: a report without its newline is complete too)."""
+        start = held.find(_REPORT)
+        while start >= 0:
+            line_end = held.find(b"\n", start)
+            if line_end < 0 and not whole:
+                break
+            end = len(held) if line_end < 0 else line_end + 1
+            word, _, detail = held[start + len(_REPORT) : end].strip().partition(b" ")
+            if word == b"exited":
+                with contextlib.suppress(ValueError):
+                    self.agent_exit = int(detail)
+            elif word == b"usage" and self.on_usage is not None:
+                with contextlib.suppress(ValueError, TypeError):
+                    self.on_usage(json.loads(detail))
+            held = held[:start] + held[end:]
+            start = held.find(_REPORT, start)
+        return held
 
     @property
     def exit_note(self) -> str | None:

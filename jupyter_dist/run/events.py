@@ -117,6 +117,7 @@ class RootCause:
     stopped: list[str] = field(default_factory=list)  # labels we stopped because of it
     log_path: str | None = None
     note: str | None = None
+    collateral: list[str] = field(default_factory=list)  # failed after it, of comm errors
 
     @property
     def how(self) -> str:
@@ -134,6 +135,10 @@ class RootCause:
         if self.stderr_tail:
             lines.append(f"Last stderr lines of {self.label}:")
             lines += [f"  {line}" for line in self.stderr_tail]
+        if self.collateral:
+            lines.append(
+                "Failed after it, of communication errors (collateral): " + ranges(self.collateral)
+            )
         if self.stopped:
             lines.append("Stopped by jupyter-dist after this failure: " + ranges(self.stopped))
         if self.log_path:
@@ -184,3 +189,8 @@ class JobListener:
 
     def on_finish(self, result: JobResult) -> None:
         """The job ended; every process is gone."""
+
+    def on_stall(self, notice: str | None, summary: list[str]) -> None:
+        """The job looks stuck (`notice`, one line; `summary`: its grouped stacks, one line
+        per group, the odd ones first, taken as it was flagged), or, with None, it moves
+        again (run/stall.py)."""

@@ -27,9 +27,11 @@ from jupyter_dist.run.events import (
     RootCause,
     describe_exit,
 )
+from jupyter_dist.run.meters import STORE_EVERY_S, Meters
 from jupyter_dist.run.output import OutputPipeline
 from jupyter_dist.run.root_cause import StderrEvidence
 from jupyter_dist.run.stacks import StackDump, take_stacks
+from jupyter_dist.run.stall import DEFAULT_STALL_TIMEOUT_S, StallWatch
 from jupyter_dist.run.stopping import escalate, watch_requests
 from jupyter_dist.store import JobRecord
 
@@ -49,9 +51,13 @@ class Job:
         timeout: float | None = None,
         grace_period: float = GRACE_PERIOD_S,
         control: tuple[str, Callable[[ProcessPlan, str], None]] | None = None,
+        stall_timeout: float = DEFAULT_STALL_TIMEOUT_S,
+        on_stall: str = "warn",
     ):
         """`control`: (mark, handler) for messages the processes print among their output
-        (run/output.py); a warm session reads its ranks' cell reports so."""
+        (run/output.py); a warm session reads its ranks' cell reports so. A job quiet for
+        `stall_timeout` seconds (0: never) looks stuck (run/stall.py): its stacks are
+        taken and its listeners told; with `on_stall="kill"` it is also stopped."""
         self.plan = plan
         self.job_id = plan.job_id
         self.name = name or plan.job_type
@@ -81,9 +87,23 @@ class Job:
         self._root_cause: RootCause | None = None
         self._message: str | None = None
         self._stopping = False
+        self._stop_started: float | None = None  # when we began stopping (epoch seconds)
         self._starting = False
         self._done = threading.Event()
         self._result: JobResult | None = None
+        self.usage: dict[str, dict] = {}  # process name -> its agent's last usage report
+        self.meters = Meters()  # each rank's CPU share and memory, as last reported
+        self._usage_stored: dict[str, float] = {}  # process name -> when last written
+        self._usage_lock = threading.Lock()
+        self.on_stall = on_stall
+        self.stall_notice: str | None = None
+        # Whether quiet would be a stall now: a session says no between cells.
+        self.stall_watching: Callable[[], bool] = lambda: True
+        self._stall = (
+            StallWatch(stall_timeout, self._stalled, self._resumed, lambda: self.stall_watching())
+            if stall_timeout
+            else None
+        )
         self._write_status()
 
     # -- public API ----------------------------------------------------------------------
@@ -126,6 +146,8 @@ class Job:
             timer = threading.Timer(self.timeout, self._on_timeout)
             timer.daemon = True
             timer.start()
+        if self._stall is not None:
+            self._stall.start(f"distrun-{self.job_id}-stall")
         threading.Thread(
             target=watch_requests,
             args=(self.record, self._done, self.cancel, self._stacks_for_request),
@@ -204,6 +226,36 @@ class Job:
             dump = StackDump(self.job_id, time.time(), [], problems=[str(exc)])
         self.record.save_stacks(dump.to_dict() | {"request": request_id})
 
+    def _stalled(self, quiet: float) -> None:
+        """Quiet for too long: say so with the stacks taken now; stop it if asked to."""
+        notice = f"looks stuck: no rank printed or used CPU for {quiet:.0f} s"
+        try:
+            summary = [group.summary() for group in self.stacks(reason="stalled").groups()]
+        except Exception as exc:  # the notice matters more than its stacks
+            summary = [f"stacks could not be read: {exc}"]
+        with self._state_lock:
+            if self.state in FINAL_STATES or self._stopping:
+                return
+            self.stall_notice = notice
+        self._write_status()
+        self._emit_stall(notice, summary)
+        if self.on_stall == "kill":
+            with self._state_lock:
+                if self._stopping:
+                    return
+                self._message = f"stopped because it {notice}" + (
+                    f"; {summary[0]}" if summary else ""
+                )
+            self._stop_all("failed")
+
+    def _resumed(self) -> None:
+        with self._state_lock:
+            if self._stopping:  # its last words as it is stopped: not news
+                return
+            self.stall_notice = None
+        self._write_status()
+        self._emit_stall(None, [])
+
     def cancel(self, reason: str = "cancelled by the user") -> None:
         """Stop every process (SIGTERM, then SIGKILL after the grace period)."""
         with self._state_lock:
@@ -266,6 +318,7 @@ class Job:
 
     def _attach(self, proc: ProcessPlan, handle: ProcessHandle) -> None:
         self._handles[proc.name] = handle
+        handle.on_usage = lambda sample, name=proc.name: self._on_usage(name, sample)
         state = self.processes[proc.name]
         state.state, state.started = "running", time.time()
         self._emit_process(state)
@@ -284,6 +337,18 @@ class Job:
         threading.Thread(
             target=self._watch, args=(proc, handle), daemon=True, name=f"distrun-{proc.name}"
         ).start()
+
+    def _on_usage(self, name: str, sample: dict) -> None:
+        self.usage[name] = sample
+        self.meters.update(name, sample)
+        now = time.monotonic()
+        with self._usage_lock:  # the store keeps a sample every few seconds per process
+            if now - self._usage_stored.get(name, -STORE_EVERY_S) >= STORE_EVERY_S:
+                self._usage_stored[name] = now
+                with contextlib.suppress(OSError):
+                    self.record.append_usage({"t": round(time.time(), 2), "p": name, **sample})
+        if self._stall is not None:
+            self._stall.usage(name, sample)
 
     def _watch(self, proc: ProcessPlan, handle: ProcessHandle) -> None:
         code = handle.wait()
@@ -339,6 +404,7 @@ class Job:
             if self._stopping:
                 return
             self._stopping = True
+            self._stop_started = time.time()
             self._final_state = final_state
             running = [
                 (name, h)
@@ -368,11 +434,22 @@ class Job:
                     state.state = "stopped"  # never started: a start elsewhere failed
             if self._root_cause:
                 final = "failed"
+                ended = [(p, self.processes[p.name]) for p in self.plan.processes]
+                self._root_cause = self._evidence.culprit(
+                    ended, self._root_cause, self.record, self._stop_started, self.grace_period
+                )
+                culprit = self.processes[self._root_cause.process]
+                if culprit.state == "stopped":  # it had failed before our stop reached it
+                    culprit.state, culprit.stopped_by_us = "failed", False
+                blamed = {self._root_cause.label, *self._root_cause.collateral}
                 self._root_cause.stopped = [
-                    p.label for p in self.processes.values() if p.stopped_by_us
-                ]
+                    p.label for p in self.processes.values()
+                    if p.stopped_by_us and p.label not in blamed
+                ]  # fmt: skip
             self.state = final
             self.ended = time.time()
+        if self._stall is not None:
+            self._stall.stop()
         self._backend.sweep(self.job_id, self._unclean_nodes())  # nothing survives the job
         self._backend.release()
         self._result = JobResult(
@@ -395,9 +472,17 @@ class Job:
     # -- reporting -----------------------------------------------------------------------
 
     def _emit_lines(self, batch: list[OutputLine]) -> None:
+        if self._stall is not None:
+            self._stall.output()
         with self._emit_lock:
             for listener in self._listeners:
                 listener.on_lines(batch)
+
+    def _emit_stall(self, notice: str | None, summary: list[str]) -> None:
+        with self._emit_lock:
+            for listener in self._listeners:
+                with contextlib.suppress(Exception):  # a listener of an older kind
+                    listener.on_stall(notice, summary)
 
     def _emit_process(self, state: ProcessState) -> None:
         with self._emit_lock:
@@ -420,6 +505,7 @@ class Job:
                 "processes": {n: s.to_dict() for n, s in self.processes.items()},
                 "root_cause": self._root_cause.to_dict() if self._root_cause else None,
                 "message": self._message,
+                "stalled": self.stall_notice,
             }
 
     def _write_status(self) -> None:

@@ -15,6 +15,7 @@ from jupyter_dist.nodes import Inventory, Node
 from jupyter_dist.plan import LaunchPlan, plan, port_requests
 from jupyter_dist.run.events import JobListener, JobResult
 from jupyter_dist.run.job import GRACE_PERIOD_S, Job
+from jupyter_dist.run.stall import DEFAULT_STALL_TIMEOUT_S
 from jupyter_dist.spec import JobSpec
 from jupyter_dist.store import JobStore
 
@@ -107,7 +108,8 @@ def prepare_job(
     job = Job(
         launch_plan, nodes, chosen, record,
         name=spec.display_name_or_default(), timeout=spec.timeout, grace_period=grace_period,
-        control=control,
+        control=control, on_stall=spec.on_stall or "warn",
+        stall_timeout=DEFAULT_STALL_TIMEOUT_S if spec.stall_timeout is None else spec.stall_timeout,
     )  # fmt: skip
     for listener in listeners:
         job.add_listener(listener)

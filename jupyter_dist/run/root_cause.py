@@ -8,6 +8,7 @@ from collections import deque
 
 from jupyter_dist.plan.model import ProcessPlan, rank_key
 from jupyter_dist.run.attribute import failed_rank, starts_traceback
+from jupyter_dist.run.culprit import suspects
 from jupyter_dist.run.events import ProcessState, RootCause
 from jupyter_dist.store import JobRecord
 
@@ -32,10 +33,14 @@ class StderrEvidence:
         if key == proc.name and proc.output != "plain":
             self._launcher.setdefault(key, deque(maxlen=_LAUNCHER_LINES)).append(text)
 
-    def root_cause(self, proc: ProcessPlan, state: ProcessState, record: JobRecord) -> RootCause:
-        """The failure of `proc` (ended as `state`), narrowed to the rank that failed first
-        where a launcher carried several, pointing at that rank's stderr log in `record`."""
-        rank = failed_rank(proc, list(self._launcher.get(proc.name, ())), self._first)
+    def root_cause(
+        self, proc: ProcessPlan, state: ProcessState, record: JobRecord, rank: int | None = None
+    ) -> RootCause:
+        """The failure of `proc` (ended as `state`), narrowed to `rank`, else to the rank
+        that failed first where a launcher carried several, pointing at that rank's stderr
+        log in `record`."""
+        if rank is None:
+            rank = failed_rank(proc, list(self._launcher.get(proc.name, ())), self._first)
         key, label = rank_key(rank) if rank is not None else (proc.name, proc.label)
         tail = list(self._tails.get(key) or self._tails.get(proc.name) or ())
         start = max((i for i, line in enumerate(tail) if starts_traceback(line)), default=0)
@@ -44,3 +49,28 @@ class StderrEvidence:
             rank=rank, exit_code=state.exit_code, signal=state.signal, note=state.note,
             stderr_tail=tail[start:], log_path=str(record.log_path(key, "stderr")),
         )  # fmt: skip
+
+    def culprit(
+        self,
+        processes: list[tuple[ProcessPlan, ProcessState]],
+        provisional: RootCause,
+        record: JobRecord,
+        stop_started: float | None,
+        grace: float,
+    ) -> RootCause:
+        """The root cause once every process ended: the best suspect (run/culprit.py) in
+        place of the first failure seen, where they differ, with the ranks that failed of
+        communication errors after it listed as collateral."""
+        found = suspects(
+            processes, {k: list(v) for k, v in self._tails.items()}, dict(self._first),
+            stop_started, grace,
+        )  # fmt: skip
+        if not found:
+            return provisional
+        best = found[0]
+        cause = provisional
+        if (best.proc.name, best.rank) != (provisional.process, provisional.rank):
+            state = dict((p.name, s) for p, s in processes)[best.proc.name]
+            cause = self.root_cause(best.proc, state, record, best.rank)
+        cause.collateral = [s.label for s in found[1:] if s.standing == 2]
+        return cause

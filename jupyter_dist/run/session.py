@@ -85,6 +85,7 @@ class Session:
         self._reports: dict[int, dict[str, dict]] = {}
         self._flushed: dict[int, set[str]] = {}  # cell -> ranks whose stderr is all in
         self._changed = threading.Condition()
+        self._running_cell: int | None = None  # quiet ranks are a stall only while set
         # process name -> {"rss": bytes, "gpu": bytes}, as each rank last reported
         self.memory: dict[str, dict[str, int]] = {}
 
@@ -108,6 +109,7 @@ class Session:
             control=(MARK, session._on_message), **job_options,
         )  # fmt: skip
         session.job = job
+        job.stall_watching = lambda: session._running_cell is not None  # not between cells
         with interrupts_deferred():
             job.start()
         names = [p.name for p in job.plan.processes]
@@ -168,6 +170,7 @@ class Session:
             done = len(self._reports.get(cell, {})) == len(names)
             return done and len(self._flushed.get(cell, ())) == len(names)
 
+        self._running_cell = cell
         try:
             self._wait(all_reported, None, on_tick)
         except KeyboardInterrupt:
@@ -184,6 +187,8 @@ class Session:
                 self.job.wait()
                 raise SessionEnded(self.ended_message()) from None
             raise
+        finally:
+            self._running_cell = None
         result.reports = dict(self._reports.pop(cell))
         self._flushed.pop(cell, None)
         return result

@@ -28,6 +28,35 @@ const SGR = { 30: "#555", 31: "#c33", 32: "#2a2", 33: "#b80", 34: "#36c", 35: "#
 
 // Up to this many ranks, every chip carries its label; beyond, a compact numbered grid.
 const COMPACT_AFTER = 16;
+// Meters: the last minute of each rank's CPU share and memory (one reading a second).
+const METER_POINTS = 60;
+
+// "1.2 GiB", "312 MiB": resident memory as people read it.
+export function bytes(size) {
+  const mib = size / 2 ** 20;
+  return mib >= 1024 ? `${(mib / 1024).toFixed(1)} GiB` : `${Math.round(mib)} MiB`;
+}
+
+// A sparkline of `values` (oldest first) as an SVG: a line scaled to `top` (or the highest
+// value), drawn in the text colour of its cell.
+export function sparkline(values, top, width = 64, height = 14) {
+  const ns = "http://www.w3.org/2000/svg";
+  const svg = document.createElementNS(ns, "svg");
+  svg.setAttribute("class", "distrun-spark");
+  svg.setAttribute("width", String(width));
+  svg.setAttribute("height", String(height));
+  svg.setAttribute("viewBox", `0 0 ${width} ${height}`);
+  const high = Math.max(top || 0, ...values, 1e-9);
+  const step = width / Math.max(METER_POINTS - 1, 1);
+  const start = width - step * (values.length - 1);
+  const points = values.map((v, i) =>
+    `${(start + i * step).toFixed(1)},${(height - 1 - (v / high) * (height - 2)).toFixed(1)}`);
+  const line = document.createElementNS(ns, "polyline");
+  line.setAttribute("points", points.join(" "));
+  svg.appendChild(line);
+  return svg;
+}
+
 // How a state reads in counts and which ones surface first.
 const ORDER = ["failed", "running", "starting", "pending", "stopped", "succeeded"];
 
@@ -101,7 +130,7 @@ const LINES = globalThis.__jupyterDistLines ??= new Map();
 function linesOf(model) {
   const id = `${model.get("job_id")}/${model.get("cell") || 0}`;
   if (!LINES.has(id)) {
-    LINES.set(id, { buffers: { all: [] }, labels: {}, total: 0, views: new Set() });
+    LINES.set(id, { buffers: { all: [] }, labels: {}, total: 0, meters: {}, views: new Set() });
   }
   return LINES.get(id);
 }
@@ -127,6 +156,13 @@ function initialize({ model }) {
       keep(lines);
       held.total = msg.total;
       for (const view of held.views) view.append(lines);
+    } else if (msg.type === "meters") {
+      for (const [key, reading] of Object.entries(msg.readings)) {
+        const series = (held.meters[key] ??= []);
+        series.push(reading);
+        if (series.length > METER_POINTS) series.splice(0, series.length - METER_POINTS);
+      }
+      for (const view of held.views) view.meters?.();
     } else if (msg.type === "history" && msg.total > held.total) {
       // The store's last lines of every tab are what this page would hold: they replace
       // the buffers.
@@ -228,7 +264,19 @@ function render({ model, el }) {
     stacksButton.textContent = "Stacks";
   };
 
-  function drawStacks(dump) {
+  // A stall notice (the kernel's `stall` trait) uses the same panel, marked as a warning.
+  function drawStall() {
+    const [notice, ...summary] = model.get("stall") || [];
+    if (notice) {
+      drawStacks({ heading: `The job ${notice}; every rank's stack, taken then:`, summary },
+        true);
+    } else if (stacks.classList.contains("distrun-stacks-stall")) {
+      stacks.style.display = "none";  // it moves again
+    }
+  }
+
+  function drawStacks(dump, stall = false) {
+    stacks.classList.toggle("distrun-stacks-stall", stall);
     const close = element("button", "jp-Button jp-mod-minimal distrun-stacks-close", "×");
     close.title = "close";
     close.onclick = () => { stacks.style.display = "none"; };
@@ -243,10 +291,13 @@ function render({ model, el }) {
       const groups = dump.summary || [];
       list.append(...groups.map((line, i) => element("li",
         i === 0 && groups.length > 1 ? "distrun-stacks-odd" : "", line)));
-      const all = element("details", "distrun-stacks-all");
-      all.append(element("summary", "", "Every frame, with its source line"),
-        element("pre", "", dump.text));
-      children.push(list, all);
+      children.push(list);
+      if (dump.text) {
+        const all = element("details", "distrun-stacks-all");
+        all.append(element("summary", "", "Every frame, with its source line"),
+          element("pre", "", dump.text));
+        children.push(all);
+      }
     }
     stacks.replaceChildren(...children);
     stacks.style.display = "";
@@ -315,6 +366,8 @@ function render({ model, el }) {
       button.dataset.key = key;
       button.title = `${label(key)}: ${state}` + (key in buffers ? "" : " (no output yet)");
       button.onclick = () => select(key);
+      button.appendChild(element("span", "distrun-cpu-bar"));
+      drawChipMeter(button);
       return button;
     };
     const all = element("button", "distrun-chip distrun-all" +
@@ -341,6 +394,46 @@ function render({ model, el }) {
     drawnKeys = new Set(keys);
     rankBar.classList.toggle("distrun-compact", compact);
     rankBar.replaceChildren(...children);
+  }
+
+  // Meters: a bar under each rank chip (its CPU share now: an idle rank among busy ones
+  // shows at a glance), and CPU and memory sparklines in the inspector's rows.
+  function latest(key) {
+    const series = held.meters[key];
+    return series && series.length ? series[series.length - 1] : null;
+  }
+
+  function drawChipMeter(chip) {
+    const reading = latest(chip.dataset.key);
+    const bar = chip.querySelector(".distrun-cpu-bar");
+    if (!bar) return;
+    bar.style.width = reading ? `${Math.min(100, reading[0])}%` : "0";
+    chip.dataset.cpu = reading ? String(Math.round(reading[0])) : "";
+    const base = chip.title.split(" · CPU ")[0];
+    chip.title = reading ? `${base} · CPU ${Math.round(reading[0])}% · ${bytes(reading[1])}` : base;
+  }
+
+  function meterCells(name) {
+    const series = held.meters[name] || [];
+    const cpu = cell("td", "");
+    const memory = cell("td", "");
+    cpu.className = "distrun-meter distrun-meter-cpu";
+    memory.className = "distrun-meter distrun-meter-memory";
+    if (series.length) {
+      const [share, rss] = series[series.length - 1];
+      cpu.append(sparkline(series.map((r) => r[0]), 100), element("span", "", `${Math.round(share)}%`));
+      memory.append(sparkline(series.map((r) => r[1])), element("span", "", bytes(rss)));
+    }
+    return [cpu, memory];
+  }
+
+  function drawMeters() {
+    for (const chip of rankBar.querySelectorAll(".distrun-rank")) drawChipMeter(chip);
+    for (const row of statusTable.querySelectorAll("tr.distrun-process")) {
+      const cells = row.querySelectorAll("td.distrun-meter");
+      const fresh = meterCells(row.dataset.process);
+      cells.forEach((old, i) => old.replaceWith(fresh[i]));
+    }
   }
 
   // The inspector: who is who (ranks, master, role) and how each process is doing.
@@ -381,6 +474,7 @@ function render({ model, el }) {
     const withTf = processes.some((p) => p.tf_config);
     const head = element("tr");
     for (const [name] of COLUMNS) head.appendChild(cell("th", name));
+    head.append(cell("th", "cpu"), cell("th", "memory"));
     if (withTf) head.appendChild(cell("th", "TF_CONFIG"));
     const rows = processes.map((p) => {
       const tr = element("tr", `distrun-process distrun-${p.state}`);
@@ -391,6 +485,7 @@ function render({ model, el }) {
         }
         tr.appendChild(td);
       }
+      tr.append(...meterCells(p.name));
       if (withTf) tr.appendChild(tfConfigCell(p.tf_config));
       tr.dataset.process = p.name;
       return tr;
@@ -439,12 +534,14 @@ function render({ model, el }) {
     drawPane();
   }
 
-  const view = { append, redraw };
+  const view = { append, redraw, meters: drawMeters };
   held.views.add(view);
   for (const name of ["processes", "state", "root_cause", "summary", "name", "checks"]) {
     model.on(`change:${name}`, drawStatus);
   }
+  model.on("change:stall", drawStall);
   drawStatus();
+  drawStall();
   drawPane();
   return () => {
     clearInterval(timer);

@@ -25,12 +25,14 @@ from traitlets import Dict, Float, Int, List, Unicode
 from jupyter_dist.describe import plan_rows
 from jupyter_dist.plan.parity import describe, parity_notes
 from jupyter_dist.run.events import JobListener, JobResult, OutputLine, ProcessState
+from jupyter_dist.run.stall import describe_stall
 from jupyter_dist.spec import JobSpec
 from jupyter_dist.store import JobStore
 
 MAX_LINES_PER_MESSAGE = 5000
 MIN_INTERVAL_S = 0.1
 ELAPSED_INTERVAL_S = 1.0  # the browser counts on between updates
+METERS_INTERVAL_S = 1.0  # each rank's CPU and memory, as often as the agents report them
 TEXT_LINES = 200
 
 
@@ -53,6 +55,8 @@ class LiveView(anywidget.AnyWidget):
     cell = Int(0).tag(sync=True)  # the session cell this view shows; 0: the whole job
     session = Unicode("")  # the session's name, for a cell's view
     checks = List(Unicode()).tag(sync=True)  # what stands out in the plan (plan/parity.py)
+    # The job looks stuck: [notice, grouped stacks one line per group...]; [] while it moves.
+    stall = List(Unicode()).tag(sync=True)
 
     def __init__(self, job, names: list[str] | None = None, **kwargs):
         """The view of `job`, or of its processes in `names` only."""
@@ -76,6 +80,8 @@ class LiveView(anywidget.AnyWidget):
         self._recent: deque[OutputLine] = deque(maxlen=TEXT_LINES)
         self._record = job.record
         self._labels: dict[str, str] = {}  # log key -> label, as the lines said
+        self._last_meters = 0.0
+        self.meters_sent: deque[dict] = deque(maxlen=600)  # the readings sent, for checks
         self.on_msg(self._on_message)
 
     def tick(self, force: bool = False) -> None:
@@ -84,6 +90,9 @@ class LiveView(anywidget.AnyWidget):
         if not force and now - self._last_send < MIN_INTERVAL_S:
             return
         lines, states, result = self.listener.take()
+        stall = self.listener.take_stall()
+        if stall is not None:
+            self.stall = stall
         started, ended = self._clock()
         due = force or result is not None or now - self._last_elapsed >= ELAPSED_INTERVAL_S
         if started and due:
@@ -110,9 +119,30 @@ class LiveView(anywidget.AnyWidget):
             self.messages_sent += 1
             self.lines_sent += len(lines)
             self._last_send = now
+        if result is None and now - self._last_meters >= METERS_INTERVAL_S:
+            self._send_meters()
+            self._last_meters = now
         if result is not None:
             self.state = result.state.replace("_", " ")
-            self.root_cause = result.root_cause.format() if result.root_cause else ""
+            self.stall = []
+            if result.root_cause:
+                self.root_cause = result.root_cause.format()
+            elif result.state == "failed" and result.message:  # stopped as stuck, say
+                self.root_cause = result.describe()
+
+    def _send_meters(self) -> None:
+        """Each shown process's and rank's latest CPU share and memory (run/meters.py); the
+        browser keeps the last minute of them for its sparklines."""
+        shown = {row["name"] for row in self.processes}
+        keys = {key for name in shown for key in (name, *self._keys.get(name, ()))}
+        readings = {
+            key: [reading.cpu, reading.rss]
+            for key, reading in self._job.meters.snapshot().items()
+            if key in keys
+        }
+        if readings:
+            self.send({"type": "meters", "readings": readings})
+            self.meters_sent.append(readings)
 
     def settled(self) -> LiveView:
         """A new view of what this one shows now: the cell's final display. A fresh model,
@@ -173,6 +203,8 @@ class LiveView(anywidget.AnyWidget):
             exit_ = "" if row["exit"] is None else f" ({row['exit']})"
             rows.append(f"  {row['label']} on {row['node']}: {row['state']}{exit_}")
         rows += [f"[{line.label}] {line.text}" for line in self._recent]
+        if self.stall:
+            rows.append(describe_stall(self.stall[0], self.stall[1:]).rstrip())
         if self.root_cause:
             rows.append(self.root_cause)
         if self.checks:
@@ -225,6 +257,7 @@ class _Collector(JobListener):
         self._lines: list[OutputLine] = []
         self._states: dict[str, ProcessState] = {}
         self._result: JobResult | None = None
+        self._stall: list[str] | None = None  # the latest stall news, until taken
 
     def on_lines(self, lines: list[OutputLine]) -> None:
         with self._lock:
@@ -239,6 +272,16 @@ class _Collector(JobListener):
             self._result = result
             for state in result.processes:
                 self._states[state.name] = state
+
+    def on_stall(self, notice: str | None, summary: list[str]) -> None:
+        with self._lock:
+            self._stall = [] if notice is None else [notice, *summary]
+
+    def take_stall(self) -> list[str] | None:
+        """The stall news since the last call ([] once it moves again), or None."""
+        with self._lock:
+            stall, self._stall = self._stall, None
+            return stall
 
     def take(self) -> tuple[list[OutputLine], list[ProcessState], JobResult | None]:
         with self._lock:

@@ -16,6 +16,7 @@ export interface IJobSummary {
   ended: number | null;
   root_cause: string | null;
   message: string | null;
+  stalled?: string | null; // "looks stuck: no rank printed or used CPU for 300 s"
 }
 
 export interface IProcessRow {

@@ -190,6 +190,9 @@ export class DistrunSidebar extends Widget {
         h('span', { class: 'jp-distrun-muted' }, duration(job.started, job.ended))
       ),
       h('div', { class: 'jp-distrun-muted jp-distrun-job-id' }, `${job.job_id} · ${what}`),
+      job.stalled
+        ? h('div', { class: 'jp-distrun-stalled' }, `Looks stuck: ${job.stalled.replace(/^looks stuck: /, '')}`)
+        : null,
       job.root_cause ? h('div', { class: 'jp-distrun-root-cause' }, job.root_cause) : null,
       !job.root_cause && job.message && !running
         ? h('div', { class: 'jp-distrun-muted' }, job.message)

@@ -359,6 +359,33 @@ describe('stacks', () => {
     expect(button.style.display).toBe('none');
   });
 
+  it('shows a stall notice with its stacks as a warning, and hides it once the job moves', () => {
+    const m = model('job-stall', 5, 0, ranks(4));
+    live.initialize({ model: m });
+    const el = document.createElement('div');
+    live.render({ model: m, el });
+    const panel = el.querySelector('.distrun-stacks') as HTMLElement;
+    expect(panel.style.display).toBe('none');
+    m.set('stall', [
+      'looks stuck: no rank printed or used CPU for 300 s',
+      'rank 2 (node1): train.py:6 in load_batch',
+      'ranks 0-1, 3 (node0, node1): all_reduce'
+    ]);
+    m.emit('change:stall');
+    expect(panel.style.display).toBe('');
+    expect(panel.classList.contains('distrun-stacks-stall')).toBe(true);
+    expect(panel.querySelector('.distrun-stacks-head')?.textContent).toContain(
+      'The job looks stuck: no rank printed or used CPU for 300 s'
+    );
+    expect(Array.from(panel.querySelectorAll('li')).map(li => li.className)).toEqual([
+      'distrun-stacks-odd',
+      ''
+    ]);
+    m.set('stall', []);
+    m.emit('change:stall');
+    expect(panel.style.display).toBe('none');
+  });
+
   it('draws the groups, the odd one marked, and every frame folded', async () => {
     config({ baseUrl: '/' });
     const dump = {
@@ -387,5 +414,36 @@ describe('stacks', () => {
     } finally {
       globalThis.fetch = original;
     }
+  });
+});
+
+describe('meters', () => {
+  it("draws each rank's CPU under its chip and sparklines in the inspector", () => {
+    const m = model('job-meters', 5, 0, ranks(2));
+    live.initialize({ model: m });
+    const el = document.createElement('div');
+    live.render({ model: m, el });
+    for (const [cpu0, cpu1] of [
+      [98, 0],
+      [99, 1],
+      [97, 0]
+    ]) {
+      m.emit('msg:custom', {
+        type: 'meters',
+        readings: { 'rank-0': [cpu0, 512 * 2 ** 20], 'rank-1': [cpu1, 3 * 2 ** 30] }
+      });
+    }
+    const chip = (key: string) => el.querySelector(`.distrun-rank[data-key="${key}"]`) as HTMLElement;
+    expect(chip('rank-0').dataset.cpu).toBe('97');
+    expect(chip('rank-1').dataset.cpu).toBe('0');
+    expect((chip('rank-0').querySelector('.distrun-cpu-bar') as HTMLElement).style.width).toBe(
+      '97%'
+    );
+    expect(chip('rank-0').title).toContain('CPU 97% · 512 MiB');
+    const row = el.querySelector('tr[data-process="rank-1"]') as HTMLElement;
+    expect(row.querySelector('.distrun-meter-cpu')?.textContent).toBe('0%');
+    expect(row.querySelector('.distrun-meter-memory')?.textContent).toBe('3.0 GiB');
+    const points = row.querySelector('.distrun-meter-cpu polyline')?.getAttribute('points');
+    expect(points?.split(' ').length).toBe(3);
   });
 });

@@ -97,6 +97,23 @@ describe('DistrunSidebar stacks', () => {
     sidebar.dispose();
   });
 
+  it('marks a running job that looks stuck', async () => {
+    const stuck = {
+      ...job(1),
+      state: 'running',
+      stalled: 'looks stuck: no rank printed or used CPU for 300 s'
+    };
+    const api = new DistrunApi(async () => ({ status: 200, body: [stuck, job(2)] }));
+    const sidebar = new DistrunSidebar({ api, openLogs: () => undefined });
+    await (sidebar as any).refreshJobs();
+    const marks = [...sidebar.node.querySelectorAll('.jp-distrun-stalled')];
+    expect(marks.map(m => m.textContent)).toEqual([
+      'Looks stuck: no rank printed or used CPU for 300 s'
+    ]);
+    expect(marks[0].closest('.jp-distrun-job')?.getAttribute('data-job-id')).toBe('job-1');
+    sidebar.dispose();
+  });
+
   it('says in one line why stacks could not be read', async () => {
     const api = new DistrunApi(async path =>
       path.endsWith('/stacks')

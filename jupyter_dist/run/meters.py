@@ -1,0 +1,95 @@
+"""Live resource meters: each rank's CPU share and resident memory, from the usage reports
+of the node agents (node_side/agent.py `--usage`: cumulative CPU seconds and resident bytes,
+per rank, about once a second).
+
+`Meters.update(process, sample)` turns a report into the rank's latest reading (CPU as a
+share of one core since its previous report), keyed by log key (`rank-3`; a process that
+carries no rank, such as a TensorFlow task, under its own name). `summarize(samples)` gives
+each key's average and peak over a job, from the samples the job stored (JobRecord's
+usage.jsonl), for `jupyter distrun inspect`.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Iterable
+from dataclasses import dataclass
+from itertools import pairwise
+from typing import Any
+
+from jupyter_dist.plan.model import rank_key
+
+STORE_EVERY_S = 5.0  # how often a process's report is also written to the job's store
+
+
+@dataclass(frozen=True)
+class Reading:
+    cpu: float  # percent of one core since the previous report
+    rss: int  # resident bytes
+
+
+def keyed(process: str, sample: dict[str, Any]) -> dict[str, tuple[float, int]]:
+    """A report's (CPU seconds, resident bytes) by key: the process's whole tree under its
+    name (a launcher's row in the inspector), each rank under its log key (its chip)."""
+    found = {process: (float(sample.get("cpu", 0.0)), int(sample.get("rss", 0)))}
+    for rank, (cpu, rss) in (sample.get("ranks") or {}).items():
+        found[rank_key(int(rank))[0]] = (float(cpu), int(rss))
+    return found
+
+
+class Meters:
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._last: dict[str, tuple[float, float]] = {}  # key -> (when, CPU seconds)
+        self.latest: dict[str, Reading] = {}
+
+    def update(self, process: str, sample: dict[str, Any], now: float | None = None) -> None:
+        now = time.monotonic() if now is None else now
+        with self._lock:
+            for key, (cpu, rss) in keyed(process, sample).items():
+                before = self._last.get(key)
+                self._last[key] = (now, cpu)
+                if before is None or now <= before[0]:
+                    continue  # a first report sets the baseline
+                share = max(0.0, cpu - before[1]) / (now - before[0]) * 100
+                self.latest[key] = Reading(round(share, 1), rss)
+
+    def snapshot(self) -> dict[str, Reading]:
+        with self._lock:
+            return dict(self.latest)
+
+
+@dataclass(frozen=True)
+class Summary:
+    key: str
+    cpu_avg: float  # percent of a core over the samples' span
+    cpu_peak: float  # the highest share between two samples
+    rss_avg: int
+    rss_peak: int
+
+
+def summarize(samples: Iterable[dict[str, Any]]) -> list[Summary]:
+    """Each key's averages and peaks over stored samples ({"t", "p", "cpu", "rss", "ranks"})."""
+    series: dict[str, list[tuple[float, float, int]]] = {}
+    for sample in samples:
+        for key, (cpu, rss) in keyed(sample["p"], sample).items():
+            series.setdefault(key, []).append((float(sample["t"]), cpu, rss))
+    found = []
+    for key, points in series.items():
+        points.sort()
+        shares = [
+            max(0.0, c1 - c0) / (t1 - t0) * 100
+            for (t0, c0, _), (t1, c1, _) in pairwise(points)
+            if t1 > t0
+        ]
+        span = points[-1][0] - points[0][0]
+        average = max(0.0, points[-1][1] - points[0][1]) / span * 100 if span > 0 else 0.0
+        memory = [rss for _, _, rss in points]
+        found.append(
+            Summary(
+                key, round(average, 1), round(max(shares, default=0.0), 1),
+                sum(memory) // len(memory), max(memory),
+            )
+        )  # fmt: skip
+    return found

@@ -1,0 +1,116 @@
+"""Stall detection: a job in which no rank printed and no rank used CPU for a while looks
+stuck (one rank waiting for data, the others waiting for it in a collective), whereas a rank
+computing, or a rank waiting while others compute, is work going on.
+
+`StallWatch` is fed by the job: `output()` for every batch of lines, `usage(process, sample)`
+for every usage report of a process's node agent (node_side/agent.py `--usage`). A thread
+of its own looks every few seconds; once the job has been quiet for `timeout` seconds while
+`watching()` says quiet would be a stall (a session between cells, a Dask cluster waiting
+for work are quiet by design), it calls `on_stall(quiet_seconds)` once, and `on_resume()`
+when activity comes back.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable
+from typing import Any
+
+DEFAULT_STALL_TIMEOUT_S = 300
+ACTIONS = ("warn", "kill")
+# CPU seconds per second a process must use to count as working: above what an idle
+# Python rank's housekeeping (a launcher polling its workers, gloo's keep-alives) costs.
+BUSY_CPU_SHARE = 0.05
+
+
+class StallWatch:
+    def __init__(
+        self,
+        timeout: float,
+        on_stall: Callable[[float], None],
+        on_resume: Callable[[], None],
+        watching: Callable[[], bool] = lambda: True,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self.timeout = timeout
+        self._on_stall = on_stall
+        self._on_resume = on_resume
+        self._watching = watching
+        self._clock = clock
+        self._lock = threading.Lock()
+        self._active_at = clock()  # the last time anything printed or computed
+        self._last: dict[str, tuple[float, dict[str, float]]] = {}  # process -> (when, cpu)
+        self.stalled = False
+        self._stop = threading.Event()
+
+    def start(self, name: str) -> None:
+        """Watch from now (the time a job waited for its nodes is not quiet)."""
+        with self._lock:
+            self._active_at = self._clock()
+        threading.Thread(target=self._run, daemon=True, name=name).start()
+
+    def stop(self) -> None:
+        self._stop.set()
+
+    def output(self) -> None:
+        """Something printed."""
+        self._activity()
+
+    def usage(self, process: str, sample: dict[str, Any]) -> None:
+        """A usage report of `process`'s agent: CPU seconds of its ranks (or of its whole
+        tree, when it has none), compared with its last report."""
+        now = self._clock()
+        ranks = sample.get("ranks") or {}
+        cpu = {key: float(value[0]) for key, value in ranks.items()}
+        if not cpu:
+            cpu = {"tree": float(sample.get("cpu", 0.0))}
+        with self._lock:
+            before = self._last.get(process)
+            self._last[process] = (now, cpu)
+        if before is None:
+            return
+        elapsed = max(now - before[0], 1e-3)
+        for key, seconds in cpu.items():
+            used = seconds - before[1].get(key, seconds)
+            if used / elapsed >= BUSY_CPU_SHARE:
+                self._activity()
+                return
+
+    def quiet_for(self) -> float:
+        with self._lock:
+            return self._clock() - self._active_at
+
+    def _activity(self) -> None:
+        with self._lock:
+            self._active_at = self._clock()
+            resumed, self.stalled = self.stalled, False
+        if resumed:
+            self._on_resume()
+
+    def check(self) -> None:
+        """Flag a stall if the job has been quiet long enough (the thread calls it)."""
+        if not self._watching():
+            self._activity()  # quiet by design: the watch starts again from now
+            return
+        quiet = self.quiet_for()
+        with self._lock:
+            flag = quiet >= self.timeout and not self.stalled
+            if flag:
+                self.stalled = True
+        if flag:
+            self._on_stall(quiet)
+
+    def _run(self) -> None:
+        interval = min(5.0, max(0.5, self.timeout / 10))
+        while not self._stop.wait(interval):
+            self.check()
+
+
+def describe_stall(notice: str | None, summary: list[str]) -> str:
+    """The news as text (the CLI, the text view): the notice and the grouped stacks taken
+    with it, or that the job moves again."""
+    if notice is None:
+        return "The job moves again.\n"
+    groups = "".join(f"  {line}\n" for line in summary)
+    return f"The job {notice}. Every rank's stack, now:\n{groups}"
