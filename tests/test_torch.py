@@ -118,3 +118,28 @@ def test_a_taken_master_port_fails_with_a_hint(store, tmp_path):
     assert report.splitlines()[-1].startswith(
         'Hint: a port rank 0 needed on local0 was taken ("address already in use")'
     ), report
+
+
+def test_a_collective_timeout_names_the_rank_that_never_arrived(store, tmp_path):
+    """Rank 1 never joins the all_reduce; the others give up after the group's 3 s timeout
+    (gloo's "Timed out waiting 3000ms"): the hint says a collective timed out and that
+    rank 1, still running then, is the likely one that never arrived."""
+    (tmp_path / "late.py").write_text(
+        "import datetime, time\n"
+        "import torch, torch.distributed as dist\n"
+        "dist.init_process_group('gloo', timeout=datetime.timedelta(seconds=3))\n"
+        "if dist.get_rank() == 1:\n"
+        "    time.sleep(120)\n"
+        "dist.all_reduce(torch.ones(1))\n"
+    )
+    spec = parse_spec(
+        f"code: {tmp_path}\ncommand: python late.py\nresources: {{instance_count: 2}}\n"
+        "environment_variables: {OMP_NUM_THREADS: '1'}\n"
+        "distribution: {type: pytorch, process_count_per_instance: 2}"
+    )
+    result = run(spec, store=store, grace_period=2)
+    cause = result.root_cause
+    assert result.state == "failed" and cause.rank in (0, 2, 3), cause.format()
+    hint = cause.format().splitlines()[-1]
+    assert hint.startswith(f'Hint: a collective timed out on rank {cause.rank} ("Timed out'), hint
+    assert "rank 1 still ran when it gave up: the likely one(s) that never arrived" in hint

@@ -8,10 +8,18 @@ Each hint names the evidence it matched, so a wrong guess is easy to see through
 
 from __future__ import annotations
 
+import re
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:  # events.py imports this module
     from jupyter_dist.run.events import RootCause
+
+# A collective that gave up waiting: gloo's and NCCL's words for it.
+_TIMED_OUT = re.compile(
+    r"Timed out waiting \d+\s*ms|Watchdog caught collective operation timeout"
+    r"|operation timed out|Socket Timeout",
+    re.IGNORECASE,
+)
 
 
 def hint_for(cause: RootCause) -> str | None:
@@ -23,6 +31,29 @@ def hint_for(cause: RootCause) -> str | None:
             'in use"). jupyter-dist gives MASTER_PORT a free port; a script that binds a '
             "fixed port, or a leftover process still holding one, causes this: stop it "
             "(jupyter distrun jobs) or let the port come from MASTER_PORT."
+        )
+    timed_out = _TIMED_OUT.search("\n".join(cause.stderr_tail))  # its own words, as printed
+    if timed_out:
+        from jupyter_dist.run.events import ranges
+
+        waited = (
+            f"; {ranges(cause.stopped)} still ran when it gave up: the likely one(s) that never "
+            "arrived"
+            if cause.stopped
+            else ""
+        )
+        return (
+            f'Hint: a collective timed out on {cause.label} ("{timed_out.group(0)}"): another '
+            f"rank never joined it{waited}. On a hung job, `jupyter distrun stacks JOB` (or the "
+            "Stacks button) shows where each rank waits; --stall-timeout takes them for you."
+        )
+    if "terminate called without an active exception" in tail and cause.signal == "SIGABRT":
+        return (
+            f'Hint: {cause.label} aborted as C++ threads were torn down ("terminate called '
+            "without an active exception\"): with torch, gloo's threads dying with the "
+            "interpreter while a DDP model or process group still lives. Call "
+            "dist.barrier(), delete the model, then dist.destroy_process_group() at the end "
+            "(notebook cells run by jupyter-dist already leave without that teardown)."
         )
     if cause.signal == "SIGKILL" and not cause.note:
         return (
