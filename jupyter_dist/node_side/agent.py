@@ -132,12 +132,13 @@ _MAX_REPORT = 4000  # bytes: below PIPE_BUF, so one write is never split
 
 
 def _rank_of(pid):
-    """The rank a process carries in its environment, or None."""
+    """The rank a process carries in its environment, None if it carries none, or False
+    when its environment cannot be read now (a process caught in exec): ask again later."""
     try:
         with open(f"/proc/{pid}/environ", "rb") as handle:
             pairs = handle.read().split(b"\0")
     except OSError:
-        return None
+        return False
     for prefix in _RANK_VARS:
         for pair in pairs:
             if pair.startswith(prefix) and pair[len(prefix) :].isdigit():
@@ -173,10 +174,12 @@ class Usage:
             if found is None:
                 continue
             cpu, rss = cpu + found[0], rss + found[1]
-            if pid not in self.ranks:
-                self.ranks[pid] = _rank_of(pid)
-            rank = self.ranks[pid]
-            if rank is not None:  # its shell, itself and its forks (data loader workers)
+            rank = self.ranks.get(pid, False)
+            if rank is False:
+                rank = _rank_of(pid)
+                if rank is not False:  # known for good; unreadable is asked again
+                    self.ranks[pid] = rank
+            if isinstance(rank, int) and rank is not False:  # with its shell and forks
                 before = ranks.get(rank, (0.0, 0))
                 ranks[rank] = (before[0] + found[0], before[1] + found[1])
         ranks = {str(r): [round(c, 2), m] for r, (c, m) in sorted(ranks.items())}
