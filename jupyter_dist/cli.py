@@ -44,7 +44,7 @@ from jupyter_dist.run.events import (
     ProcessState,
     exit_text,
 )
-from jupyter_dist.run.meters import summarize
+from jupyter_dist.run.meters import mib, summarize
 from jupyter_dist.run.stacks import METHODS as STACK_METHODS
 from jupyter_dist.run.stacks import StackDump
 from jupyter_dist.run.stall import describe_stall
@@ -270,13 +270,9 @@ def meter_rows(plan, samples: list[dict]) -> list[dict]:
         label = labels.get(found.key) or found.key.replace("-", " ")
         rows.append({
             "rank": label, "cpu avg": f"{found.cpu_avg:.0f}%", "cpu peak": f"{found.cpu_peak:.0f}%",
-            "memory avg": _mib(found.rss_avg), "memory peak": _mib(found.rss_peak),
+            "memory avg": mib(found.rss_avg), "memory peak": mib(found.rss_peak),
         })  # fmt: skip
     return rows
-
-
-def _mib(size: int) -> str:
-    return f"{size / 2**20:,.0f} MiB"
 
 
 def _print_checks(plan) -> None:

@@ -21,7 +21,7 @@ from typing import Any
 
 from jupyter_dist.errors import DistrunError
 from jupyter_dist.run.events import FINAL_STATES
-from jupyter_dist.run.stacks import METHODS as STACK_METHODS
+from jupyter_dist.run.stacks import check_method
 from jupyter_dist.store import JobRecord, write_atomic
 
 CANCEL_FILE = "cancel.json"
@@ -119,10 +119,7 @@ def stacks_requested(record: JobRecord) -> dict[str, Any] | None:
 def request_stacks(record: JobRecord, method: str, timeout: float) -> dict[str, Any]:
     """Ask the owner of a running job for every rank's stack and wait for the dump
     (StackDump.to_dict). DistrunError when the job is not running or no answer comes."""
-    if method not in STACK_METHODS:
-        raise DistrunError(
-            f"unknown stack method {method!r}; use one of {', '.join(STACK_METHODS)}"
-        )
+    check_method(method)
     state = _ask_owner(record, "read its stacks")
     if state != "running":
         raise DistrunError(

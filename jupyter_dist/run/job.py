@@ -205,26 +205,31 @@ class Job:
             return None
         return self._result
 
-    def stacks(self, method: str = "auto", reason: str = "asked") -> StackDump:
+    def stacks(
+        self, method: str = "auto", reason: str = "asked", request: str | None = None
+    ) -> StackDump:
         """Every Python stack of the running job, read on its nodes (run/stacks.py) and
-        stored with it; DistrunError once the job ended."""
+        stored with it (tagged with the `request` it answers); DistrunError once the job
+        ended."""
         if self.state != "running":
             raise DistrunError(
                 f"job {self.job_id} is {self.state}; stacks are read from a running job"
             )
         nodes = list(self._nodes.values())
         dump = take_stacks(self._backend.run_on_node, nodes, self.job_id, method)
-        dump.reason = reason
+        dump.reason, dump.request = reason, request
         self.record.save_stacks(dump.to_dict())
         return dump
 
     def _stacks_for_request(self, method: str, request_id: str) -> None:
         """Answer another process's request (run/control.request_stacks) in the store."""
         try:
-            dump = self.stacks(method)
+            self.stacks(method, request=request_id)
         except Exception as exc:  # the asker gets the reason, not a silent timeout
-            dump = StackDump(self.job_id, time.time(), [], problems=[str(exc)])
-        self.record.save_stacks(dump.to_dict() | {"request": request_id})
+            failed = StackDump(
+                self.job_id, time.time(), [], problems=[str(exc)], request=request_id
+            )
+            self.record.save_stacks(failed.to_dict())
 
     def _stalled(self, quiet: float) -> None:
         """Quiet for too long: say so with the stacks taken now; stop it if asked to."""

@@ -23,6 +23,11 @@ from jupyter_dist.plan.model import rank_key
 STORE_EVERY_S = 5.0  # how often a process's report is also written to the job's store
 
 
+def mib(size: int) -> str:
+    """Resident memory as the reports say it: "212 MiB"."""
+    return f"{size / 2**20:.0f} MiB"
+
+
 @dataclass(frozen=True)
 class Reading:
     cpu: float  # percent of one core since the previous report

@@ -29,6 +29,7 @@ from jupyter_dist.node_side.session_worker import MARK
 from jupyter_dist.plan.model import ProcessPlan
 from jupyter_dist.run.events import JobResult, ranges
 from jupyter_dist.run.job import Job
+from jupyter_dist.run.meters import mib
 from jupyter_dist.spec import JobSpec, spec_from_dict
 from jupyter_dist.store import cell_marker
 
@@ -226,11 +227,11 @@ class Session:
             if not known:
                 continue
             if len(known) <= 8:
-                parts.append(", ".join(f"{label} {_mib(n)}" for label, n in known) + word)
+                parts.append(", ".join(f"{label} {mib(n)}" for label, n in known) + word)
             else:
                 sizes = sorted(n for _, n in known)
                 top = max(known, key=lambda item: item[1])
-                parts.append(f"{_mib(sizes[0])} to {_mib(sizes[-1])} per rank{word} "
+                parts.append(f"{mib(sizes[0])} to {mib(sizes[-1])} per rank{word} "
                              f"(most: {top[0]})")  # fmt: skip
         return "; ".join(parts) or "not reported yet"
 
@@ -299,10 +300,6 @@ def session_spec(spec: JobSpec) -> JobSpec:
     data = {key: value for key, value in spec.to_dict().items() if key != "script"}
     data["command"] = f'exec python "$DISTRUN_JOB_DIR/{WORKER}"'  # exec: SIGINT reaches it
     return spec_from_dict(data, base_dir=".", source="session")
-
-
-def _mib(size: int) -> str:
-    return f"{size / 2**20:.0f} MiB"
 
 
 def names_of(sessions: Iterable[Session]) -> str:

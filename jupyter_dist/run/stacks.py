@@ -96,6 +96,7 @@ class StackDump:
     others: list[str] = field(default_factory=list)  # "mpirun (node0, pid 12)": not Python
     problems: list[str] = field(default_factory=list)  # nodes that could not be asked
     reason: str = "asked"  # or "stalled"
+    request: str | None = None  # the id of the request it answers (run/control.py)
 
     def groups(self) -> list[StackGroup]:
         """Processes with identical stacks together; the smallest groups (the odd ones) first,
@@ -147,6 +148,7 @@ class StackDump:
             others=list(data.get("others", [])),
             problems=list(data.get("problems", [])),
             reason=data.get("reason", "asked"),
+            request=data.get("request"),
         )
 
 
@@ -194,14 +196,19 @@ def _label(found: dict[str, Any]) -> str:
     return f"python {os.path.basename(script)}"
 
 
+def check_method(method: str) -> None:
+    """DistrunError naming the valid methods, for one that is not."""
+    if method not in METHODS:
+        raise DistrunError(f"unknown stack method {method!r}; use one of {', '.join(METHODS)}")
+
+
 def take_stacks(
     run_on_node: RunOnNode, nodes: list[Node], job_id: str, method: str = "auto"
 ) -> StackDump:
     """Every Python stack of the job on its nodes (asked at once), read with `method`
     (`auto`: py-spy where the node has it, else faulthandler). A node that cannot be asked
     is named in `problems`; it never raises for one."""
-    if method not in METHODS:
-        raise DistrunError(f"unknown stack method {method!r}; use one of {', '.join(METHODS)}")
+    check_method(method)
     # Local nodes are one machine: ask it once. A node's rank is its place in `nodes`.
     machines: dict[str, dict[int, Node]] = {}
     for node_rank, node in enumerate(nodes):
