@@ -13,6 +13,7 @@ import sys
 import threading
 import time
 from collections.abc import Sequence
+from pathlib import Path
 from typing import TextIO
 
 from jupyter_dist.backends import inventory_backend
@@ -28,6 +29,7 @@ from jupyter_dist.describe import (
     tf_configs,
 )
 from jupyter_dist.errors import DistrunError
+from jupyter_dist.export import FORMATS, ExportTarget, export, write
 from jupyter_dist.nodes import load_inventory
 from jupyter_dist.options import LaunchOptions
 from jupyter_dist.run.control import (
@@ -148,6 +150,13 @@ def _parser() -> argparse.ArgumentParser:
     spec_options(plan)
     plan.add_argument("--json", action="store_true", help="a JSON list of processes")
 
+    export = sub.add_parser(
+        "export", parents=[common],
+        help="write the job for another scheduler (sbatch, azureml); runs nothing",
+    )  # fmt: skip
+    spec_options(export)
+    export_options(export)
+
     run = sub.add_parser(
         "run", parents=[common], help="run a job with live output, prefixed by rank"
     )
@@ -214,6 +223,31 @@ def _parser() -> argparse.ArgumentParser:
     return parser
 
 
+def export_options(p: argparse.ArgumentParser) -> None:
+    p.add_argument(
+        "--to",
+        required=True,
+        choices=tuple(FORMATS),
+        metavar="FORMAT",
+        help=f"what to write: {', '.join(FORMATS)}",
+    )
+    p.add_argument(
+        "-o",
+        "--output",
+        metavar="FILE|DIR",
+        help="where: a file, or a folder (ending in /) for FORMAT's default name; "
+        "default: print the manifest",
+    )
+    p.add_argument(
+        "--image",
+        metavar="IMAGE",
+        help="the container image the job runs in (azureml, unless the spec names an environment)",
+    )
+    p.add_argument("--python", default="python", metavar="PATH",
+                   help="the Python that per-node launchers (torchrun, dask) run with on the "
+                   "cluster (default: python, found on PATH)")  # fmt: skip
+
+
 def _load(args: argparse.Namespace) -> JobSpec:
     spec = load_spec(args.spec)
     overrides: dict[str, object] = {
@@ -233,6 +267,24 @@ def _load(args: argparse.Namespace) -> JobSpec:
     if backend:
         overrides["backend"] = backend
     return spec.with_overrides(**overrides)
+
+
+def cmd_export(args: argparse.Namespace, store: JobStore) -> int:
+    spec = _load(args)
+    target = ExportTarget.at(
+        args.output, stem=Path(args.spec).stem, image=args.image, python=args.python,
+        source=Path(args.spec).name,
+    )  # fmt: skip
+    exported = export(spec, args.to, target)
+    if args.output is None:
+        if len(exported.files) > 1:
+            raise DistrunError("this export writes several files; say where with -o DIR/")
+        print(exported.files[exported.manifest], end="")
+        return EXIT_OK
+    written = write(exported)
+    print(f"wrote {', '.join(str(path) for path in written)}", file=sys.stderr)
+    print(f"run it with: {exported.how_to_run()} (from {exported.folder})", file=sys.stderr)
+    return EXIT_OK
 
 
 def cmd_plan(args: argparse.Namespace, store: JobStore) -> int:
@@ -506,8 +558,9 @@ def cmd_logs(args: argparse.Namespace, store: JobStore) -> int:
 
 
 COMMANDS = {
-    "plan": cmd_plan, "run": cmd_run, "nodes": cmd_nodes, "jobs": cmd_jobs, "logs": cmd_logs,
-    "inspect": cmd_inspect, "cancel": cmd_cancel, "stacks": cmd_stacks,
+    "plan": cmd_plan, "export": cmd_export, "run": cmd_run, "nodes": cmd_nodes,
+    "jobs": cmd_jobs, "logs": cmd_logs, "inspect": cmd_inspect, "cancel": cmd_cancel,
+    "stacks": cmd_stacks,
 }  # fmt: skip
 
 

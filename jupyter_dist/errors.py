@@ -17,3 +17,8 @@ class SpecError(DistrunError):
 
 class NodeError(DistrunError):
     """A node cannot be used: unknown name, unreachable, bad inventory."""
+
+
+class ExportError(DistrunError):
+    """A job cannot be written in the format asked for (a setting the format has no way to
+    express), or not where it was asked to go."""

@@ -36,6 +36,7 @@ from jupyter_dist.describe import (
     plan_rows,
 )
 from jupyter_dist.errors import DistrunError, SpecError
+from jupyter_dist.export import FORMATS, ExportTarget, export, write
 from jupyter_dist.nodes import load_inventory
 from jupyter_dist.options import LaunchOptions, has_code
 from jupyter_dist.run.events import JobListener, JobResult, OutputLine
@@ -180,6 +181,14 @@ def _options(func: Callable) -> Callable:
         argument("--ranks", metavar="R,R",
                  help="in a session: run the cell on these ranks only (e.g. 0,2)"),
         argument("--save", metavar="FILE", help="also write the job spec to FILE"),
+        argument("--export", metavar="FORMAT", choices=tuple(FORMATS),
+                 help=f"write the job for another scheduler ({', '.join(FORMATS)}) with the "
+                      "cell's code beside it; runs nothing"),
+        argument("--export-to", metavar="FILE|DIR",
+                 help="with --export: where (a file, or a folder ending in /; default: this "
+                      "folder)"),
+        argument("--image", metavar="IMAGE",
+                 help="with --export: the container image the job runs in"),
     ]  # fmt: skip
     for decorate in reversed(decorators):
         func = decorate(func)
@@ -218,15 +227,20 @@ class DistrunMagics(Magics):
         running job or session), `%distrun cancel JOB`, `%distrun nodes`,
         `%distrun run SPEC.yml`, `%distrun form`, `%distrun dask start|stop`.
 
+        `--export FORMAT` writes the cell and its options for another scheduler (sbatch,
+        azureml) instead of running it.
+
         An empty `%%distrun --type dask` cell starts an interactive Dask cluster and puts
         its `distributed.Client` in the notebook (`--client-name`)."""
         if cell is None:
             return self._line_command(line)
+        args = self._parse(line)
+        if args.export or args.export_to or args.image:
+            return self._export(cell, args)
         ended = [s for s in self.sessions.values() if not s.alive]
         for gone in ended:  # said once, by the next cell that would have run in it
             del self.sessions[gone.name]
         session = self._open_session()
-        args = self._parse(line)
         launch = sorted(k for k, v in vars(args).items()
                         if k not in _SESSION_CELL_OPTIONS and v not in (None, False))  # fmt: skip
         if ended and session is None and not launch and not args.new:
@@ -546,6 +560,28 @@ class DistrunMagics(Magics):
             words.insert(1, self.last_job_id)
         if cli.main(words) == cli.EXIT_USAGE:
             raise _user_error(f"%distrun {words[0]} failed (see above)")
+
+    def _export(self, cell: str, args: Any) -> None:
+        """The cell and its options written for another scheduler (`--export`); nothing
+        runs. The files go beside each other; a file export did not write is never
+        replaced."""
+        if not args.export:
+            flag = "--export-to" if args.export_to else "--image"
+            raise _user_error(f"{flag} applies with --export FORMAT only")
+        self._configured_defaults(args)
+        with _one_line_errors():
+            if args.push or args.out:
+                raise SpecError("--push and --out do not apply to an export (nothing runs here)")
+            spec = LaunchOptions.take(args).to_spec(cell, base_dir=os.getcwd())
+            target = ExportTarget.at(
+                args.export_to, stem=args.name, image=args.image, source="a notebook cell"
+            )
+            exported = export(spec, args.export, target)
+            written = write(exported)
+        names = ", ".join(path.name for path in written)
+        print(f"Wrote {names} in {exported.folder}")
+        print(f"Run it with: {exported.how_to_run()}\n")
+        print(exported.files[exported.manifest], end="")
 
     def _dry_run(self, spec: JobSpec, inventory) -> None:
         from jupyter_dist.plan.parity import describe, parity_notes

@@ -376,7 +376,7 @@ class JobSpec(StrictSection):
         return self.model_dump(mode="json", by_alias=True, exclude_unset=True)
 
     def to_yaml(self) -> str:
-        return yaml.dump(self.to_dict(), Dumper=_SpecDumper, sort_keys=False)
+        return dump_yaml(self.to_dict())
 
     def with_overrides(self, **changes: Any) -> JobSpec:
         """A copy with some keys changed, validated again (the same errors as the YAML).
@@ -406,6 +406,11 @@ class JobSpec(StrictSection):
 
 class _SpecDumper(yaml.SafeDumper):
     """Multi-line strings (a notebook cell as `script`) as readable `|` blocks."""
+
+
+def dump_yaml(data: dict[str, Any]) -> str:
+    """A spec-like mapping as YAML, keys in their order, multi-line strings as `|` blocks."""
+    return yaml.dump(data, Dumper=_SpecDumper, sort_keys=False)
 
 
 def script_command(outs: list[str] | tuple[str, ...] = ()) -> str:

@@ -14,6 +14,40 @@ from jupyter_dist.store import JobStore
 ROOT = Path(__file__).resolve().parents[1]
 EXAMPLES = ROOT / "examples"
 
+# A Dask job on two nodes whose client says where its workers run and sums on them
+# ("workers 4 on ['<host>', '<host>']", "total 328350").
+DASK_JOB = """\
+command: >-
+  python -c "import os, socket; from distributed import Client;
+  c = Client(os.environ['DASK_SCHEDULER_ADDRESS']);
+  hosts = c.run(socket.gethostname);
+  print('workers', len(hosts), 'on', sorted(set(hosts.values())));
+  print('total', sum(c.gather(c.map(lambda x: x * x, range(100)))))"
+resources: {instance_count: 2}
+distribution: {type: dask, process_count_per_instance: 2, threads_per_process: 1}
+"""
+
+# Azure ML's own example of a distributed PyTorch command job, as its docs write it.
+AZURE_JOB = """\
+$schema: https://azuremlschemas.azureedge.net/latest/commandJob.schema.json
+code: src
+command: >-
+  python train.py --epochs ${{inputs.epochs}} --lr ${{inputs.learning_rate}}
+inputs:
+  epochs: 10
+  learning_rate: 0.01
+environment: azureml:AzureML-acpt-pytorch-2.2-cuda12.1@latest
+compute: azureml:gpu-cluster
+distribution:
+  type: PyTorch
+  process_count_per_instance: 2
+resources:
+  instance_count: 2
+display_name: pytorch-cifar-distributed-example
+experiment_name: pytorch-cifar-distributed-example
+description: Train a basic convolutional neural network with PyTorch on CIFAR-10.
+"""
+
 # 2 nodes x 2 ranks that each say "started", then wait to be stopped.
 LONG_JOB = (
     "command: echo started; sleep 300\nresources: {instance_count: 2}\n"

@@ -16,6 +16,7 @@ from pathlib import Path
 
 import pytest
 from helpers import (
+    DASK_JOB,
     EXAMPLES,
     await_text,
     interrupt_and_reply,
@@ -249,19 +250,7 @@ def test_tensorflow_workers_run_as_job_steps_with_their_tf_config(allocation, st
 
 @pytest.mark.dask
 def test_a_dask_job_runs_its_scheduler_and_workers_as_job_steps(allocation, store, tmp_path):
-    spec = _spec(
-        tmp_path,
-        """\
-        command: >-
-          python -c "import os, socket; from distributed import Client;
-          c = Client(os.environ['DASK_SCHEDULER_ADDRESS']);
-          hosts = c.run(socket.gethostname);
-          print('workers', len(hosts), 'on', sorted(set(hosts.values())));
-          print('total', sum(c.gather(c.map(lambda x: x * x, range(100)))))"
-        resources: {instance_count: 2}
-        distribution: {type: dask, process_count_per_instance: 2, threads_per_process: 1}
-    """,
-    )
+    spec = _spec(tmp_path, DASK_JOB)
     done = run_cli("run", str(spec), store=store, env=allocation, timeout=180)
     assert done.returncode == 0, done.stderr[-3000:]
     record = store.jobs()[0]

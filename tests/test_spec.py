@@ -6,30 +6,10 @@ import textwrap
 from pathlib import Path
 
 import pytest
-from helpers import run_cli
+from helpers import AZURE_JOB, run_cli
 
 from jupyter_dist.errors import SpecError
 from jupyter_dist.spec import load_spec, parse_spec
-
-AZURE_JOB = """\
-$schema: https://azuremlschemas.azureedge.net/latest/commandJob.schema.json
-code: src
-command: >-
-  python train.py --epochs ${{inputs.epochs}} --lr ${{inputs.learning_rate}}
-inputs:
-  epochs: 10
-  learning_rate: 0.01
-environment: azureml:AzureML-acpt-pytorch-2.2-cuda12.1@latest
-compute: azureml:gpu-cluster
-distribution:
-  type: PyTorch
-  process_count_per_instance: 2
-resources:
-  instance_count: 2
-display_name: pytorch-cifar-distributed-example
-experiment_name: pytorch-cifar-distributed-example
-description: Train a basic convolutional neural network with PyTorch on CIFAR-10.
-"""
 
 
 @pytest.fixture

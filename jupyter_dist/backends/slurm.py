@@ -235,19 +235,7 @@ class SlurmBackend(LocalBackend):
         return [pid for pids in _on_every_node(nodes, sweep_node) for pid in pids]
 
     def mpi_launch(self, ctx: PlanContext) -> MpiLaunch:
-        """mpirun (itself a step on node 0) starts its daemons on the job's nodes as job
-        steps of the same allocation, through Open MPI's Slurm launcher: no SSH, no
-        hostfile. The hosts are the job's nodes by Slurm name, not the whole allocation."""
-        per_node = ctx.spec.distribution.process_count_per_instance
-        hosts = ",".join(f"{node.name}:{per_node}" for node in ctx.nodes)
-        return MpiLaunch(
-            args=(
-                "--host", hosts, "--mca", "plm", "slurm", "--mca", "ras", "^slurm",
-                # its srun shares the allocation with the other steps, as ours do
-                "--mca", "plm_slurm_args", "--overlap",
-            ),
-            hostfile=False,
-        )  # fmt: skip
+        return mpi_launch(ctx)
 
     def _step(self, node: Node) -> list[str]:
         """An srun that runs one task on `node` within the allocation, beside other steps."""
@@ -277,31 +265,52 @@ class SlurmBackend(LocalBackend):
         return done.returncode, done.stdout, done.stderr
 
 
-def _tasks_per_node(spec: JobSpec) -> int:
-    """The most processes the job starts on one node."""
+def mpi_launch(ctx: PlanContext) -> MpiLaunch:
+    """mpirun (itself a step on node 0) starts its daemons on the job's nodes as job steps
+    of the same allocation, through Open MPI's Slurm launcher: no SSH, no hostfile. The
+    hosts are the job's nodes by Slurm name, not the whole allocation."""
+    per_node = ctx.spec.distribution.process_count_per_instance
+    hosts = ",".join(f"{node.name}:{per_node}" for node in ctx.nodes)
+    return MpiLaunch(
+        args=(
+            "--host", hosts, "--mca", "plm", "slurm", "--mca", "ras", "^slurm",
+            # its srun shares the allocation with the other steps, as ours do
+            "--mca", "plm_slurm_args", "--overlap",
+        ),
+        hostfile=False,
+    )  # fmt: skip
+
+
+def tasks_per_node(spec: JobSpec) -> int:
+    """The most processes the job starts on one node (Dask: its workers; the scheduler and
+    the client beside them on node 0 mostly wait, and share the node's CPUs as steps do)."""
     dist = spec.distribution
     per_node = getattr(dist, "process_count_per_instance", None)
     if spec.job_type == "tensorflow":  # its tasks, spread over the nodes
         tasks = (dist.worker_count or spec.instance_count) + dist.parameter_server_count
         tasks += dist.chief_count + dist.evaluator_count
         per_node = -(-tasks // spec.instance_count)
-    elif spec.job_type == "dask":  # the scheduler (and a client) beside node 0's workers
-        per_node = (per_node or 1) + 2
     return per_node or 1
 
 
-def salloc_argv(spec: JobSpec) -> list[str]:
-    """The salloc that asks for the job's nodes, with the spec's backend options."""
+def allocation_options(spec: JobSpec, name: str = "jupyter-dist") -> list[str]:
+    """The options that ask Slurm for the job's nodes (salloc's and sbatch's): nodes, tasks
+    per node, a job name, and the spec's backend options."""
     options = spec.backend
     argv = [
-        "salloc", "--no-shell", f"--nodes={spec.instance_count}",
-        f"--ntasks-per-node={_tasks_per_node(spec)}", "--job-name=jupyter-dist",
+        f"--nodes={spec.instance_count}", f"--ntasks-per-node={tasks_per_node(spec)}",
+        f"--job-name={name}",
     ]  # fmt: skip
     for flag in SLURM_OPTIONS:
         value = getattr(options, flag, None) if options else None
         if value is not None:
             argv.append(f"--{flag.replace('_', '-')}={value}")
     return argv
+
+
+def salloc_argv(spec: JobSpec) -> list[str]:
+    """The salloc that asks for the job's nodes, with the spec's backend options."""
+    return ["salloc", "--no-shell", *allocation_options(spec)]
 
 
 def _pump(stream, lines: queue.Queue) -> None:
@@ -339,7 +348,7 @@ def _allocation_error(said: list[str], spec: JobSpec) -> DistrunError:
 def _never_granted(reason: str, spec: JobSpec) -> DistrunError:
     """A request Slurm would keep pending for ever, in one line with what each partition
     offers (nodes, and CPUs per node)."""
-    asked = f"{counted(spec.instance_count, 'node')} of {counted(_tasks_per_node(spec), 'task')}"
+    asked = f"{counted(spec.instance_count, 'node')} of {counted(tasks_per_node(spec), 'task')}"
     try:
         rows = _slurm("sinfo", "-h", "-o", "%R %D %c", timeout=10).split("\n")
         offers = [f"{p} ({counted(int(n), 'node')}, {c} CPUs each)" for p, n, c in

@@ -1,0 +1,101 @@
+"""Export: a job written as a file that another scheduler runs, a view over the spec and
+its plan (never a second planner).
+
+    exported = export(spec, "sbatch", ExportTarget.at("out/train.sbatch"))
+    exported.files   # {"train.sbatch": "#!/bin/bash ...", "train.py": "<the cell>"}
+    written = write(exported)
+
+Each format is a module with `SUFFIX` (the manifest's file ending), `HOW_TO_RUN` (the
+command that runs it, `{name}` its file) and `render(spec, target) -> str`. A spec whose
+code is a notebook cell (`script`) is exported as a command that runs the cell's code from
+a file beside the manifest (`<stem>.py`).
+What a format cannot express is an `ExportError` naming the setting and the format, never a
+manifest that would run something else.
+"""
+
+from __future__ import annotations
+
+import shlex
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from jupyter_dist.errors import ExportError
+from jupyter_dist.export import azureml, sbatch
+from jupyter_dist.export.target import (
+    ExportTarget,
+    command_spec,
+    ours,
+    path_from,
+    script_file,
+)
+from jupyter_dist.spec import JobSpec
+
+__all__ = ["FORMATS", "ExportTarget", "Exported", "export", "write"]
+
+FORMATS = {"sbatch": sbatch, "azureml": azureml}
+
+
+@dataclass(frozen=True)
+class Exported:
+    """What an export writes: file name -> text, the manifest first, all in `folder`."""
+
+    format: str
+    folder: Path
+    files: dict[str, str] = field(default_factory=dict)
+
+    @property
+    def manifest(self) -> str:
+        return next(iter(self.files))
+
+    def how_to_run(self) -> str:
+        """The command that runs the manifest, from its folder."""
+        return FORMATS[self.format].HOW_TO_RUN.format(name=shlex.quote(self.manifest))
+
+
+def export(spec: JobSpec, fmt: str, target: ExportTarget) -> Exported:
+    """The files that run `spec` under `fmt` (a key of FORMATS), named from `target`."""
+    module = FORMATS.get(fmt)
+    if module is None:
+        raise ExportError(f"unknown export format {fmt!r}; valid formats: {', '.join(FORMATS)}")
+    manifest_name = target.name(module.SUFFIX)
+    if manifest_name == target.stem + ".py" and spec.script is not None:
+        raise ExportError(
+            f"{manifest_name} would hold both the manifest and the cell's code; give the "
+            "manifest another name"
+        )
+    files: dict[str, str] = {}
+    script_name = target.stem + ".py"
+    if spec.script is not None:  # the cell's code, in a file beside the manifest
+        files[script_name] = script_file(spec.script)
+        code = spec.code_dir()
+        if code is not None:  # the command runs in the code folder
+            script_name = path_from(code, target.folder / script_name)
+            if getattr(module, "UPLOADS_CODE", False) and script_name.startswith(".."):
+                raise ExportError(
+                    f"{fmt}: the cell's code must be written into the code folder it "
+                    f"uploads ({code}); export into it, e.g. --export-to {code}/"
+                )
+    runnable = command_spec(spec, script_name)
+    return Exported(
+        format=fmt,
+        folder=target.folder,
+        files={manifest_name: module.render(runnable, target), **files},
+    )
+
+
+def write(exported: Exported) -> list[Path]:
+    """Write the files into their folder (made if missing). A file already there is replaced
+    only if an export wrote it; otherwise ExportError, and nothing is written."""
+    paths = [exported.folder / name for name in exported.files]
+    for path in paths:
+        if path.exists() and not ours(path):
+            raise ExportError(
+                f"{path} exists and was not written by jupyter-dist export; choose another "
+                "path, or move that file away"
+            )
+    exported.folder.mkdir(parents=True, exist_ok=True)
+    for path, text in zip(paths, exported.files.values(), strict=True):
+        path.write_text(text)
+        if text.startswith("#!"):
+            path.chmod(0o755)
+    return paths
