@@ -152,7 +152,7 @@ def _parser() -> argparse.ArgumentParser:
 
     export = sub.add_parser(
         "export", parents=[common],
-        help="write the job for another scheduler (sbatch, azureml); runs nothing",
+        help=f"write the job for another scheduler ({', '.join(FORMATS)}); runs nothing",
     )  # fmt: skip
     spec_options(export)
     export_options(export)
@@ -243,6 +243,11 @@ def export_options(p: argparse.ArgumentParser) -> None:
         metavar="IMAGE",
         help="the container image the job runs in (azureml, unless the spec names an environment)",
     )
+    p.add_argument(
+        "--accelerator",
+        metavar="NAME",
+        help="the GPU's name, where a format needs it with gpus_per_node (skypilot: e.g. A100)",
+    )
     p.add_argument("--python", default="python", metavar="PATH",
                    help="the Python that per-node launchers (torchrun, dask) run with on the "
                    "cluster (default: python, found on PATH)")  # fmt: skip
@@ -273,7 +278,7 @@ def cmd_export(args: argparse.Namespace, store: JobStore) -> int:
     spec = _load(args)
     target = ExportTarget.at(
         args.output, stem=Path(args.spec).stem, image=args.image, python=args.python,
-        source=Path(args.spec).name,
+        accelerator=args.accelerator, source=Path(args.spec).name,
     )  # fmt: skip
     exported = export(spec, args.to, target)
     if args.output is None:

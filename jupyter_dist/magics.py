@@ -189,6 +189,8 @@ def _options(func: Callable) -> Callable:
                       "folder)"),
         argument("--image", metavar="IMAGE",
                  help="with --export: the container image the job runs in"),
+        argument("--accelerator", metavar="NAME",
+                 help="with --export skypilot and --gpus-per-node: the GPU's name (e.g. A100)"),
     ]  # fmt: skip
     for decorate in reversed(decorators):
         func = decorate(func)
@@ -228,14 +230,14 @@ class DistrunMagics(Magics):
         `%distrun run SPEC.yml`, `%distrun form`, `%distrun dask start|stop`.
 
         `--export FORMAT` writes the cell and its options for another scheduler (sbatch,
-        azureml) instead of running it.
+        kubeflow, jobset, skypilot, azureml) instead of running it.
 
         An empty `%%distrun --type dask` cell starts an interactive Dask cluster and puts
         its `distributed.Client` in the notebook (`--client-name`)."""
         if cell is None:
             return self._line_command(line)
         args = self._parse(line)
-        if args.export or args.export_to or args.image:
+        if args.export or args.export_to or args.image or args.accelerator:
             return self._export(cell, args)
         ended = [s for s in self.sessions.values() if not s.alive]
         for gone in ended:  # said once, by the next cell that would have run in it
@@ -566,7 +568,9 @@ class DistrunMagics(Magics):
         runs. The files go beside each other; a file export did not write is never
         replaced."""
         if not args.export:
-            flag = "--export-to" if args.export_to else "--image"
+            given = [("--export-to", args.export_to), ("--image", args.image),
+                     ("--accelerator", args.accelerator)]  # fmt: skip
+            flag = next(name for name, value in given if value)
             raise _user_error(f"{flag} applies with --export FORMAT only")
         self._configured_defaults(args)
         with _one_line_errors():
@@ -574,7 +578,11 @@ class DistrunMagics(Magics):
                 raise SpecError("--push and --out do not apply to an export (nothing runs here)")
             spec = LaunchOptions.take(args).to_spec(cell, base_dir=os.getcwd())
             target = ExportTarget.at(
-                args.export_to, stem=args.name, image=args.image, source="a notebook cell"
+                args.export_to,
+                stem=args.name,
+                image=args.image,
+                accelerator=args.accelerator,
+                source="a notebook cell",
             )
             exported = export(spec, args.export, target)
             written = write(exported)

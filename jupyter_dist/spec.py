@@ -405,7 +405,11 @@ class JobSpec(StrictSection):
 
 
 class _SpecDumper(yaml.SafeDumper):
-    """Multi-line strings (a notebook cell as `script`) as readable `|` blocks."""
+    """Multi-line strings (a notebook cell as `script`) as readable `|` blocks; a mapping
+    used twice is written out twice (no YAML anchors: other tools' readers differ on them)."""
+
+    def ignore_aliases(self, data: Any) -> bool:
+        return True
 
 
 def dump_yaml(data: dict[str, Any]) -> str:

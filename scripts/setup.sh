@@ -59,6 +59,17 @@ else
     pip install numpy mpi4py -e ".[lab,stacks]"
 fi
 .venv/bin/python -c "import torch, numpy, paramiko, jupyter_dist"  # fail loudly if an install went wrong
+if [[ $want_tests -eq 1 ]]; then
+    # SkyPilot's own loader checks the exported task files (tests/test_export.py). It lives in
+    # a venv of its own: its pins (click, uvicorn, ...) are not JupyterLab's.
+    [[ -x .venv-skypilot/bin/python ]] || "$PYTHON" -m venv .venv-skypilot
+    .venv-skypilot/bin/python -c "import sky" 2>/dev/null || {
+        log=$(mktemp)
+        .venv-skypilot/bin/python -m pip --disable-pip-version-check -q install "skypilot>=0.10" \
+            >"$log" 2>&1 || { grep -v "^WARNING: Location" "$log"; exit 1; }
+        rm -f "$log"
+    }
+fi
 # The lab extension and the server extension must both be installed and enabled.
 lab_extensions=$(.venv/bin/jupyter labextension list 2>&1) || {
     echo "setup: 'jupyter labextension list' failed in .venv:" >&2

@@ -8,11 +8,13 @@ from __future__ import annotations
 import json
 import re
 import subprocess
+import sys
 import textwrap
 import time
 import warnings
 from pathlib import Path
 
+import k8s_schema
 import pytest
 from helpers import AZURE_JOB, DASK_JOB, EXAMPLES, execute_notebook, run_cli, stream_text
 
@@ -90,7 +92,7 @@ def cluster_env(slurm_cluster):
     """A submitter's environment: the cluster's SLURM_CONF, this venv's python first on
     PATH (sbatch hands the environment to the job, as on a cluster with a venv active).
     Afterwards, nothing of the job is left on a node."""
-    bin_dir = str(Path(__import__("sys").executable).parent)
+    bin_dir = str(Path(sys.executable).parent)
     env = {**slurm_cluster.env, "PATH": f"{bin_dir}:{slurm_cluster.env['PATH']}"}
     env.pop("SLURM_JOB_ID", None)
     yield env
@@ -380,3 +382,278 @@ def test_without_a_path_the_cli_prints_the_manifest(tmp_path):
     done = run_cli("export", str(spec), "--to", "sbatch", "--nodes", "3")
     assert done.returncode == 0 and done.stdout.startswith("#!/bin/bash\n#SBATCH --nodes=3\n")
     assert re.search(r"^# rank 5$", done.stdout, re.M) and list(tmp_path.iterdir()) == [spec]
+
+
+# -- Kubernetes: Kubeflow's kinds and JobSet ----------------------------------------------
+
+RANK_ENV = (
+    "python -c \"import json, os; print('RANKENV ' + json.dumps({k: os.environ.get(k) for k in "
+    "('RANK', 'LOCAL_RANK', 'WORLD_SIZE', 'LOCAL_WORLD_SIZE', 'NODE_RANK', 'GROUP_RANK', "
+    "'MASTER_ADDR', 'MASTER_PORT', 'DISTRUN_NODE_RANK', 'DISTRUN_NUM_NODES', 'GREETING')}))\""
+)
+
+
+def _free_port() -> int:
+    import socket
+
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def _pytorch_spec(port: int, nodes: int = 2, per_node: int = 2, launcher: str = "per_process"):
+    return parse_spec(
+        f"command: {json.dumps(RANK_ENV)}\nname: ddp\n"
+        "environment_variables: {GREETING: hi, OMP_NUM_THREADS: '1'}\n"
+        f"resources: {{instance_count: {nodes}}}\n"
+        f"distribution: {{type: pytorch, process_count_per_instance: {per_node}, "
+        f"launcher: {launcher}, master_port: {port}}}\n"
+    )
+
+
+def _documents(tmp_path: Path, spec, fmt: str, **options) -> list[dict]:
+    import yaml
+
+    exported = export(spec, fmt, ExportTarget.at(f"{tmp_path}/", image="img:1", **options))
+    (path, *_) = write(exported)
+    documents = list(yaml.safe_load_all(path.read_text()))
+    for document in documents:
+        k8s_schema.check(document)  # strictly, as the operators' own models say
+    return documents
+
+
+def _run_pods(commands: list[tuple[list[str], dict[str, str]]], cwd: Path) -> list[dict]:
+    """Each (argv, env) at once, as the pods of one job would run, with this venv's python
+    first on PATH (as an image's); every rank's RANKENV."""
+    import os
+
+    path = f"{Path(sys.executable).parent}:{os.environ['PATH']}"
+    procs = [
+        subprocess.Popen(argv, env={**os.environ, **env, "PATH": path}, cwd=cwd,
+                         stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+        for argv, env in commands
+    ]  # fmt: skip
+    outputs = [proc.communicate(timeout=120)[0] for proc in procs]
+    assert all(proc.returncode == 0 for proc in procs), "\n".join(outputs)[-3000:]
+    found = [
+        json.loads(line.split("RANKENV ", 1)[1])
+        for out in outputs for line in out.splitlines() if "RANKENV " in line
+    ]  # fmt: skip
+    return sorted(found, key=lambda env: int(env["RANK"]))
+
+
+def _container_env(container: dict) -> dict[str, str]:
+    return {item["name"]: item["value"] for item in container.get("env", [])}
+
+
+def _assert_ranks(ranks: list[dict], nodes: int, per_node: int, port: int) -> None:
+    """Every rank got jupyter-dist's variables, as a rank of this job on its node."""
+    assert [int(r["RANK"]) for r in ranks] == list(range(nodes * per_node))
+    for rank, env in enumerate(ranks):
+        assert env["WORLD_SIZE"] == str(nodes * per_node)
+        assert env["LOCAL_RANK"] == str(rank % per_node)
+        assert env["LOCAL_WORLD_SIZE"] == str(per_node)
+        assert env["NODE_RANK"] == env["GROUP_RANK"] == env["DISTRUN_NODE_RANK"]
+        assert env["NODE_RANK"] == str(rank // per_node)
+        assert env["DISTRUN_NUM_NODES"] == str(nodes) and env["GREETING"] == "hi"
+        assert env["MASTER_ADDR"] == "127.0.0.1" and env["MASTER_PORT"] == str(port)
+
+
+@pytest.mark.torch
+@pytest.mark.parametrize("launcher", ["per_process", "torchrun"])
+def test_a_pytorchjob_gives_every_rank_our_variables_from_what_the_operator_sets(
+    launcher, tmp_path
+):
+    """The PyTorchJob passes Kubeflow's own models; then each pod's command runs here with
+    what the training operator sets in a pod (its index as RANK, the master Service as
+    MASTER_ADDR, the port named pytorchjob-port as MASTER_PORT), and every rank gets the
+    variables jupyter-dist gives it."""
+    port = _free_port()
+    (job,) = _documents(tmp_path, _pytorch_spec(port, launcher=launcher), "kubeflow")
+    assert (job["apiVersion"], job["kind"], job["metadata"]["name"]) == (
+        "kubeflow.org/v1", "PyTorchJob", "ddp",
+    )  # fmt: skip
+    replicas = job["spec"]["pytorchReplicaSpecs"]
+    assert {k: r["replicas"] for k, r in replicas.items()} == {"Master": 1, "Worker": 1}
+    assert job["spec"]["nprocPerNode"] == "2"
+    (container,) = replicas["Master"]["template"]["spec"]["containers"]
+    assert container == replicas["Worker"]["template"]["spec"]["containers"][0]
+    assert container["name"] == "pytorch" and container["image"] == "img:1"
+    assert container["ports"] == [{"name": "pytorchjob-port", "containerPort": port}]
+    env = _container_env(container)
+    assert not {"RANK", "MASTER_ADDR", "MASTER_PORT", "WORLD_SIZE"} & set(env)  # the operator's
+    operator = [
+        {**env, "RANK": str(pod), "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port),
+         "WORLD_SIZE": "4", "PET_NPROC_PER_NODE": "2", "PET_NODE_RANK": str(pod),
+         "PET_NNODES": "2", "PET_MASTER_ADDR": "127.0.0.1", "PET_MASTER_PORT": str(port)}
+        for pod in range(2)
+    ]  # fmt: skip
+    ranks = _run_pods([(container["command"], pod_env) for pod_env in operator], tmp_path)
+    _assert_ranks(ranks, nodes=2, per_node=2, port=port)
+
+
+@pytest.mark.torch
+def test_a_jobset_runs_one_indexed_pod_per_node_reaching_node_0_by_its_dns_name(tmp_path):
+    port = _free_port()
+    (jobset,) = _documents(tmp_path, _pytorch_spec(port, nodes=3, per_node=1), "jobset")
+    assert (jobset["apiVersion"], jobset["kind"]) == ("jobset.x-k8s.io/v1alpha2", "JobSet")
+    (replicated,) = jobset["spec"]["replicatedJobs"]
+    job = replicated["template"]["spec"]
+    assert (replicated["name"], replicated["replicas"]) == ("node", 1)
+    assert (job["parallelism"], job["completions"], job["completionMode"]) == (3, 3, "Indexed")
+    assert jobset["spec"]["network"]["enableDNSHostnames"] is True
+    (container,) = job["template"]["spec"]["containers"]
+    script = container["command"][2]
+    master = "ddp-node-0-0.ddp"  # <jobset>-<replicated job>-<job index>-<pod index>.<jobset>
+    assert (
+        f"--master-addr {master} " in script and '--node-rank "${JOB_COMPLETION_INDEX}"' in script
+    )
+    env = _container_env(container)
+    assert env["MASTER_ADDR"] == master and env["MASTER_PORT"] == str(port)
+    # Here, node 0's DNS name is this machine.
+    here = [c if i != 2 else script.replace(master, "127.0.0.1")
+            for i, c in enumerate(container["command"])]  # fmt: skip
+    env["MASTER_ADDR"] = "127.0.0.1"
+    pods = [(here, {**env, "JOB_COMPLETION_INDEX": str(pod)}) for pod in range(3)]
+    _assert_ranks(_run_pods(pods, tmp_path), nodes=3, per_node=1, port=port)
+
+
+def test_a_tfjob_has_a_replica_type_per_role_at_the_ports_of_our_tf_config(tmp_path):
+    spec = load_spec(_spec_file(tmp_path, "tensorflow_ps"))
+    (job,) = _documents(tmp_path, spec, "kubeflow")
+    replicas = job["spec"]["tfReplicaSpecs"]
+    assert {k: r["replicas"] for k, r in replicas.items()} == {
+        "Chief": 1, "Worker": 2, "PS": 1, "Evaluator": 1,
+    }  # fmt: skip
+    planned = {p.role: p for p in _planned(spec)}
+    for role, replica_type in (("chief", "Chief"), ("worker", "Worker"), ("ps", "PS")):
+        (container,) = replicas[replica_type]["template"]["spec"]["containers"]
+        assert container["name"] == "tensorflow"
+        assert container["command"] == ["/bin/sh", "-c", "python train.py"]
+        assert "TF_CONFIG" not in _container_env(container)  # the operator writes it
+        task = planned[role].tf_config["task"]
+        own = planned[role].tf_config["cluster"][task["type"]][task["index"]]
+        assert container["ports"] == [{"name": "tfjob-port", "containerPort": int(own[-4:])}]
+    assert "successPolicy" not in job["spec"]  # with a chief: done when the chief is
+
+
+def test_an_mpijob_runs_our_mpirun_in_its_launcher_on_the_operators_hostfile(tmp_path):
+    spec = parse_spec(
+        "command: python mpi.py\nenvironment_variables: {A: '1'}\n"
+        "resources: {instance_count: 3}\ndistribution: {type: mpi, process_count_per_instance: 2}\n"
+        "backend: {type: slurm, gpus_per_node: 2}\n"
+    )
+    (job,) = _documents(tmp_path, spec, "kubeflow")
+    body = job["spec"]
+    assert body["slotsPerWorker"] == 2
+    replicas = body["mpiReplicaSpecs"]
+    assert {k: r["replicas"] for k, r in replicas.items()} == {"Launcher": 1, "Worker": 3}
+    (launcher,) = replicas["Launcher"]["template"]["spec"]["containers"]
+    (worker,) = replicas["Worker"]["template"]["spec"]["containers"]
+    argv = launcher["command"]
+    assert argv[:3] == ["mpirun", "-np", "6"] and argv[-3:] == ["/bin/sh", "-c", "python mpi.py"]
+    assert "--hostfile" not in argv and "MASTER_ADDR" not in argv  # the operator's hostfile
+    env = _container_env(launcher)
+    assert env["DISTRUN_MPI_HOSTFILE"] == env["AZUREML_MPI_HOSTFILE"] == "/etc/mpi/hostfile"
+    assert env["A"] == "1" and argv[argv.index("A") - 1] == "-x"  # reaches every rank
+    assert worker["resources"] == {"limits": {"nvidia.com/gpu": "2"}} and "command" not in worker
+    assert "resources" not in launcher
+
+
+def test_a_cell_reaches_the_pods_in_a_configmap(tmp_path):
+    spec = parse_spec("script: print('hello from a pod')\nname: cell\n"
+                      "distribution: {type: pytorch}\n")  # fmt: skip
+    config_map, job = _documents(tmp_path, spec, "kubeflow")
+    assert config_map["kind"] == "ConfigMap" and config_map["metadata"]["name"] == "cell-code"
+    assert config_map["data"]["distrun_job.py"].endswith("print('hello from a pod')\n")
+    pod = job["spec"]["pytorchReplicaSpecs"]["Master"]["template"]["spec"]
+    assert pod["volumes"] == [{"name": "distrun-code", "configMap": {"name": "cell-code"}}]
+    (container,) = pod["containers"]
+    assert container["workingDir"] == "/distrun/code"
+    assert "'python distrun_job.py'" in container["command"][2]
+
+
+@pytest.mark.parametrize(
+    ("change", "message"),
+    [
+        (lambda d: d["spec"]["pytorchReplicaSpecs"]["Master"].update(replica=1),
+         "unknown field 'replica'"),
+        (lambda d: d["spec"]["pytorchReplicaSpecs"]["Master"].update(restartPolicy="Sometimes"),
+         "'Sometimes' is not one of"),
+        (lambda d: d["spec"]["pytorchReplicaSpecs"]["Master"].update(replicas="1"),
+         "expected an integer"),
+        (lambda d: d["spec"]["pytorchReplicaSpecs"]["Master"]["template"]["spec"]["containers"][0]
+         .pop("name"), "`name`, must not be `None`"),
+        (lambda d: d["spec"]["pytorchReplicaSpecs"].update(Chief={}), "unknown replica type"),
+    ],
+)  # fmt: skip
+def test_the_schema_check_fails_a_manifest_with_a_typo(change, message, tmp_path):
+    (job,) = _documents(tmp_path, _pytorch_spec(29500), "kubeflow")
+    change(job)
+    with pytest.raises(k8s_schema.Invalid, match=re.escape(message)):
+        k8s_schema.check(job)
+
+
+def test_a_jobset_with_a_typo_fails_the_check(tmp_path):
+    (jobset,) = _documents(tmp_path, _pytorch_spec(29500), "jobset")
+    jobset["spec"]["replicatedJobs"][0]["template"]["spec"]["completionMode"] = 3
+    with pytest.raises(k8s_schema.Invalid, match="completionMode"):
+        k8s_schema.check(jobset)
+    jobset["spec"]["replicatedJobs"][0]["replica"] = 1
+    with pytest.raises(k8s_schema.Invalid, match="unknown field 'replica'"):
+        k8s_schema.check(jobset)
+
+
+# -- SkyPilot ------------------------------------------------------------------------------
+
+SKYPILOT = Path(__file__).resolve().parents[1] / ".venv-skypilot" / "bin" / "python"
+
+
+def _sky_check(path: Path) -> subprocess.CompletedProcess:
+    """SkyPilot's own loader (sky.Task.from_yaml), in the venv scripts/setup.sh --test made
+    for it."""
+    assert SKYPILOT.exists(), "no .venv-skypilot: run scripts/setup.sh --test"
+    return subprocess.run(
+        [str(SKYPILOT), "-c", "import sys, sky; sky.Task.from_yaml(sys.argv[1])", str(path)],
+        capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+
+
+@pytest.mark.torch
+def test_a_skypilot_task_passes_skypilots_loader_and_its_run_gives_every_rank_our_variables(
+    tmp_path,
+):
+    import yaml
+
+    port = _free_port()
+    spec = _pytorch_spec(port)
+    (path,) = write(export(spec, "skypilot", ExportTarget.at(f"{tmp_path}/")))
+    done = _sky_check(path)
+    assert done.returncode == 0, done.stderr[-2000:]
+    task = yaml.safe_load(path.read_text())
+    assert (task["num_nodes"], task["workdir"], task["name"]) == (2, ".", "ddp")
+    assert task["envs"] == {"GREETING": "hi", "OMP_NUM_THREADS": "1"}
+    # Each node runs `run` with what SkyPilot sets there; both nodes are this machine.
+    sky = {"SKYPILOT_NODE_IPS": "127.0.0.1\n127.0.0.1\n", "SKYPILOT_NUM_NODES": "2",
+           "SKYPILOT_TASK_ID": "sky-test", "HOME": str(tmp_path)}  # fmt: skip
+    nodes = [(["bash", "-c", task["run"]], {**task["envs"], **sky, "SKYPILOT_NODE_RANK": str(n)})
+             for n in range(2)]  # fmt: skip
+    _assert_ranks(_run_pods(nodes, tmp_path), nodes=2, per_node=2, port=port)
+
+
+def test_skypilots_loader_refuses_a_typo_and_takes_gpus_and_an_image(tmp_path):
+    spec = parse_spec(
+        "command: python train.py\nresources: {instance_count: 2}\n"
+        "distribution: {type: tensorflow}\nbackend: {type: slurm, gpus_per_node: 4}\n"
+    )
+    with pytest.raises(ExportError, match="give --accelerator NAME"):
+        export(spec, "skypilot", ExportTarget.at(f"{tmp_path}/"))
+    target = ExportTarget.at(f"{tmp_path}/", image="img:1", accelerator="A100")
+    (path,) = write(export(spec, "skypilot", target))
+    assert _sky_check(path).returncode == 0
+    text = path.read_text()
+    assert "accelerators: A100:4" in text and "image_id: docker:img:1" in text
+    assert '"index": \'"${SKYPILOT_NODE_RANK}"\'}' in text  # each node's own TF_CONFIG
+    path.write_text(text.replace("num_nodes", "num_node"))
+    refused = _sky_check(path)
+    assert refused.returncode != 0 and "num_node" in refused.stderr

@@ -5,10 +5,11 @@ its plan (never a second planner).
     exported.files   # {"train.sbatch": "#!/bin/bash ...", "train.py": "<the cell>"}
     written = write(exported)
 
-Each format is a module with `SUFFIX` (the manifest's file ending), `HOW_TO_RUN` (the
-command that runs it, `{name}` its file) and `render(spec, target) -> str`. A spec whose
-code is a notebook cell (`script`) is exported as a command that runs the cell's code from
-a file beside the manifest (`<stem>.py`).
+Each format (`Format`) is a render function in a module of its own, the manifest's file
+ending and the command that runs it. A spec whose code is a notebook cell (`script`) is
+exported as a command that runs the cell's code from a file beside the manifest
+(`<stem>.py`); a format whose nodes cannot see that file carries it inside (Kubernetes: a
+ConfigMap).
 What a format cannot express is an `ExportError` naming the setting and the format, never a
 manifest that would run something else.
 """
@@ -16,11 +17,12 @@ manifest that would run something else.
 from __future__ import annotations
 
 import shlex
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from jupyter_dist.errors import ExportError
-from jupyter_dist.export import azureml, sbatch
+from jupyter_dist.export import azureml, kubernetes, sbatch, skypilot
 from jupyter_dist.export.target import (
     ExportTarget,
     command_spec,
@@ -30,9 +32,28 @@ from jupyter_dist.export.target import (
 )
 from jupyter_dist.spec import JobSpec
 
-__all__ = ["FORMATS", "ExportTarget", "Exported", "export", "write"]
+__all__ = ["FORMATS", "ExportTarget", "Exported", "Format", "export", "write"]
 
-FORMATS = {"sbatch": sbatch, "azureml": azureml}
+
+@dataclass(frozen=True)
+class Format:
+    """One export format: `render(spec, target, cell)` is the manifest's text (`cell`: the
+    notebook cell's script file, or None)."""
+
+    render: Callable[[JobSpec, ExportTarget, str | None], str]
+    suffix: str  # the manifest's file ending
+    how_to_run: str  # the command that runs the manifest, `{name}` its file name
+    # Only the code folder reaches the nodes, so a cell's file must be inside it.
+    uploads_code: bool = False
+
+
+FORMATS = {
+    "sbatch": Format(sbatch.render, sbatch.SUFFIX, sbatch.HOW_TO_RUN),
+    "kubeflow": Format(kubernetes.render_kubeflow, ".kubeflow.yaml", "kubectl apply -f {name}"),
+    "jobset": Format(kubernetes.render_jobset, ".jobset.yaml", "kubectl apply -f {name}"),
+    "skypilot": Format(skypilot.render, ".sky.yaml", "sky launch {name}", uploads_code=True),
+    "azureml": Format(azureml.render, ".yml", "az ml job create --file {name}", uploads_code=True),
+}
 
 
 @dataclass(frozen=True)
@@ -49,38 +70,35 @@ class Exported:
 
     def how_to_run(self) -> str:
         """The command that runs the manifest, from its folder."""
-        return FORMATS[self.format].HOW_TO_RUN.format(name=shlex.quote(self.manifest))
+        return FORMATS[self.format].how_to_run.format(name=shlex.quote(self.manifest))
 
 
 def export(spec: JobSpec, fmt: str, target: ExportTarget) -> Exported:
     """The files that run `spec` under `fmt` (a key of FORMATS), named from `target`."""
-    module = FORMATS.get(fmt)
-    if module is None:
+    chosen = FORMATS.get(fmt)
+    if chosen is None:
         raise ExportError(f"unknown export format {fmt!r}; valid formats: {', '.join(FORMATS)}")
-    manifest_name = target.name(module.SUFFIX)
+    manifest_name = target.name(chosen.suffix)
     if manifest_name == target.stem + ".py" and spec.script is not None:
         raise ExportError(
             f"{manifest_name} would hold both the manifest and the cell's code; give the "
             "manifest another name"
         )
     files: dict[str, str] = {}
-    script_name = target.stem + ".py"
+    script_name = script_file_name = target.stem + ".py"
     if spec.script is not None:  # the cell's code, in a file beside the manifest
         files[script_name] = script_file(spec.script)
         code = spec.code_dir()
         if code is not None:  # the command runs in the code folder
             script_name = path_from(code, target.folder / script_name)
-            if getattr(module, "UPLOADS_CODE", False) and script_name.startswith(".."):
+            if chosen.uploads_code and script_name.startswith(".."):
                 raise ExportError(
                     f"{fmt}: the cell's code must be written into the code folder it "
                     f"uploads ({code}); export into it, e.g. --export-to {code}/"
                 )
     runnable = command_spec(spec, script_name)
-    return Exported(
-        format=fmt,
-        folder=target.folder,
-        files={manifest_name: module.render(runnable, target), **files},
-    )
+    manifest = chosen.render(runnable, target, files.get(script_file_name))
+    return Exported(format=fmt, folder=target.folder, files={manifest_name: manifest, **files})
 
 
 def write(exported: Exported) -> list[Path]:

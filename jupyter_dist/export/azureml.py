@@ -16,9 +16,6 @@ from typing import Any
 from jupyter_dist.export.target import MARKER, ExportTarget, path_from, unsupported
 from jupyter_dist.spec import JobSpec, dump_yaml
 
-SUFFIX = ".yml"
-HOW_TO_RUN = "az ml job create --file {name}"
-UPLOADS_CODE = True  # only the code folder reaches the compute
 FORMAT = "azureml"
 SCHEMA = "https://azuremlschemas.azureedge.net/latest/commandJob.schema.json"
 # Distribution keys Azure ML has, per job type (the rest are ours).
@@ -41,7 +38,8 @@ CHANGES_THE_JOB = {
 }
 
 
-def render(spec: JobSpec, target: ExportTarget) -> str:
+def render(spec: JobSpec, target: ExportTarget, cell: str | None = None) -> str:
+    """The manifest (a cell's code is the file beside it: `cell` is not needed)."""
     data = spec.to_dict()
     left_out: list[str] = []
     if spec.job_type not in AZURE_DISTRIBUTION:

@@ -70,7 +70,8 @@ exit "$status"
 """.strip()
 
 
-def render(spec: JobSpec, target: ExportTarget) -> str:
+def render(spec: JobSpec, target: ExportTarget, cell: str | None = None) -> str:
+    """The manifest (a cell's code is the file beside it: `cell` is not needed)."""
     _check(spec, target)
     code = spec.code_dir()
     code_from = path_from(target.folder, code) if code else None
@@ -82,7 +83,7 @@ def render(spec: JobSpec, target: ExportTarget) -> str:
     def word(text: str) -> str:
         return shell_word(text, variables)
 
-    lines = ["#!/bin/bash", *_sbatch_lines(spec)]
+    lines = ["#!/bin/bash", *_sbatch_lines(spec, target)]
     lines += [
         f"# {MARKER}{' from ' + target.source if target.source else ''}: a {spec.job_type} "
         f"job, {launch_summary(planned)}.",
@@ -151,10 +152,9 @@ def _check(spec: JobSpec, target: ExportTarget) -> None:
         )  # fmt: skip
 
 
-def _sbatch_lines(spec: JobSpec) -> list[str]:
+def _sbatch_lines(spec: JobSpec, target: ExportTarget) -> list[str]:
     """The allocation as #SBATCH lines: what the slurm backend would ask salloc for."""
-    name = re.sub(r"[^A-Za-z0-9_.-]+", "-", spec.display_name_or_default())
-    options = allocation_options(spec, name=name)
+    options = allocation_options(spec, name=target.job_name(spec, allowed="A-Za-z0-9_.-"))
     backend = spec.backend
     if spec.timeout and not (backend and backend.time):
         options.append(f"--time={math.ceil(spec.timeout / 60)}")  # minutes

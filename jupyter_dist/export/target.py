@@ -26,7 +26,8 @@ class ExportTarget:
     folder: Path
     stem: str = DEFAULT_STEM
     manifest_name: str | None = None  # as the user named it; else stem + the format's suffix
-    image: str | None = None  # the container image (Kubernetes, Azure ML)
+    image: str | None = None  # the container image (Kubernetes, Azure ML, SkyPilot)
+    accelerator: str | None = None  # the GPU's name where a format needs it (SkyPilot)
     python: str = "python"  # the Python that per-node launchers (torchrun, dask) run with
     source: str = ""  # what was exported, for the manifest's header ("job.yml", "a cell")
 
@@ -44,6 +45,15 @@ class ExportTarget:
 
     def name(self, suffix: str) -> str:
         return self.manifest_name or self.stem + suffix
+
+    def job_name(self, spec: JobSpec, allowed: str = "a-z0-9-") -> str:
+        """The job's name for a scheduler: the spec's name, else the manifest's stem, with
+        only the `allowed` characters (others become '-')."""
+        text = str(spec.name or spec.display_name or self.stem)
+        if allowed == "a-z0-9-":
+            text = text.lower()
+        text = re.sub(f"[^{allowed}]+", "-", text).strip("-")[:40].rstrip("-")
+        return text or "distrun-job"
 
 
 def _checked(stem: str) -> str:
