@@ -322,6 +322,19 @@ def test_toolbar_and_palette_commands(lab_page):
     form.get_by_role("button", name="Submit").wait_for()
     form.scroll_into_view_if_needed()
     _shot(page, "6-form")
+    # Export: the form's job as a batch script, shown below the form; nothing runs.
+    form.locator("textarea").last.fill("print('hello')")
+    form.locator(".widget-dropdown select").last.select_option("sbatch")
+    export = form.get_by_role("button", name="Export")
+    page.wait_for_function(
+        "b => !b.disabled", arg=export.element_handle(), timeout=10_000
+    )  # the preview is valid
+    export.click()
+    written = form.locator(".distrun-form-preview", has_text="#SBATCH --nodes=")
+    written.wait_for(timeout=20_000)
+    assert "run it with: sbatch --wait distrun_job.sbatch" in form.inner_text()
+    written.scroll_into_view_if_needed()
+    _shot(page, "6b-form-export")
 
 
 def test_a_page_loaded_again_draws_the_lines_it_missed(lab_page, lab):

@@ -249,3 +249,22 @@ def test_a_session_cell_has_a_live_view_of_its_own_ranks_and_lines(kernel_env):
     cell, name, state, rows, total, cause, stored = json.loads(nb.cells[7].outputs[0].text)
     assert (cell, state, rows, cause) == (3, "succeeded", [["rank 0", "succeeded"]], "")
     assert [line[:4] for line in stored] == [["rank-0", "rank 0", "stdout", "third 0"]]
+
+
+def test_the_form_exports_the_job_it_shows_and_says_what_cannot_be(kernel_env, tmp_path):
+    nb = execute_notebook(
+        "from jupyter_dist.widgets.form import SubmitForm\nf = SubmitForm()\n"
+        "f.script.value = 'print(1)'\nf.nodes.value = 2\nf.name.value = 'train'\n"
+        f"f.export_to.value = '{tmp_path}/out/'\n"
+        "exported = f.export()\nprint(sorted(exported.files), exported.format)\n"
+        "print(f.output.outputs)",
+        "f.type.value = 'dask'\nf.export_format.value = 'azureml'\nprint(f.export())\n"
+        "print(f.problem.value)",
+    )
+    out = ["".join(o.get("text", "") for o in cell.outputs) for cell in nb.cells[1:]]
+    assert out[0].startswith("['train.py', 'train.sbatch'] sbatch\n")
+    script = (tmp_path / "out" / "train.sbatch").read_text()
+    assert "#SBATCH --nodes=2" in script and "#SBATCH --job-name=train" in script
+    assert (tmp_path / "out" / "train.py").read_text().endswith("print(1)\n")
+    assert "azureml: distribution.type: dask cannot be exported" in out[1]
+    assert out[1].startswith("None\n")

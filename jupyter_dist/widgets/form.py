@@ -12,9 +12,11 @@ import os
 from pathlib import Path
 
 import ipywidgets as w
+from IPython.display import display
 
 from jupyter_dist.backends import available
 from jupyter_dist.errors import DistrunError, SpecError
+from jupyter_dist.export import FORMATS, Exported, ExportTarget, export, write
 from jupyter_dist.nodes import Inventory, load_inventory
 from jupyter_dist.options import SLURM_OPTIONS, LaunchOptions
 from jupyter_dist.spec import JOB_TYPES, JobSpec, spec_from_dict
@@ -92,9 +94,25 @@ class SubmitForm(w.VBox):
         self.preview = w.HTML(layout=w.Layout(width="95%"))
         self.problem = w.HTML(_problem_html(inventory_problem))
         self.submit_button = w.Button(description="Submit", button_style="primary")
+        # Export: the same job written for another scheduler (nothing runs). Three to a row,
+        # each as wide as its column.
+        narrow = {"style": {"description_width": "56px"}, "layout": w.Layout(width="auto")}
+        self.export_format = w.Dropdown(options=list(FORMATS), value="sbatch",
+                                        description="format", **narrow)  # fmt: skip
+        self.export_to = w.Text(
+            description="to", placeholder="a file, or a folder ending in / (this folder)",
+            **narrow,
+        )  # fmt: skip
+        self.image = w.Text(
+            description="image", placeholder="container image (kubeflow, jobset, ...)", **narrow
+        )
+        self.export_button = w.Button(
+            description="Export", tooltip="write the job for that scheduler; runs nothing"
+        )
         self.output = w.Output()
         self.last_result = None
         self.submit_button.on_click(lambda _: self.submit())
+        self.export_button.on_click(lambda _: self.export())
         self._controls = [
             self.type, self.nodes, self.procs_per_node, self.launcher, self.worker_count,
             self.ps_count, self.chief, self.evaluator, self.env, self.code, self.node_names,
@@ -117,8 +135,12 @@ class SubmitForm(w.VBox):
         super().__init__(
             [
                 _title(), columns, _heading("Code"), self.script, self.script_path,
-                _heading("Job spec (YAML)"), self.preview, self.problem,
-                w.HBox([self.submit_button]), self.output,
+                _heading("Job spec (YAML)"), self.preview,
+                _heading("Export to another scheduler (runs nothing)"),
+                w.GridBox([self.export_format, self.export_to, self.image], layout=w.Layout(
+                    grid_template_columns="repeat(auto-fit, minmax(240px, 1fr))",
+                    grid_gap="0 16px", width="95%")),
+                self.problem, w.HBox([self.submit_button, self.export_button]), self.output,
             ],
             layout=w.Layout(padding="4px 8px", border="var(--jp-border-width, 1px) solid "
                             "var(--jp-border-color2, #ddd)"),
@@ -182,11 +204,11 @@ class SubmitForm(w.VBox):
             spec = self.spec()
         except DistrunError as exc:
             self.problem.value = _problem_html(str(exc))
-            self.submit_button.disabled = True
+            self.submit_button.disabled = self.export_button.disabled = True
             return None
         self.preview.value = _code_html(spec.to_yaml())
         self.problem.value = ""
-        self.submit_button.disabled = False
+        self.submit_button.disabled = self.export_button.disabled = False
         return spec
 
     def submit(self):
@@ -206,6 +228,30 @@ class SubmitForm(w.VBox):
                 print(result.describe())
         self.last_result = result
         return result
+
+    def export(self) -> Exported | None:
+        """Write the job as the format chosen, as `%%distrun --export` does; the files
+        written and the manifest show below the form, a problem in its problem line."""
+        spec = self.refresh()
+        if spec is None:
+            return None
+        try:
+            target = ExportTarget.at(
+                self.export_to.value.strip() or None, stem=self.name.value.strip() or None,
+                image=self.image.value.strip() or None, source="the form",
+            )  # fmt: skip
+            exported = export(spec, self.export_format.value, target)
+            written = write(exported)
+        except DistrunError as exc:
+            self.problem.value = _problem_html(str(exc))
+            return None
+        self.output.clear_output()
+        names = ", ".join(path.name for path in written)
+        said = f"Wrote {names} in {exported.folder}; run it with: {exported.how_to_run()}"
+        with self.output:
+            display(w.VBox([w.HTML(html.escape(said)),
+                            w.HTML(_code_html(exported.files[exported.manifest]))]))  # fmt: skip
+        return exported
 
 
 def _problem_html(message: str) -> str:
