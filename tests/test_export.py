@@ -83,7 +83,10 @@ def _sbatch(folder: Path, name: str, env: dict, timeout: float = 300):
 
 
 def _reports(output: str) -> list[dict]:
-    return [json.loads(line.split("RESULT ", 1)[1]) for line in output.splitlines()
+    """Every rank's RESULT report. (mpirun's --tag-output can put the next line's tag
+    after a report, when a rank wrote its line and its newline apart: ignored.)"""
+    decode = json.JSONDecoder().raw_decode
+    return [decode(line.split("RESULT ", 1)[1])[0] for line in output.splitlines()
             if "RESULT {" in line]  # fmt: skip
 
 
@@ -343,6 +346,17 @@ def test_what_azure_ml_does_itself_is_left_out_and_listed(tmp_path):
          "sbatch: distribution.launcher: horovodrun cannot be exported"),
         ("sbatch", "backend: {type: slurm, partition: 'a b'}\n",
          "sbatch: partition 'a b' cannot be exported: an #SBATCH line cannot carry spaces"),
+        ("kubeflow", "distribution: {type: dask}\n",
+         "kubeflow: distribution.type: dask cannot be exported: Kubeflow Training runs"),
+        ("jobset", "distribution: {type: tensorflow}\n",
+         "jobset: distribution.type: tensorflow cannot be exported: the jobset format writes"),
+        ("kubeflow", "code: .\n",
+         "kubeflow: code: "),
+        ("skypilot", "distribution: {type: dask}\n",
+         "skypilot: distribution.type: dask cannot be exported"),
+        ("skypilot", "resources: {instance_count: 2}\ndistribution: {type: tensorflow, "
+         "parameter_server_count: 1}\n",
+         "skypilot: a tensorflow job of 3 processes cannot be exported: SkyPilot runs one"),
     ],
 )  # fmt: skip
 def test_what_a_format_cannot_say_is_one_line_naming_setting_and_format(
@@ -350,7 +364,8 @@ def test_what_a_format_cannot_say_is_one_line_naming_setting_and_format(
 ):
     path = tmp_path / "job.yml"
     path.write_text("command: x\n" + spec)
-    done = run_cli("export", str(path), "--to", fmt, "--image", "img")
+    image = ["--image", "img"] if fmt != "sbatch" else []
+    done = run_cli("export", str(path), "--to", fmt, *image)
     assert done.returncode == 2 and done.stdout == ""
     assert done.stderr.startswith("error: " + message) and done.stderr.count("\n") == 1
 
@@ -360,6 +375,11 @@ def test_an_interactive_dask_cluster_and_a_missing_image_are_refused(tmp_path):
         export(parse_spec("distribution: {type: dask}"), "sbatch", ExportTarget.at(tmp_path))
     with pytest.raises(ExportError, match="give --image IMAGE, or set environment:"):
         export(parse_spec("command: x"), "azureml", ExportTarget.at(tmp_path))
+    with pytest.raises(ExportError, match="kubeflow: a job without an image cannot be"):
+        export(parse_spec("command: x"), "kubeflow", ExportTarget.at(tmp_path))
+    with pytest.raises(ExportError, match=r"--image applies to kubeflow, jobset, skypilot, "
+                       r"azureml only \(not sbatch\)"):  # fmt: skip
+        export(parse_spec("command: x"), "sbatch", ExportTarget.at(tmp_path, image="img"))
 
 
 def test_a_file_export_did_not_write_is_never_replaced(tmp_path):

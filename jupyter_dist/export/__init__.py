@@ -45,15 +45,23 @@ class Format:
     how_to_run: str  # the command that runs the manifest, `{name}` its file name
     # Only the code folder reaches the nodes, so a cell's file must be inside it.
     uploads_code: bool = False
+    options: tuple[str, ...] = ()  # the target options it reads (image, accelerator)
 
 
+KUBECTL = "kubectl apply -f {name}"
 FORMATS = {
     "sbatch": Format(sbatch.render, sbatch.SUFFIX, sbatch.HOW_TO_RUN),
-    "kubeflow": Format(kubernetes.render_kubeflow, ".kubeflow.yaml", "kubectl apply -f {name}"),
-    "jobset": Format(kubernetes.render_jobset, ".jobset.yaml", "kubectl apply -f {name}"),
-    "skypilot": Format(skypilot.render, ".sky.yaml", "sky launch {name}", uploads_code=True),
-    "azureml": Format(azureml.render, ".yml", "az ml job create --file {name}", uploads_code=True),
-}
+    "kubeflow": Format(kubernetes.render_kubeflow, ".kubeflow.yaml", KUBECTL, options=("image",)),
+    "jobset": Format(kubernetes.render_jobset, ".jobset.yaml", KUBECTL, options=("image",)),
+    "skypilot": Format(
+        skypilot.render, ".sky.yaml", "sky launch {name}", uploads_code=True,
+        options=("image", "accelerator"),
+    ),
+    "azureml": Format(
+        azureml.render, ".yml", "az ml job create --file {name}", uploads_code=True,
+        options=("image",),
+    ),
+}  # fmt: skip
 
 
 @dataclass(frozen=True)
@@ -78,6 +86,10 @@ def export(spec: JobSpec, fmt: str, target: ExportTarget) -> Exported:
     chosen = FORMATS.get(fmt)
     if chosen is None:
         raise ExportError(f"unknown export format {fmt!r}; valid formats: {', '.join(FORMATS)}")
+    for option in ("image", "accelerator"):  # given, but this format has no use for it
+        if getattr(target, option) and option not in chosen.options:
+            users = [name for name, f in FORMATS.items() if option in f.options]
+            raise ExportError(f"--{option} applies to {', '.join(users)} only (not {fmt})")
     manifest_name = target.name(chosen.suffix)
     if manifest_name == target.stem + ".py" and spec.script is not None:
         raise ExportError(

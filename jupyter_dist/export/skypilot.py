@@ -95,6 +95,8 @@ def _resources(spec: JobSpec, target: ExportTarget) -> dict:
                 "SkyPilot needs the GPU's name too: give --accelerator NAME (e.g. A100)",
             )  # fmt: skip
         resources["accelerators"] = f"{target.accelerator}:{gpus}"
+    elif target.accelerator:  # SkyPilot's own meaning: one of them per node
+        resources["accelerators"] = target.accelerator
     if target.image:
         resources["image_id"] = f"docker:{target.image}"
     return resources
