@@ -173,6 +173,11 @@ def _parser() -> argparse.ArgumentParser:
         "the job too)",
     )  # fmt: skip
     run.add_argument(
+        "--grace-period", type=int, metavar="SECONDS",
+        help="how long a stopped process has between SIGTERM and SIGKILL, to save its work "
+        "(default 5)",
+    )  # fmt: skip
+    run.add_argument(
         "--color", choices=("auto", "always", "never"), default="auto", help="colour prefixes"
     )
 
@@ -259,6 +264,7 @@ def _load(args: argparse.Namespace) -> JobSpec:
         "instance_count": args.nodes,
         "timeout": getattr(args, "timeout", None),
         "stall_timeout": getattr(args, "stall_timeout", None),
+        "grace_period": getattr(args, "grace_period", None),
         "on_stall": getattr(args, "on_stall", None),
     }
     if args.procs_per_node is not None:

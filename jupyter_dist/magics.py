@@ -166,6 +166,9 @@ def _options(func: Callable) -> Callable:
         argument("--stall-timeout", type=int, metavar="SECONDS",
                  help="flag the job as stuck, with every rank's stack, once no rank printed or "
                       "used CPU for this long (default 300; 0: never)"),
+        argument("--grace-period", type=int, metavar="SECONDS",
+                 help="how long a stopped rank has between SIGTERM and SIGKILL, to save its "
+                      "work (default 5)"),
         argument("--on-stall", choices=("warn", "kill"),
                  help="what a stall does: warn (the default) or kill (stop the job too)"),
         argument("--name", help="job name (shown in job lists)"),

@@ -55,6 +55,7 @@ class LaunchOptions:
     name: str | None = None
     timeout: int | None = None
     stall_timeout: int | None = None
+    grace_period: int | None = None
     on_stall: str | None = None
     backend: str | None = None  # the spec's backend section, with the options below
     slurm_job: str | None = None  # slurm: an allocation to run in (its job id)
@@ -108,7 +109,7 @@ class LaunchOptions:
         limits = {
             key: value
             for key, value in (("timeout", self.timeout), ("stall_timeout", self.stall_timeout),
-                               ("on_stall", self.on_stall))
+                               ("on_stall", self.on_stall), ("grace_period", self.grace_period))
             if value is not None
         }  # fmt: skip
         if limits:

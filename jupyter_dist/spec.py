@@ -122,6 +122,9 @@ class Limits(StrictSection):
     # default run/stall.DEFAULT_STALL_TIMEOUT_S), and whether it is then only flagged or stopped.
     stall_timeout: count(0) | None = None
     on_stall: Literal["warn", "kill"] | None = None
+    # Ours: seconds a stopped process has between SIGTERM and SIGKILL (to save a checkpoint);
+    # default run/job.GRACE_PERIOD_S.
+    grace_period: count(0, 3600) | None = None
 
 
 class BackendSection(StrictSection):
@@ -355,6 +358,10 @@ class JobSpec(StrictSection):
     def on_stall(self) -> str | None:
         return self.limits.on_stall if self.limits else None
 
+    @property
+    def grace_period(self) -> int | None:
+        return self.limits.grace_period if self.limits else None
+
     def resolved_command(self) -> str | None:
         """The command with every `${{inputs.NAME}}` replaced by its value; with only a
         `script`, the command runs it."""
@@ -381,9 +388,9 @@ class JobSpec(StrictSection):
     def with_overrides(self, **changes: Any) -> JobSpec:
         """A copy with some keys changed, validated again (the same errors as the YAML).
 
-        Keys: `instance_count`, `nodes`, `timeout`, `stall_timeout`, `on_stall` (the
-        limits), `backend` (a mapping merged into the backend section), and any key of the
-        distribution section.
+        Keys: `instance_count`, `nodes`, `timeout`, `stall_timeout`, `on_stall`,
+        `grace_period` (the limits), `backend` (a mapping merged into the backend section),
+        and any key of the distribution section.
         """
         data = self.to_dict()
         dist = dict(data.get("distribution") or {"type": self.job_type})
@@ -394,7 +401,7 @@ class JobSpec(StrictSection):
                 data["resources"] = {**data.get("resources", {}), "instance_count": value}
             elif key == "nodes":
                 data["nodes"] = value
-            elif key in ("timeout", "stall_timeout", "on_stall"):
+            elif key in ("timeout", "stall_timeout", "on_stall", "grace_period"):
                 data["limits"] = {**data.get("limits", {}), key: value}
             elif key == "backend":  # {type: ..., option: value}: merged into the section
                 data["backend"] = {**(data.get("backend") or {}), **value}

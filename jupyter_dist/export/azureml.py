@@ -63,7 +63,7 @@ def render(spec: JobSpec, target: ExportTarget, cell: str | None = None) -> str:
         elif value:
             left_out.append(key)
     limits = data.pop("limits", None) or {}
-    for key in ("stall_timeout", "on_stall"):
+    for key in ("stall_timeout", "on_stall", "grace_period"):
         if limits.pop(key, None) is not None:
             left_out.append(f"limits.{key}")
     if limits:

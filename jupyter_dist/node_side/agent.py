@@ -58,6 +58,14 @@ def _parent_of(pid):
         return None
 
 
+def _group_of(pid):
+    try:
+        with open(f"/proc/{pid}/stat") as handle:
+            return int(handle.read().rsplit(")", 1)[1].split()[2])
+    except (OSError, IndexError, ValueError):
+        return None
+
+
 def _all_pids():
     try:
         return [int(name) for name in os.listdir("/proc") if name.isdigit()]
@@ -80,6 +88,7 @@ class Tree:
         self.root = root
         self.marker = f"{TOKEN_VAR}={token}".encode()
         self.seen = {root}
+        self.termed = set()  # processes sent SIGTERM (terminate)
         self.lock = threading.Lock()
 
     def refresh(self, orphans=False):
@@ -101,6 +110,7 @@ class Tree:
                         self.seen.add(pid)
 
     def signal(self, sig):
+        """`sig` to the child's process group and to every process of the tree."""
         self.refresh(orphans=True)
         with contextlib.suppress(OSError):
             os.killpg(self.root, sig)
@@ -109,6 +119,27 @@ class Tree:
         for pid in pids:
             with contextlib.suppress(OSError):
                 os.kill(pid, sig)
+
+    def terminate(self):
+        """SIGTERM once to each process (twice, and its handler would run twice): the child's
+        process group at the first call, then each other process of the tree once no live
+        process of the tree is its parent. A launcher (torchrun, mpirun) passes it on to its
+        workers itself; a process orphaned meanwhile (its shell died) or daemonized has
+        nobody to. Called again while the grace period runs."""
+        first = self.root not in self.termed
+        self.refresh(orphans=first)
+        if first:
+            members = [pid for pid in self.alive() if _group_of(pid) == self.root]
+            with contextlib.suppress(OSError):
+                os.killpg(self.root, signal.SIGTERM)
+            self.termed.update(members, [self.root])
+        live = set(self.alive())
+        for pid in sorted(live - self.termed):
+            if _group_of(pid) != self.root and _parent_of(pid) in live:
+                continue  # its parent, one of ours, passes it on
+            with contextlib.suppress(OSError):
+                os.kill(pid, signal.SIGTERM)
+            self.termed.add(pid)
 
     def alive(self):
         self.refresh()
@@ -200,6 +231,7 @@ class Agent:
         self.tree = None
         self.announced = False  # "started" was said: the exit must be reported too
         self.stopping = threading.Event()
+        self.stopped = threading.Event()  # the stop (its grace period included) is over
 
     def start(self):
         env = dict(os.environ)
@@ -264,13 +296,20 @@ class Agent:
                         pass  # the process closed its input or ended: its exit tells
 
     def stop(self, grace):
+        """SIGTERM, then SIGKILL to what still runs after `grace` seconds (at once if 0).
+        A second stop while one waits only shortens nothing: the first one's deadline
+        holds, unless this one kills at once."""
+        if self.stopping.is_set() and grace > 0:
+            return
         self.stopping.set()
         if grace > 0:
-            self.tree.signal(signal.SIGTERM)
+            self.tree.terminate()
             deadline = time.monotonic() + grace
             while time.monotonic() < deadline and self.tree.alive():
                 time.sleep(0.05)
+                self.tree.terminate()
         self.tree.signal(signal.SIGKILL)
+        self.stopped.set()
 
     def run(self):
         if not self.start():
@@ -293,7 +332,11 @@ class Agent:
             with contextlib.suppress(subprocess.TimeoutExpired):
                 self.child.wait(timeout=wait)
         code = self.child.returncode
-        if self.tree.alive():  # leftovers of a finished process are not kept running
+        if self.stopping.is_set():
+            # The grace period is the process's own: a shell around it that died of the
+            # SIGTERM does not end it early (the rank may still be saving a checkpoint).
+            self.stopped.wait()
+        elif self.tree.alive():  # leftovers of a finished process are not kept running
             self.tree.signal(signal.SIGKILL)
         return 128 - code if code < 0 else code
 

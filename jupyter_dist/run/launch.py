@@ -92,7 +92,7 @@ def prepare_job(
     inventory: Inventory | None = None,
     store: JobStore | None = None,
     cwd: Path | str | None = None,
-    grace_period: float = GRACE_PERIOD_S,
+    grace_period: float | None = None,
     extra_files: Mapping[str, str] | None = None,
     control: tuple[str, Callable] | None = None,
 ) -> Job:
@@ -107,13 +107,19 @@ def prepare_job(
     record = store.create(launch_plan.job_id, spec.to_yaml(), launch_plan.to_dict())
     job = Job(
         launch_plan, nodes, chosen, record,
-        name=spec.display_name_or_default(), timeout=spec.timeout, grace_period=grace_period,
+        name=spec.display_name_or_default(), timeout=spec.timeout,
+        grace_period=_first(grace_period, spec.grace_period, GRACE_PERIOD_S),
         control=control, on_stall=spec.on_stall or "warn",
-        stall_timeout=DEFAULT_STALL_TIMEOUT_S if spec.stall_timeout is None else spec.stall_timeout,
+        stall_timeout=_first(spec.stall_timeout, DEFAULT_STALL_TIMEOUT_S),
     )  # fmt: skip
     for listener in listeners:
         job.add_listener(listener)
     return job
+
+
+def _first(*values):
+    """The first value that is not None."""
+    return next(value for value in values if value is not None)
 
 
 def launch(spec: JobSpec, **kwargs) -> Job:
