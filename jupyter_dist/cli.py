@@ -25,11 +25,13 @@ from jupyter_dist.describe import (
     inspect_rows,
     job_size,
     job_summary,
+    masked_command,
     plan_rows,
     tf_configs,
 )
 from jupyter_dist.errors import DistrunError
 from jupyter_dist.export import FORMATS, ExportTarget, export, write
+from jupyter_dist.masking import masked_plan
 from jupyter_dist.nodes import load_inventory
 from jupyter_dist.options import LaunchOptions
 from jupyter_dist.run.control import (
@@ -306,10 +308,12 @@ def cmd_plan(args: argparse.Namespace, store: JobStore) -> int:
     launch_plan, commands = dry_run(spec, inventory=inventory, store=store)
     if args.json:
         keys = ("name", "node", "host", "argv", "env", "role", "rank", "local_rank", "cwd")
+        masked = masked_plan(launch_plan.to_dict())["processes"]  # secret values: ****
         procs = [
-            {**{k: getattr(p, k) for k in keys}, "command": commands[p.name]}
-            for p in launch_plan.processes
-        ]
+            {**{k: shown[k] for k in keys},
+             "command": masked_command(launch_plan, commands[p.name])}
+            for p, shown in zip(launch_plan.processes, masked, strict=True)
+        ]  # fmt: skip
         print(json.dumps(procs, indent=1))
         return EXIT_OK
     _print_table(plan_rows(launch_plan), PLAN_COLUMNS, title=f"{spec.job_type} job plan")
@@ -563,6 +567,8 @@ def cmd_logs(args: argparse.Namespace, store: JobStore) -> int:
     for ts, key, _stream, text in record.read_logs(wanted, streams, cell=args.cell):
         stamp = f"{ts} " if args.timestamps else ""
         label = f"[{key}] " if prefix_each else ""
+        if "\r" in text:  # a progress bar: its last state, as a terminal shows it
+            text = text.rstrip("\r").rsplit("\r", 1)[-1]
         out.append(f"{stamp}{label}{text}\n")
     sys.stdout.write("".join(out))
     return EXIT_OK

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
+from jupyter_dist.masking import mask_text, secret_values
 from jupyter_dist.plan.model import LaunchPlan
 from jupyter_dist.run.control import effective_state
 from jupyter_dist.run.events import RootCause
@@ -90,11 +91,17 @@ def job_size(summary: dict[str, Any]) -> str:
 
 
 def format_commands(plan: LaunchPlan, commands: dict[str, str]) -> str:
-    """Each process's exact start command (a dry run's), under its label and node."""
+    """Each process's exact start command (a dry run's), under its label and node; secret
+    values masked (masking.py)."""
     lines = ["Commands (what each process is started with, as its backend runs it):"]
     for proc in plan.processes:
-        lines += [f"{proc.label} on {proc.node}:", f"  {commands[proc.name]}"]
+        lines += [f"{proc.label} on {proc.node}:", f"  {masked_command(plan, commands[proc.name])}"]
     return "\n".join(lines)
+
+
+def masked_command(plan: LaunchPlan, command: str) -> str:
+    """A command line of `plan` with the values of its secret variables masked."""
+    return mask_text(command, secret_values(p.env for p in plan.processes))
 
 
 def counted(number: int, noun: str) -> str:

@@ -22,3 +22,7 @@ class NodeError(DistrunError):
 class ExportError(DistrunError):
     """A job cannot be written in the format asked for (a setting the format has no way to
     express), or not where it was asked to go."""
+
+
+class DamagedJob(DistrunError):
+    """A job's files in the store cannot be read as what they should be (a crash, an edit)."""

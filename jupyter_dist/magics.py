@@ -37,13 +37,14 @@ from jupyter_dist.describe import (
 )
 from jupyter_dist.errors import DistrunError, SpecError
 from jupyter_dist.export import FORMATS, ExportTarget, export, write
+from jupyter_dist.masking import masked_spec
 from jupyter_dist.nodes import load_inventory
 from jupyter_dist.options import LaunchOptions, has_code
 from jupyter_dist.run.events import JobListener, JobResult, OutputLine
 from jupyter_dist.run.job import Job
 from jupyter_dist.run.session import Session, SessionEnded, names_of
 from jupyter_dist.run.stall import DEFAULT_STALL_TIMEOUT_S, describe_stall
-from jupyter_dist.spec import JobSpec, load_spec, script_command, spec_from_dict
+from jupyter_dist.spec import JobSpec, dump_yaml, load_spec, script_command, spec_from_dict
 from jupyter_dist.store import JobStore
 
 LINE_COMMANDS = (
@@ -613,7 +614,8 @@ class DistrunMagics(Magics):
 
 
 def _spec_yaml(spec: JobSpec) -> str:
-    return spec.to_yaml()
+    """The spec as the dry run shows it: secret values masked (masking.py)."""
+    return dump_yaml(masked_spec(spec.to_dict()))
 
 
 def _default_view(shell) -> str:

@@ -28,9 +28,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from jupyter_dist.errors import DistrunError
+from jupyter_dist.errors import DamagedJob, DistrunError
 
 STREAMS = ("stdout", "stderr")
+MAX_JOB_ID = 128  # ours are 26 characters
+_JOB_ID = re.compile(r"[A-Za-z0-9_.-]+")
 _CELL_MARKER = re.compile(r"\u2500\u2500 cell (\d+) \u2500\u2500")
 
 
@@ -41,6 +43,24 @@ def cell_marker(cell: int) -> str:
 
 class UnknownJob(DistrunError):
     """No job has that id (or no unique job starts with it)."""
+
+
+# What the views read of a status, and the types they need.
+_STATUS_TYPES = {
+    "state": str, "name": str, "type": str, "processes": dict, "nodes": list,
+    "root_cause": dict, "started": (int, float), "ended": (int, float),
+}  # fmt: skip
+
+
+def _status_problem(status: Any) -> str | None:
+    """Why a status.json's content cannot be shown, or None."""
+    if not isinstance(status, dict):
+        return f"status.json holds a {type(status).__name__}, not a mapping"
+    for key, kinds in _STATUS_TYPES.items():
+        value = status.get(key)
+        if value is not None and not isinstance(value, kinds):
+            return f"status.json's {key} is a {type(value).__name__}"
+    return None
 
 
 def default_root() -> Path:
@@ -62,9 +82,31 @@ def timestamp(seconds: float) -> str:
     )
 
 
+# The store holds what jobs were given (environment values, a notebook's pushed variables,
+# the cells' code): readable by its owner alone, whatever the umask.
+PRIVATE_DIR = 0o700
+PRIVATE_FILE = 0o600
+
+
+def private_dir(path: Path) -> Path:
+    """`path` as a folder (made, with its parents) that only its owner can enter."""
+    path.mkdir(parents=True, exist_ok=True)
+    os.chmod(path, PRIVATE_DIR)
+    return path
+
+
+def _private_opener(path: str, flags: int) -> int:
+    """open()'s opener: a file created readable by its owner alone."""
+    fd = os.open(path, flags, PRIVATE_FILE)
+    os.fchmod(fd, PRIVATE_FILE)
+    return fd
+
+
 def write_atomic(path: Path, text: str) -> None:
+    """`text` as the whole of `path`, which no reader ever sees half written; private."""
     tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    tmp.write_text(text)
+    with open(tmp, "w", opener=_private_opener) as handle:
+        handle.write(text)
     os.replace(tmp, path)
 
 
@@ -90,16 +132,28 @@ class JobRecord:
 
     def open_log(self, key: str, stream: str):
         """An append-mode text file for one key and stream (the runner's writer)."""
-        return open(self.log_path(key, stream), "a", encoding="utf-8", newline="\n")
+        return open(
+            self.log_path(key, stream), "a", encoding="utf-8", newline="\n",
+            opener=_private_opener,
+        )  # fmt: skip
 
     def write_status(self, status: dict[str, Any]) -> None:
         write_atomic(self.path / "status.json", json.dumps(status, indent=1))
 
     def status(self) -> dict[str, Any]:
+        """The job's status.json; "unknown" before the job wrote one, "damaged" (with a
+        message saying why) when it cannot be read as one, so that listings go on."""
         try:
-            return json.loads((self.path / "status.json").read_text())
-        except (FileNotFoundError, json.JSONDecodeError):
+            status = json.loads((self.path / "status.json").read_text())
+        except FileNotFoundError:
             return {"job_id": self.job_id, "state": "unknown"}
+        except (OSError, ValueError) as exc:  # undecodable bytes, broken JSON, unreadable
+            return self._damaged(f"status.json cannot be read ({type(exc).__name__})")
+        problem = _status_problem(status)
+        return self._damaged(problem) if problem else status
+
+    def _damaged(self, why: str) -> dict[str, Any]:
+        return {"job_id": self.job_id, "state": "damaged", "message": f"damaged: {why}"}
 
     def spec_yaml(self) -> str:
         return (self.path / "spec.yml").read_text()
@@ -107,7 +161,9 @@ class JobRecord:
     def append_usage(self, sample: dict[str, Any]) -> None:
         """One usage report of a process's agent ({"t", "p", "cpu", "rss", "ranks"}), kept
         as a line of usage.jsonl (run/meters.py reads them back)."""
-        with open(self.path / "usage.jsonl", "a", encoding="utf-8") as handle:
+        with open(
+            self.path / "usage.jsonl", "a", encoding="utf-8", opener=_private_opener
+        ) as handle:
             handle.write(json.dumps(sample, separators=(",", ":")) + "\n")
 
     def usage(self) -> list[dict[str, Any]]:
@@ -134,7 +190,19 @@ class JobRecord:
             return None
 
     def plan(self) -> dict[str, Any]:
-        return json.loads((self.path / "plan.json").read_text())
+        """The job's plan.json; DistrunError in one line if it is damaged."""
+        try:
+            plan = json.loads((self.path / "plan.json").read_text())
+        except (OSError, ValueError) as exc:
+            raise DamagedJob(
+                f"job {self.job_id}: its plan.json cannot be read ({type(exc).__name__}); "
+                f"the job's folder is {self.path}"
+            ) from None
+        if not isinstance(plan, dict) or not isinstance(plan.get("processes"), list):
+            raise DamagedJob(
+                f"job {self.job_id}: its plan.json is not a plan; the job's folder is {self.path}"
+            )
+        return plan
 
     def log_keys(self) -> list[str]:
         keys = {p.name.rsplit(".", 2)[0] for p in self.logs_dir.glob("*.log")}
@@ -184,7 +252,10 @@ class JobRecord:
 
     def iter_log(self, key: str, stream: str) -> Iterator[LogLine]:
         try:
-            handle = open(self.log_path(key, stream), encoding="utf-8", errors="replace")  # noqa: SIM115
+            # Lines end at "\n" only: a "\r" (a progress bar) is part of its line.
+            handle = open(  # noqa: SIM115
+                self.log_path(key, stream), encoding="utf-8", errors="replace", newline="\n"
+            )
         except FileNotFoundError:
             return
         with handle:
@@ -311,9 +382,12 @@ class JobStore:
         return f"{stamp}-{int(now % 1 * 1000):03d}-{secrets.token_hex(3)}"
 
     def create(self, job_id: str, spec_yaml: str, plan: dict[str, Any]) -> JobRecord:
+        private_dir(self.root)
         path = self.root / job_id
-        (path / "logs").mkdir(parents=True, exist_ok=False)
-        (path / "spec.yml").write_text(spec_yaml)
+        path.mkdir(mode=PRIVATE_DIR)  # a job id is never reused
+        private_dir(path)
+        private_dir(path / "logs")
+        write_atomic(path / "spec.yml", spec_yaml)
         write_atomic(path / "plan.json", json.dumps(plan, indent=1))
         return JobRecord(path)
 
@@ -326,6 +400,13 @@ class JobStore:
 
     def get(self, job_id: str) -> JobRecord:
         """A job by id, or by a unique prefix of one."""
+        if (
+            len(job_id) > MAX_JOB_ID
+            or job_id.startswith(".")
+            or not _JOB_ID.fullmatch(job_id or "x")
+        ):
+            shown = job_id if len(job_id) <= 40 else job_id[:40] + "..."
+            raise UnknownJob(f"no job {shown!r}: a job id is letters, digits, '-' and '_'")
         exact = self.root / job_id
         if job_id and (exact / "plan.json").is_file():
             return JobRecord(exact)

@@ -15,7 +15,7 @@ ENGINE = (
     "jupyter_dist.spec", "jupyter_dist.validation", "jupyter_dist.errors", "jupyter_dist.nodes",
     "jupyter_dist.options", "jupyter_dist.plan", "jupyter_dist.run", "jupyter_dist.store",
     "jupyter_dist.describe", "jupyter_dist.backends", "jupyter_dist.node_side",
-    "jupyter_dist.export",
+    "jupyter_dist.export", "jupyter_dist.masking",
 )  # fmt: skip
 
 

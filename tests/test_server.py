@@ -268,3 +268,25 @@ async def test_nodes_health_of_real_ssh_nodes(jp_fetch, ssh_nodes, tmp_path, mon
     assert [n["name"] for n in nodes["nodes"]] == [n.name for n in ssh_nodes.nodes]
     assert {n["status"] for n in nodes["nodes"]} == {"ok"}
     assert all(n["python"] and n["latency_ms"] is not None for n in nodes["nodes"])
+
+
+async def test_a_damaged_job_and_an_impossible_id_never_make_a_500(jp_fetch, home, tmp_path):
+    store = JobStore()
+    done = run(_spec(tmp_path, "command: echo hi\n"), store=store)
+    (store.root / done.job_id / "status.json").write_bytes(b"\xff\xfe\x00")
+    code, jobs = await _json(jp_fetch, "distrun", "jobs")
+    assert code == 200 and [job["state"] for job in jobs] == ["damaged"]
+    code, message = await _error(jp_fetch, "distrun", "jobs", "x" * 5000)
+    assert code == 404 and "a job id is letters, digits" in message
+
+
+async def test_the_job_detail_masks_secret_values(jp_fetch, home, tmp_path):
+    store = JobStore()
+    done = run(_spec(tmp_path, """\
+        command: echo hi
+        environment_variables: {HF_TOKEN: hf_abcdef123, MY_VAR: visible}
+        """), store=store)  # fmt: skip
+    code, job = await _json(jp_fetch, "distrun", "jobs", done.job_id)
+    text = json.dumps(job)
+    assert code == 200 and "hf_abcdef123" not in text
+    assert "HF_TOKEN: '****'" in job["spec"] and "visible" in text

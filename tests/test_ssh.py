@@ -177,6 +177,8 @@ def test_hostile_environment_values_arrive_byte_for_byte(ssh_nodes, store, tmp_p
         (line,) = [entry.text for entry in record.iter_log(f"rank-{rank}", "stdout")]
         assert line == repr(hostile)
     assert not marker.exists()
+    for node in ssh_nodes.nodes:  # the job's folder there is its owner's alone
+        assert (node.workdir / result.job_id).stat().st_mode & 0o777 == 0o700
 
 
 def test_code_is_shipped_once_and_synced_by_change(ssh_nodes, tmp_path):

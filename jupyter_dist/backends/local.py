@@ -19,6 +19,7 @@ from jupyter_dist.plan.context import PortRequest
 from jupyter_dist.plan.model import LaunchPlan, ProcessPlan
 from jupyter_dist.run.agent_client import AGENT_SOURCE, AgentProcess, agent_argv
 from jupyter_dist.spec import JobSpec
+from jupyter_dist.store import private_dir
 
 _CHUNK = 65536
 # Ports handed out recently by this process, so two jobs started together never share one.
@@ -137,8 +138,8 @@ class LocalBackend(Backend):
 def write_plan_files(plan: LaunchPlan, nodes: list[Node]) -> None:
     """The job's folder on each node and the plan's generated files (an MPI hostfile), for
     nodes that see this machine's files."""
-    for node in nodes:
-        Path(node.workdir, plan.job_id).mkdir(parents=True, exist_ok=True)
+    for node in nodes:  # private: it gets the cell's code and the pushed variables
+        private_dir(Path(node.workdir, plan.job_id))
     for planned in plan.files:
         path = Path(planned.path)
         path.parent.mkdir(parents=True, exist_ok=True)

@@ -32,6 +32,7 @@ from jupyter_dist.plan.context import PlanContext, PortRequest
 from jupyter_dist.plan.model import LaunchPlan, MpiLaunch, PlannedFile, ProcessPlan
 from jupyter_dist.run.agent_client import AGENT_SOURCE, AgentProcess, agent_argv
 from jupyter_dist.spec import JobSpec
+from jupyter_dist.store import PRIVATE_DIR
 
 CONNECT_TIMEOUT = 10.0
 SESSIONS_PER_CONNECTION = 10  # OpenSSH's default MaxSessions
@@ -470,6 +471,7 @@ class SshBackend(Backend):
             job_dir = posixpath.join(node.workdir, plan.job_id)
             with self.connections.open_sftp(node) as sftp:
                 _makedirs(sftp, job_dir)
+                sftp.chmod(job_dir, PRIVATE_DIR)  # it gets the code and the pushed variables
                 agent = posixpath.join(node.workdir, agent_file_name())
                 if not _exists(sftp, agent):
                     _put_atomic(sftp, AGENT_SOURCE, agent)

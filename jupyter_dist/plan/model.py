@@ -5,6 +5,8 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
+from jupyter_dist.errors import DamagedJob
+
 # How a process's output lines map to ranks: `plain` lines belong to the process itself;
 # `torchrun` lines carry "[default<local rank>]:", `mpi` lines "[<job>,<rank>]<stdout>:".
 OUTPUT_TAGS = ("plain", "torchrun", "mpi")
@@ -108,6 +110,17 @@ class LaunchPlan:
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> LaunchPlan:
+        """The plan a job stored (plan.json); DamagedJob if it is not one."""
+        try:
+            return cls._from_dict(data)
+        except (KeyError, TypeError, ValueError, AttributeError) as exc:
+            raise DamagedJob(
+                f"job {data.get('job_id', '?') if isinstance(data, dict) else '?'}: its "
+                f"plan.json is damaged ({type(exc).__name__}: {exc})"
+            ) from None
+
+    @classmethod
+    def _from_dict(cls, data: dict[str, Any]) -> LaunchPlan:
         procs = [
             ProcessPlan(**{**p, "ranks": tuple(p.get("ranks", ()))}) for p in data["processes"]
         ]

@@ -70,7 +70,13 @@ def cancel_requested(record: JobRecord) -> str | None:
 
 def _ask_owner(record: JobRecord, what: str) -> str:
     """The job's state, if someone is there to act on a request; raises for a lost job."""
-    state = effective_state(record.status())
+    status = record.status()
+    state = effective_state(status)
+    if state == "damaged":
+        raise DistrunError(
+            f"job {record.job_id} is {status['message']}; whether it still runs cannot be "
+            f"told, so nobody was asked to {what}"
+        )
     if state == "lost":
         raise DistrunError(
             f"job {record.job_id} has no owner any more (the process that started it is gone); "

@@ -21,6 +21,7 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
+import yaml
 from jupyter_server.base.handlers import APIHandler
 from jupyter_server.utils import url_path_join
 from tornado import web
@@ -28,11 +29,13 @@ from tornado import web
 from jupyter_dist.backends import inventory_backend
 from jupyter_dist.describe import inspect_rows, job_summary
 from jupyter_dist.errors import DistrunError
+from jupyter_dist.masking import masked_plan, masked_spec
 from jupyter_dist.nodes import load_inventory
 from jupyter_dist.plan import LaunchPlan
 from jupyter_dist.run.control import request_cancel, request_stacks
 from jupyter_dist.run.events import FINAL_STATES
 from jupyter_dist.run.stacks import StackDump
+from jupyter_dist.spec import dump_yaml
 from jupyter_dist.store import JobStore, UnknownJob
 
 MAX_LIMIT = 20000
@@ -122,16 +125,25 @@ class JobHandler(DistrunHandler):
         def detail():
             record = self.store.get(job_id)
             status, plan = record.status(), record.plan()
-            return {
+            processes = inspect_rows(LaunchPlan.from_dict(plan), status)
+            return {  # secret values masked (masking.py): the browser needs none of them
                 **job_summary(status),
-                "spec": record.spec_yaml(),
-                "plan": plan,
-                "processes": inspect_rows(LaunchPlan.from_dict(plan), status),
+                "spec": _masked_spec_yaml(record.spec_yaml()),
+                "plan": masked_plan(plan),
+                "processes": processes,
                 "log_keys": record.log_keys(),
                 "store_path": str(record.path),
             }
 
         self.reply(await self.blocking(detail))
+
+
+def _masked_spec_yaml(text: str) -> str:
+    try:
+        data = yaml.safe_load(text)
+    except yaml.YAMLError:
+        return ""
+    return dump_yaml(masked_spec(data)) if isinstance(data, dict) else ""
 
 
 class LogsHandler(DistrunHandler):

@@ -1,0 +1,87 @@
+"""The store is private and never breaks a listing: job folders 0700 and files 0600
+whatever the umask; a damaged job shows as damaged while the others list normally; a
+progress bar's "\\r" stays inside its line; an id that cannot be one is not looked for."""
+
+from __future__ import annotations
+
+import json
+import os
+import stat
+import sys
+
+import pytest
+from helpers import run_cli
+
+from jupyter_dist.errors import DamagedJob
+from jupyter_dist.plan.model import LaunchPlan
+from jupyter_dist.run.launch import run
+from jupyter_dist.spec import parse_spec
+from jupyter_dist.store import UnknownJob
+
+
+def _mode(path) -> int:
+    return stat.S_IMODE(path.stat().st_mode)
+
+
+def _job(store, command: str | None = "echo hi", extra: str = ""):
+    code = f"command: {json.dumps(command)}\n" if command else ""
+    spec = parse_spec(
+        f"{code}environment_variables: {{API_TOKEN: s3cr3t}}\n"
+        f"distribution: {{type: pytorch, process_count_per_instance: 2}}\n{extra}"
+    )
+    return run(spec, store=store, grace_period=1)
+
+
+def test_the_store_is_private_whatever_the_umask(store):
+    old = os.umask(0o022)
+    try:
+        result = _job(store, None, extra="script: print('x')\n")
+    finally:
+        os.umask(old)
+    assert result.state == "succeeded", result.describe()
+    job = store.get(result.job_id).path
+    assert _mode(store.root) == _mode(job) == _mode(job / "logs") == 0o700
+    files = [job / "spec.yml", job / "plan.json", job / "status.json",
+             *sorted((job / "logs").iterdir())]  # fmt: skip
+    assert len(files) > 4 and {_mode(f) for f in files} == {0o600}
+    assert (job / "script.py").exists()  # the cell, inside the private folder
+
+
+def test_a_damaged_job_shows_as_damaged_and_the_others_list(store):
+    good = _job(store).job_id
+    bad = _job(store).job_id
+    broken_plan = _job(store).job_id
+    (store.root / bad / "status.json").write_bytes(b"\xff\xfe\x00garbage")
+    (store.root / broken_plan / "plan.json").write_text('{"processes": [{"name": 3}]}')
+    listed = run_cli("jobs", "--json", store=store)
+    assert listed.returncode == 0, listed.stderr
+    states = {job["job_id"]: job["state"] for job in json.loads(listed.stdout)}
+    assert states == {good: "succeeded", bad: "damaged", broken_plan: "succeeded"}
+    table = run_cli("jobs", store=store)
+    assert table.returncode == 0 and "damaged" in table.stdout
+    for command in (["inspect", broken_plan], ["cancel", bad]):
+        done = run_cli(*command, store=store)
+        assert done.returncode == 2 and done.stderr.count("\n") == 1, done.stderr
+        assert "damaged" in done.stderr and "Traceback" not in done.stderr
+    with pytest.raises(DamagedJob, match=r"plan\.json is damaged"):
+        LaunchPlan.from_dict(store.get(broken_plan).plan())
+    (store.root / good / "status.json").write_text('{"state": "failed", "root_cause": "x"}')
+    assert store.get(good).status()["state"] == "damaged"  # not a root cause: not shown
+
+
+def test_a_progress_bar_stays_in_its_line_and_logs_show_its_last_state(store):
+    bar = "import sys; sys.stdout.write('10%\\r50%\\r100%\\n'); print('done')"
+    result = _job(store, f"{sys.executable} -c {json.dumps(bar)}")
+    record = store.get(result.job_id)
+    assert [line.text for line in record.iter_log("rank-0", "stdout")] == [
+        "10%\r50%\r100%", "done",
+    ]  # fmt: skip
+    done = run_cli("logs", result.job_id, "--rank", "0", store=store)
+    assert done.stdout == "100%\ndone\n"
+
+
+@pytest.mark.parametrize("job_id", ["x" * 5000, "..", "a/../b", "a b"])
+def test_an_id_that_cannot_be_one_is_unknown_not_an_error(store, job_id):
+    _job(store)
+    with pytest.raises(UnknownJob, match="a job id is letters, digits"):
+        store.get(job_id)
