@@ -25,7 +25,7 @@ from pathlib import Path
 from typing import Any, ClassVar
 
 from IPython.core.magic import Magics, line_cell_magic, magics_class
-from IPython.core.magic_arguments import argument, magic_arguments, parse_argstring
+from IPython.core.magic_arguments import argument, magic_arguments
 from traitlets import Int, Unicode
 
 from jupyter_dist.describe import (
@@ -288,7 +288,7 @@ class DistrunMagics(Magics):
             if pushed is not None:  # the runner starts the cell with these globals
                 extra["push.b64"] = pushed
             if args.save:
-                Path(args.save).write_text(spec.to_yaml())
+                _save(args.save, spec)
             inventory = load_inventory(args.nodes_file or self.nodes_file or None)
             if args.dry_run:
                 self._dry_run(spec, inventory)
@@ -302,8 +302,11 @@ class DistrunMagics(Magics):
 
     def _parse(self, line: str) -> Any:
         """The options of a %%distrun line (or of `%distrun session start`)."""
+        # Split as a POSIX shell would (IPython's own split keeps quotes: --env 'A=b c'
+        # would not carry its space), then parse as IPython does.
+        words = _words(line, "%%distrun")
         try:
-            return parse_argstring(self.distrun, line)
+            return self.distrun.parser.parse_args(words)
         except Exception as exc:  # argparse's UsageError: already one line
             raise _user_error(str(exc).strip()) from None
 
@@ -528,7 +531,7 @@ class DistrunMagics(Magics):
             self.shell.user_ns[name] = values if every_rank else values[0]
 
     def _line_command(self, line: str) -> None:
-        words = shlex.split(line)
+        words = _words(line, "%distrun")
         if not words or words[0] not in LINE_COMMANDS:
             raise _user_error(
                 f"%distrun: unknown command {words[0] if words else ''!r}; "
@@ -564,7 +567,13 @@ class DistrunMagics(Magics):
                     "(%distrun jobs lists them)"
                 )
             words.insert(1, self.last_job_id)
-        if cli.main(words) == cli.EXIT_USAGE:
+        try:
+            code = cli.main(words)
+        except SystemExit as exc:  # argparse: --help (0), or a bad option, said above (2)
+            if exc.code in (0, None):
+                return
+            raise _user_error(f"%distrun {words[0]}: bad arguments (see above)") from None
+        if code == cli.EXIT_USAGE:
             raise _user_error(f"%distrun {words[0]} failed (see above)")
 
     def _export(self, cell: str, args: Any) -> None:
@@ -611,6 +620,23 @@ class DistrunMagics(Magics):
         checks = describe(parity_notes(plan))
         if checks:
             print(checks)
+
+
+def _words(line: str, magic: str) -> list[str]:
+    """A magic's line split as a POSIX shell splits it; one line if it cannot be."""
+    try:
+        return shlex.split(line)
+    except ValueError as exc:  # an unbalanced quote
+        raise _user_error(f"{magic}: {exc} in {line.strip()!r}") from None
+
+
+def _save(path: str, spec: JobSpec) -> None:
+    """--save: the spec as YAML in `path` (SpecError in one line if it cannot be written)."""
+    try:
+        Path(path).expanduser().write_text(spec.to_yaml())
+    except (OSError, RuntimeError) as exc:
+        reason = exc.strerror if isinstance(exc, OSError) and exc.strerror else str(exc)
+        raise SpecError(f"--save {path}: cannot write the spec there ({reason})") from None
 
 
 def _spec_yaml(spec: JobSpec) -> str:

@@ -12,7 +12,7 @@ import yaml
 from pydantic import Field, ValidationError, field_validator
 
 from jupyter_dist.errors import NodeError
-from jupyter_dist.validation import Port, StrictSection, count, one_line
+from jupyter_dist.validation import Port, StrictSection, YamlTooBig, count, load_yaml, one_line
 
 LOCAL_HOST = "127.0.0.1"
 
@@ -176,7 +176,11 @@ def load_inventory(explicit: str | Path | None = None) -> Inventory:
     if path is None:
         return Inventory()
     try:
-        data = yaml.safe_load(path.read_text())
+        data = load_yaml(path.read_text())
+    except YamlTooBig as exc:
+        raise NodeError(f"{path}: {exc}") from None
+    except UnicodeDecodeError:
+        raise NodeError(f"{path}: not UTF-8 text") from None
     except yaml.YAMLError as exc:
         mark = getattr(exc, "problem_mark", None)
         where = f" at line {mark.line + 1}" if mark else ""

@@ -21,7 +21,16 @@ from pydantic import (
 )
 
 from jupyter_dist.errors import SpecError
-from jupyter_dist.validation import Port, StrictSection, count, fail, one_line
+from jupyter_dist.validation import (
+    Port,
+    StrictSection,
+    YamlTooBig,
+    check_values,
+    count,
+    fail,
+    load_yaml,
+    one_line,
+)
 
 JOB_TYPES = ("pytorch", "tensorflow", "mpi", "dask")
 SCRIPT_NAME = "script.py"
@@ -53,7 +62,14 @@ _EXPRESSION = re.compile(r"\$\{\{\s*(.*?)\s*\}\}")
 _INPUT_REF = re.compile(r"inputs\.([A-Za-z_][A-Za-z0-9_\-]*)\Z")
 
 
-Count = count(1)
+# Sane caps, checked before anything is planned (a typo of 100000000 nodes would otherwise
+# be planned, and started): far above what one notebook launches.
+MAX_NODES = 4096
+MAX_PROCS_PER_NODE = 1024
+MAX_PROCESSES = 16384  # in one job, every node's together
+MAX_SECONDS = 31 * 24 * 3600  # a time limit of a month
+
+Count = count(1, MAX_PROCS_PER_NODE)
 
 
 class PyTorchDistribution(StrictSection):
@@ -65,8 +81,8 @@ class PyTorchDistribution(StrictSection):
 
 class TensorFlowDistribution(StrictSection):
     type: Literal["tensorflow"]
-    worker_count: Count | None = None
-    parameter_server_count: count(0) = 0
+    worker_count: count(1, MAX_NODES) | None = None
+    parameter_server_count: count(0, MAX_PROCS_PER_NODE) = 0
     chief_count: count(0, 1) = 0
     evaluator_count: count(0, 1) = 0
     base_port: Port | None = None
@@ -106,7 +122,7 @@ Distribution = Annotated[
 
 
 class Resources(StrictSection):
-    instance_count: Count = 1
+    instance_count: count(1, MAX_NODES) = 1
     # Azure-only (its job resource configuration): accepted and kept, never acted on.
     instance_type: Any = None
     shm_size: Any = None
@@ -117,10 +133,10 @@ class Resources(StrictSection):
 
 
 class Limits(StrictSection):
-    timeout: count(1) | None = None
+    timeout: count(1, MAX_SECONDS) | None = None
     # Ours: seconds without output or CPU use after which the job looks stuck (0: never;
     # default run/stall.DEFAULT_STALL_TIMEOUT_S), and whether it is then only flagged or stopped.
-    stall_timeout: count(0) | None = None
+    stall_timeout: count(0, MAX_SECONDS) | None = None
     on_stall: Literal["warn", "kill"] | None = None
     # Ours: seconds a stopped process has between SIGTERM and SIGKILL (to save a checkpoint);
     # default run/job.GRACE_PERIOD_S.
@@ -334,6 +350,15 @@ class JobSpec(StrictSection):
             workers = dist.worker_count or self.resources.instance_count
             if dist.chief_count == 0 and workers == 0:
                 raise fail("tf", "distribution: a TensorFlow job needs a chief or a worker")
+            processes = workers + dist.parameter_server_count + dist.chief_count
+            processes += dist.evaluator_count
+        else:
+            processes = self.resources.instance_count * dist.process_count_per_instance
+        if processes > MAX_PROCESSES:
+            raise fail(
+                "size", "distribution: {n} processes in one job; at most {cap}",
+                n=processes, cap=MAX_PROCESSES,
+            )  # fmt: skip
         return self
 
     # -- derived values ------------------------------------------------------------------
@@ -491,12 +516,23 @@ def spec_from_dict(data: Any, base_dir: Path | str | None = None, source: str = 
         kind = type(data).__name__ if data is not None else "nothing"
         raise SpecError(f"{prefix}a job spec must be a mapping of keys (found {kind})")
     try:
+        check_values(data)
+    except YamlTooBig as exc:
+        raise SpecError(f"{prefix}{exc}") from None
+    try:
         spec = JobSpec.model_validate(data)
     except ValidationError as exc:
         raise SpecError(prefix + _one_line(exc, data)) from None
     spec._base_dir = Path(base_dir or Path.cwd()).resolve()
-    code = spec.code_dir()
-    if code is not None and not code.is_dir():
+    try:
+        code = spec.code_dir()
+        usable = code is None or code.is_dir()
+    except (OSError, RuntimeError) as exc:  # ~nosuchuser, a name too long for the system
+        raw = spec.code["path"] if isinstance(spec.code, dict) else spec.code
+        raw = raw if len(raw) <= 60 else raw[:60] + "..."
+        reason = exc.strerror if isinstance(exc, OSError) and exc.strerror else str(exc)
+        raise SpecError(f"{prefix}code: {raw!r} cannot be used ({reason})") from None
+    if not usable:
         raise SpecError(f"{prefix}code: {code} is not a folder; give the folder to ship and run in")
     return spec
 
@@ -505,7 +541,9 @@ def parse_spec(text: str, base_dir: Path | str | None = None, source: str = "") 
     """Parse YAML text into a `JobSpec`."""
     prefix = f"{source}: " if source else ""
     try:
-        data = yaml.safe_load(text)
+        data = load_yaml(text)
+    except YamlTooBig as exc:
+        raise SpecError(f"{prefix}{exc}") from None
     except yaml.YAMLError as exc:
         mark = getattr(exc, "problem_mark", None)
         where = f"line {mark.line + 1}, column {mark.column + 1}: " if mark else ""
@@ -521,6 +559,6 @@ def load_spec(path: Path | str) -> JobSpec:
         text = path.read_text()
     except FileNotFoundError:
         raise SpecError(f"{path}: no such file") from None
-    except (IsADirectoryError, PermissionError, UnicodeDecodeError) as exc:
+    except (OSError, UnicodeDecodeError) as exc:
         raise SpecError(f"{path}: cannot read it ({exc.__class__.__name__})") from None
     return parse_spec(text, base_dir=path.resolve().parent, source=str(path))

@@ -7,6 +7,7 @@ import difflib
 from collections.abc import Iterable
 from typing import Annotated, Any
 
+import yaml
 from pydantic import BaseModel, BeforeValidator, ConfigDict, ValidationError, model_validator
 from pydantic_core import PydanticCustomError
 
@@ -94,3 +95,85 @@ def one_line(
     if value is not None and not isinstance(value, dict):
         return f"{where}: {value!r} is not valid; {message}"
     return f"{where}: {message}" if where else message
+
+
+# -- reading YAML we were given --------------------------------------------------------------
+
+MAX_YAML_BYTES = 4 << 20  # a spec with a notebook cell in it is far smaller
+MAX_YAML_DEPTH = 64
+MAX_YAML_NODES = 200_000  # counted with every alias expanded: a "billion laughs" stops here
+_Loader = getattr(yaml, "CSafeLoader", yaml.SafeLoader)  # libyaml's, where present: fast
+
+
+class YamlTooBig(ValueError):
+    """YAML that is too large, too deep, expands too far or refers to itself."""
+
+
+def load_yaml(text: str) -> Any:
+    """`text` as YAML with its size, nesting and alias expansion bounded (YamlTooBig, one
+    line), and no value that a process could not be given (a NUL byte, a lone surrogate).
+    yaml.YAMLError for text that is not YAML."""
+    if len(text) > MAX_YAML_BYTES:
+        raise YamlTooBig(f"{len(text) >> 20} MiB of YAML; at most {MAX_YAML_BYTES >> 20} MiB")
+    try:
+        node = yaml.compose(text, Loader=_Loader)
+    except RecursionError:
+        raise YamlTooBig(f"nested deeper than {MAX_YAML_DEPTH} levels") from None
+    if node is None:
+        return None
+    _check_node(node)
+    return yaml.load(text, Loader=_Loader)  # a safe loader: CSafeLoader or SafeLoader
+
+
+def _check_node(root: yaml.Node) -> None:
+    """Depth, expanded size and cycles of a composed document, without recursion."""
+    seen = 0
+    stack: list[tuple[yaml.Node, int, frozenset[int]]] = [(root, 1, frozenset())]
+    while stack:
+        node, depth, above = stack.pop()
+        seen += 1
+        if seen > MAX_YAML_NODES:
+            raise YamlTooBig(
+                f"more than {MAX_YAML_NODES} values once its aliases are expanded (an alias bomb?)"
+            )
+        if depth > MAX_YAML_DEPTH:
+            raise YamlTooBig(f"nested deeper than {MAX_YAML_DEPTH} levels")
+        if id(node) in above:
+            raise YamlTooBig("an alias refers to a value that holds it (a cycle)")
+        if isinstance(node, yaml.ScalarNode):
+            _check_text(node.value)
+            continue
+        inner = above | {id(node)}
+        if isinstance(node, yaml.SequenceNode):
+            stack += [(child, depth + 1, inner) for child in node.value]
+        elif isinstance(node, yaml.MappingNode):
+            for key, value in node.value:
+                stack += [(key, depth + 1, inner), (value, depth + 1, inner)]
+
+
+def _check_text(value: str) -> None:
+    if "\x00" in value:
+        raise YamlTooBig(f"{_shown(value)} holds a NUL byte, which no process can be given")
+    try:
+        value.encode("utf-8")
+    except UnicodeEncodeError:
+        raise YamlTooBig(f"{_shown(value)} holds a lone surrogate (not UTF-8)") from None
+
+
+def _shown(value: str) -> str:
+    text = value if len(value) <= 30 else value[:30] + "..."
+    return repr(text.encode("utf-8", "backslashreplace").decode("ascii", "backslashreplace"))
+
+
+def check_values(data: Any) -> None:
+    """Every string in `data` (keys too) can be given to a process (YamlTooBig if not);
+    data from elsewhere than YAML (a magic's options, the form) passes the same check."""
+    stack = [data]
+    while stack:
+        item = stack.pop()
+        if isinstance(item, str):
+            _check_text(item)
+        elif isinstance(item, dict):
+            stack += [*item.keys(), *item.values()]
+        elif isinstance(item, list | tuple):
+            stack += list(item)

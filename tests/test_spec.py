@@ -122,7 +122,8 @@ MALFORMED = [
     (D + "distribution: pytorch", "expected a mapping with a 'type' key"),
     (
         D + "distribution: {type: pytorch, process_count_per_instance: two}",
-        "distribution.process_count_per_instance: 'two' is not valid; expected a whole number >= 1",
+        "distribution.process_count_per_instance: 'two' is not valid; expected a whole number "
+        "from 1 to 1024",
     ),
     (
         D + "distribution: {type: pytorch, process_count_per_instance: -2}",
@@ -164,7 +165,7 @@ MALFORMED = [
     ),
     (
         D + "distribution: {type: tensorflow, parameter_server_count: -1}",
-        "parameter_server_count: -1 is not valid; expected a whole number >= 0",
+        "parameter_server_count: -1 is not valid; expected a whole number from 0 to 1024",
     ),
     (
         D + "distribution: {type: tensorflow, parameter_server_count: yes}",

@@ -115,7 +115,7 @@ def test_form_validates_previews_and_submits_through_the_magics_path(kernel_env)
     )
     out = ["".join(o.get("text", "") for o in cell.outputs) for cell in nb.cells[1:]]
     assert "code: write the code every process runs" in out[0] and out[0].endswith("True\n")
-    assert "resources.instance_count: 0 is not valid; expected a whole number &gt;= 1" in out[1]
+    assert "resources.instance_count: 0 is not valid; expected a whole number from 1 to" in out[1]
     assert out[1].endswith("True\n")  # nothing to submit while the spec is invalid
     assert out[2].startswith("True False\n")
     assert "GREETING: hi" in out[2] and "process_count_per_instance: 2" in out[2]

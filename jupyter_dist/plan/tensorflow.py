@@ -6,6 +6,7 @@ import json
 from collections import Counter
 from dataclasses import dataclass
 
+from jupyter_dist.errors import SpecError
 from jupyter_dist.nodes import Node
 from jupyter_dist.plan.context import PlanContext, PortRequest
 from jupyter_dist.plan.model import ProcessPlan
@@ -46,6 +47,14 @@ def tasks(dist: TensorFlowDistribution, hosts: list[str]) -> list[Task]:
 
 def port_requests(dist: TensorFlowDistribution, nodes: list[Node]) -> list[PortRequest]:
     """A port per task: free ones, or with `base_port` that port plus the task's slot."""
+    placed = tasks(dist, [n.host for n in nodes])
+    if dist.base_port is not None:
+        last = dist.base_port + max(t.slot for t in placed)
+        if last > 65535:
+            raise SpecError(
+                f"base_port: {dist.base_port} leaves too few ports for the tasks on one "
+                f"machine (up to {last}); choose at most {dist.base_port - (last - 65535)}"
+            )
     return [
         PortRequest(
             t.key,
@@ -53,7 +62,7 @@ def port_requests(dist: TensorFlowDistribution, nodes: list[Node]) -> list[PortR
             fixed=None if dist.base_port is None else dist.base_port + t.slot,
             setting="base_port",
         )
-        for t in tasks(dist, [n.host for n in nodes])
+        for t in placed
     ]
 
 
