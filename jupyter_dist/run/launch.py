@@ -13,6 +13,7 @@ from pathlib import Path
 from jupyter_dist.backends import Backend, choose_backend
 from jupyter_dist.nodes import Inventory, Node
 from jupyter_dist.plan import LaunchPlan, plan, port_requests
+from jupyter_dist.run.claims import PortClaims, ReleaseClaims, Wanted
 from jupyter_dist.run.events import JobListener, JobResult
 from jupyter_dist.run.job import GRACE_PERIOD_S, Job
 from jupyter_dist.run.stall import DEFAULT_STALL_TIMEOUT_S
@@ -42,6 +43,7 @@ def make_plan(
     cwd: Path | str | None = None,
     extra_files: Mapping[str, str] | None = None,
     stdin: bool = False,
+    hold_ports: Callable[[str, list[Wanted]], None] | None = None,
 ) -> tuple[LaunchPlan, list[Node], Backend]:
     """Choose the backend (the spec's `backend:` section names it, else `choose_backend`
     decides), take the job's nodes from it, check them, find free ports on them, and plan
@@ -53,8 +55,10 @@ def make_plan(
     try:
         spec = _gpus_as_default(spec, nodes)
         nodes = chosen.preflight(nodes)  # every node reachable, python found
-        ports = chosen.choose_ports(port_requests(spec, nodes), nodes)
         job_id = job_id or store.new_job_id()
+        if hold_ports is not None:  # before they are checked: a holder is named, not a bind
+            hold_ports(job_id, _fixed_ports(spec, nodes))
+        ports = chosen.choose_ports(port_requests(spec, nodes), nodes)
         launch_plan = plan(spec, nodes, job_id, ports, extra_files, chosen.mpi_launch)
         if stdin:  # every process reads what the job feeds it (a warm session's ranks)
             procs = [dataclasses.replace(p, stdin=True) for p in launch_plan.processes]
@@ -100,11 +104,22 @@ def prepare_job(
     (mark, handler), every process reads stdin and its marked lines go to the handler
     (a warm session: run/session.py)."""
     store = store or JobStore()
-    launch_plan, nodes, chosen = make_plan(
-        spec, inventory=inventory, store=store, cwd=cwd, extra_files=extra_files,
-        stdin=control is not None,
-    )  # fmt: skip
-    record = store.create(launch_plan.job_id, spec.to_yaml(), launch_plan.to_dict())
+    claims = PortClaims(store)
+    job_id = store.new_job_id()
+    try:  # its fixed ports are held until it ends: no other job of ours can join it
+        launch_plan, nodes, chosen = make_plan(
+            spec, inventory=inventory, store=store, job_id=job_id, cwd=cwd,
+            extra_files=extra_files, stdin=control is not None, hold_ports=claims.claim,
+        )  # fmt: skip
+    except BaseException:
+        claims.release(job_id)
+        raise
+    try:
+        record = store.create(launch_plan.job_id, spec.to_yaml(), launch_plan.to_dict())
+    except BaseException:
+        claims.release(job_id)
+        chosen.release()
+        raise
     job = Job(
         launch_plan, nodes, chosen, record,
         name=spec.display_name_or_default(), timeout=spec.timeout,
@@ -112,9 +127,19 @@ def prepare_job(
         control=control, on_stall=spec.on_stall or "warn",
         stall_timeout=_first(spec.stall_timeout, DEFAULT_STALL_TIMEOUT_S),
     )  # fmt: skip
+    job.add_listener(ReleaseClaims(claims, job.job_id))
     for listener in listeners:
         job.add_listener(listener)
     return job
+
+
+def _fixed_ports(spec: JobSpec, nodes: list[Node]) -> list[Wanted]:
+    """The ports the spec fixed (master_port, base_port, Dask's), where they are used."""
+    return [
+        Wanted(nodes[r.node_rank].host, nodes[r.node_rank].name, r.fixed, r.setting)
+        for r in port_requests(spec, nodes)
+        if r.fixed is not None
+    ]
 
 
 def _first(*values):

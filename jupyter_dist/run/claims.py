@@ -1,0 +1,136 @@
+"""Ports a job holds, so that two jobs never join each other.
+
+Two jobs given the same fixed port (`master_port`, `base_port`, a Dask port) on one machine
+would meet: one's rank 0 fails to bind, and its other ranks run a collective with the other
+job's rank 0. So a job claims each fixed host:port it will listen on before it starts, in
+its store (`<store>/ports/<host>_<port>.json`, created exclusively), and gives it back when
+it ends. A second job of the same store that wants a held port is refused at once, in one
+line naming the job that holds it. A claim whose job has ended, or whose owner process is
+gone (a killed kernel), is stale and taken over.
+
+What remains possible: jobs of other stores (another DISTRUN_HOME, another user) do not see
+these claims; the port check at planning still refuses a port already in use.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import re
+import socket
+import threading
+from dataclasses import dataclass
+from pathlib import Path
+
+from jupyter_dist.errors import DistrunError
+from jupyter_dist.run.control import effective_state
+from jupyter_dist.run.events import FINAL_STATES, JobListener, JobResult
+from jupyter_dist.store import JobStore, UnknownJob, private_dir
+
+
+@dataclass(frozen=True)
+class Wanted:
+    """A fixed port a job will listen on: where, and the setting that chose it."""
+
+    host: str
+    node: str
+    port: int
+    setting: str
+
+
+class PortClaims:
+    """The claims of one store's jobs."""
+
+    def __init__(self, store: JobStore):
+        self.store = store
+        self.folder = store.root / "ports"
+
+    def claim(self, job_id: str, wanted: list[Wanted]) -> None:
+        """Hold every port in `wanted` for `job_id`, or none: DistrunError naming the job
+        that holds one."""
+        private_dir(self.folder)
+        taken: list[Path] = []
+        try:
+            for want in wanted:
+                taken.append(self._claim_one(job_id, want))
+        except BaseException:
+            for path in taken:
+                with contextlib.suppress(OSError):
+                    path.unlink()
+            raise
+
+    def release(self, job_id: str) -> None:
+        """Give back every port `job_id` holds."""
+        if not self.folder.is_dir():
+            return
+        for path in self.folder.glob("*.json"):
+            if self._holder(path).get("job") == job_id:
+                with contextlib.suppress(OSError):
+                    path.unlink()
+
+    def _claim_one(self, job_id: str, want: Wanted) -> Path:
+        path = self.folder / f"{re.sub(r'[^A-Za-z0-9.-]', '_', want.host)}_{want.port}.json"
+        mine = json.dumps({"job": job_id, "pid": os.getpid(), "host": socket.gethostname()})
+        # Written whole beside it, then linked into place: the link is the exclusive step,
+        # and a reader never sees a claim half written.
+        draft = self.folder / f".{path.name}.{os.getpid()}.{threading.get_ident()}"
+        draft.write_text(mine)
+        try:
+            for _ in range(3):
+                try:
+                    os.link(draft, path)
+                    return path
+                except FileExistsError:
+                    holder = self._holder(path)
+                if holder.get("job") == job_id:  # one port wanted twice: held already
+                    return path
+                if self._live(holder):
+                    raise DistrunError(
+                        f"{want.setting}: port {want.port} on {want.node} ({want.host}) is "
+                        f"held by job {holder.get('job')} (still running); its ranks would "
+                        "join that job's: choose another port, or leave "
+                        f"{want.setting} out for a free one"
+                    )
+                with contextlib.suppress(OSError):  # stale: its job is over
+                    path.unlink()
+            os.replace(draft, path)  # lost three races with stale claims: take it
+            return path
+        finally:
+            with contextlib.suppress(OSError):
+                draft.unlink()
+
+    @staticmethod
+    def _holder(path: Path) -> dict:
+        try:
+            found = json.loads(path.read_text())
+        except (OSError, ValueError):
+            return {}
+        return found if isinstance(found, dict) else {}
+
+    def _live(self, holder: dict) -> bool:
+        """Whether the claim's job may still use its port."""
+        pid, host = holder.get("pid"), holder.get("host")
+        if not isinstance(pid, int) or host != socket.gethostname():
+            return bool(holder)  # another machine's owner: assume it runs
+        try:
+            os.kill(pid, 0)
+        except ProcessLookupError:
+            return False
+        except PermissionError:
+            pass
+        try:
+            state = effective_state(self.store.get(str(holder.get("job"))).status())
+        except UnknownJob:
+            return True  # claimed a moment ago, before its folder: it starts now
+        return state not in FINAL_STATES and state not in ("lost", "damaged")
+
+
+class ReleaseClaims(JobListener):
+    """Gives a job's ports back when it ends."""
+
+    def __init__(self, claims: PortClaims, job_id: str):
+        self.claims, self.job_id = claims, job_id
+
+    def on_finish(self, result: JobResult) -> None:
+        self.claims.release(self.job_id)
