@@ -24,8 +24,8 @@ def render(spec: JobSpec, target: ExportTarget, cell: str | None = None) -> str:
     if spec.job_type == "dask":
         raise unsupported(
             FORMAT, "distribution.type: dask",
-            "a Dask cluster is several processes per node; use sbatch, or Dask's own "
-            "SkyPilot support",
+            "a Dask cluster is several processes per node, and SkyPilot runs one command "
+            "per node; use sbatch",
         )  # fmt: skip
     if spec.job_type == "pytorch":  # one torchrun per node: the same variables per rank
         spec = spec.with_overrides(launcher="torchrun")
