@@ -85,6 +85,13 @@ export function ansiToNodes(text) {
   return nodes;
 }
 
+// What a terminal shows of a line holding carriage returns (a progress bar that redraws
+// itself): the text after the last one. The store keeps the whole line.
+export function lastState(text) {
+  const trimmed = text.replace(/\r+$/, "");
+  return trimmed.slice(trimmed.lastIndexOf("\r") + 1);
+}
+
 // "0:07", "12:03", "1:02:03": elapsed seconds as a clock.
 export function clock(seconds) {
   const s = Math.max(0, Math.floor(seconds));
@@ -332,7 +339,7 @@ function render({ model, el }) {
       prefix.style.color = colour(line.key);
       div.appendChild(prefix);
     }
-    div.append(...ansiToNodes(line.text));
+    div.append(...ansiToNodes(lastState(line.text)));
     return div;
   }
 

@@ -6,6 +6,7 @@
 // @ts-ignore: a plain JavaScript module without types
 import live, {
   ansiToNodes,
+  lastState,
   clock,
   fetchStacks,
   jupyterServer,
@@ -64,6 +65,14 @@ function lines(from: number, count: number, key = 'rank-0', type = 'lines'): any
 function shown(el: HTMLElement): (string | null)[] {
   return Array.from(el.querySelectorAll('pre.distrun-lines > div')).map(d => d.textContent);
 }
+
+describe('lastState', () => {
+  it('shows a progress bar as a terminal would: after its last carriage return', () => {
+    expect(lastState('10%\r50%\r100%')).toBe('100%');
+    expect(lastState('done 100%\r')).toBe('done 100%');
+    expect(lastState('no bar here')).toBe('no bar here');
+  });
+});
 
 describe('ansiToNodes', () => {
   it('turns SGR colours and bold into styled spans, dropping other codes and resetting', () => {
