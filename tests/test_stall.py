@@ -15,6 +15,7 @@ import yaml
 from helpers import HANG_SCRIPT, job_processes
 
 from jupyter_dist.run.launch import launch, run
+from jupyter_dist.run.meters import Meters
 from jupyter_dist.run.session import Session
 from jupyter_dist.run.stall import StallWatch
 from jupyter_dist.spec import parse_spec
@@ -140,9 +141,14 @@ def test_stall_watch_arithmetic():
         10, lambda quiet: events.append(("stall", quiet)), lambda: events.append("resume"),
         watching=lambda: watching[0], clock=lambda: now[0],
     )  # fmt: skip
-    watch.usage("rank-0", {"cpu": 5.0, "ranks": {}})  # baseline only
+    meters = Meters()
+
+    def report(process, sample):  # as the job feeds it: the readings Meters made of it
+        watch.usage(process, meters.update(process, sample, now=now[0]))
+
+    report("rank-0", {"cpu": 5.0, "ranks": {}})  # baseline only
     now[0] = 9.9
-    watch.usage("rank-0", {"cpu": 5.1, "ranks": {}})  # 1% of a core: idle
+    report("rank-0", {"cpu": 5.1, "ranks": {}})  # 1% of a core: idle
     watch.check()
     assert events == []
     now[0] = 10.0
@@ -150,7 +156,7 @@ def test_stall_watch_arithmetic():
     watch.check()
     assert events == [("stall", 10.0)]
     now[0] = 11.0
-    watch.usage("rank-0", {"cpu": 5.7, "ranks": {}})  # 54% since its last report: working
+    report("rank-0", {"cpu": 5.7, "ranks": {}})  # 54% since its last report: working
     assert events == [("stall", 10.0), "resume"] and not watch.stalled
     now[0] = 30.0
     watching[0] = False
@@ -160,9 +166,9 @@ def test_stall_watch_arithmetic():
     watch.check()
     assert len(events) == 2
     now[0] = 40.0
-    watch.usage("torchrun-0", {"cpu": 9.0, "ranks": {"0": [1.0, 0], "1": [1.0, 0]}})
+    report("torchrun-0", {"cpu": 9.0, "ranks": {"0": [1.0, 0], "1": [1.0, 0]}})
     now[0] = 41.0  # the launcher busy, its ranks idle: ranks decide
-    watch.usage("torchrun-0", {"cpu": 10.0, "ranks": {"0": [1.0, 0], "1": [1.0, 0]}})
+    report("torchrun-0", {"cpu": 10.0, "ranks": {"0": [1.0, 0], "1": [1.0, 0]}})
     watch.check()
     assert events[-1] == ("stall", 11.0)
     watch.output()

@@ -164,12 +164,16 @@ _MAX_REPORT = 4000  # bytes: below PIPE_BUF, so one write is never split
 
 def _rank_of(pid):
     """The rank a process carries in its environment, None if it carries none, or False
-    when its environment cannot be read now (a process caught in exec): ask again later."""
+    when its environment cannot be read now, or reads empty (a process caught in exec: its
+    old memory is gone, the new one not there yet): ask again later."""
     try:
         with open(f"/proc/{pid}/environ", "rb") as handle:
-            pairs = handle.read().split(b"\0")
+            data = handle.read()
     except OSError:
         return False
+    if not data:  # read in the middle of its exec (or an emptied environment): ask again
+        return False
+    pairs = data.split(b"\0")
     for prefix in _RANK_VARS:
         for pair in pairs:
             if pair.startswith(prefix) and pair[len(prefix) :].isdigit():

@@ -49,6 +49,8 @@ class PortClaims:
     def claim(self, job_id: str, wanted: list[Wanted]) -> None:
         """Hold every port in `wanted` for `job_id`, or none: DistrunError naming the job
         that holds one."""
+        if not wanted:
+            return
         private_dir(self.folder)
         taken: list[Path] = []
         try:

@@ -345,7 +345,7 @@ class Job:
 
     def _on_usage(self, name: str, sample: dict) -> None:
         self.usage[name] = sample
-        self.meters.update(name, sample)
+        readings = self.meters.update(name, sample)
         now = time.monotonic()
         with self._usage_lock:  # the store keeps a sample every few seconds per process
             if now - self._usage_stored.get(name, -STORE_EVERY_S) >= STORE_EVERY_S:
@@ -353,7 +353,7 @@ class Job:
                 with contextlib.suppress(OSError):
                     self.record.append_usage({"t": round(time.time(), 2), "p": name, **sample})
         if self._stall is not None:
-            self._stall.usage(name, sample)
+            self._stall.usage(name, readings)
 
     def _watch(self, proc: ProcessPlan, handle: ProcessHandle) -> None:
         code = handle.wait()

@@ -49,8 +49,13 @@ class Meters:
         self._last: dict[str, tuple[float, float]] = {}  # key -> (when, CPU seconds)
         self.latest: dict[str, Reading] = {}
 
-    def update(self, process: str, sample: dict[str, Any], now: float | None = None) -> None:
+    def update(
+        self, process: str, sample: dict[str, Any], now: float | None = None
+    ) -> dict[str, Reading]:
+        """Take a report of `process`'s agent; the readings it gave, by key (none for a key
+        whose first report this is: that sets its baseline)."""
         now = time.monotonic() if now is None else now
+        fresh: dict[str, Reading] = {}
         with self._lock:
             for key, (cpu, rss) in keyed(process, sample).items():
                 before = self._last.get(key)
@@ -58,7 +63,8 @@ class Meters:
                 if before is None or now <= before[0]:
                     continue  # a first report sets the baseline
                 share = max(0.0, cpu - before[1]) / (now - before[0]) * 100
-                self.latest[key] = Reading(round(share, 1), rss)
+                fresh[key] = self.latest[key] = Reading(round(share, 1), rss)
+        return fresh
 
     def snapshot(self) -> dict[str, Reading]:
         with self._lock:

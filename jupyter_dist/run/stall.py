@@ -2,8 +2,9 @@
 stuck (one rank waiting for data, the others waiting for it in a collective), whereas a rank
 computing, or a rank waiting while others compute, is work going on.
 
-`StallWatch` is fed by the job: `output()` for every batch of lines, `usage(process, sample)`
-for every usage report of a process's node agent (node_side/agent.py `--usage`). A thread
+`StallWatch` is fed by the job: `output()` for every batch of lines, `usage(process,
+readings)` with the CPU shares each usage report of a process's node agent gave (run/meters.py,
+from node_side/agent.py `--usage`). A thread
 of its own looks every few seconds; once the job has been quiet for `timeout` seconds while
 `watching()` says quiet would be a stall (a session between cells, a Dask cluster waiting
 for work are quiet by design), it calls `on_stall(quiet_seconds)` once, and `on_resume()`
@@ -14,13 +15,14 @@ from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Callable
-from typing import Any
+from collections.abc import Callable, Mapping
+
+from jupyter_dist.run.meters import Reading
 
 DEFAULT_STALL_TIMEOUT_S = 300
 ACTIONS = ("warn", "kill")
-# CPU seconds per second a process must use to count as working: above what an idle
-# Python rank's housekeeping (a launcher polling its workers, gloo's keep-alives) costs.
+# The share of one core a rank must use to count as working: above what an idle Python
+# rank's housekeeping (gloo's keep-alives, a thread polling) costs.
 BUSY_CPU_SHARE = 0.05
 
 
@@ -40,7 +42,6 @@ class StallWatch:
         self._clock = clock
         self._lock = threading.Lock()
         self._active_at = clock()  # the last time anything printed or computed
-        self._last: dict[str, tuple[float, dict[str, float]]] = {}  # process -> (when, cpu)
         self.stalled = False
         self._stop = threading.Event()
 
@@ -57,25 +58,14 @@ class StallWatch:
         """Something printed."""
         self._activity()
 
-    def usage(self, process: str, sample: dict[str, Any]) -> None:
-        """A usage report of `process`'s agent: CPU seconds of its ranks (or of its whole
-        tree, when it has none), compared with its last report."""
-        now = self._clock()
-        ranks = sample.get("ranks") or {}
-        cpu = {key: float(value[0]) for key, value in ranks.items()}
-        if not cpu:
-            cpu = {"tree": float(sample.get("cpu", 0.0))}
-        with self._lock:
-            before = self._last.get(process)
-            self._last[process] = (now, cpu)
-        if before is None:
-            return
-        elapsed = max(now - before[0], 1e-3)
-        for key, seconds in cpu.items():
-            used = seconds - before[1].get(key, seconds)
-            if used / elapsed >= BUSY_CPU_SHARE:
-                self._activity()
-                return
+    def usage(self, process: str, readings: Mapping[str, Reading]) -> None:
+        """The readings one usage report of `process`'s agent gave (Meters.update): its
+        ranks' CPU shares decide (a launcher polling them is not work); a report without
+        ranks, the share of the process's whole tree."""
+        ranks = [r for key, r in readings.items() if key != process]
+        shares = ranks or [r for key, r in readings.items() if key == process]
+        if any(r.cpu >= BUSY_CPU_SHARE * 100 for r in shares):
+            self._activity()
 
     def quiet_for(self) -> float:
         with self._lock:
