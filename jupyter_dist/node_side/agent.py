@@ -50,20 +50,24 @@ HANDSHAKE = "\x1edistrun-agent"
 TOKEN_VAR = "DISTRUN_AGENT_TOKEN"
 
 
-def _parent_of(pid):
+def _stat_fields(pid):
+    """The fields of /proc/PID/stat after the command name (state, ppid, pgrp, ...), or
+    None when the process is gone."""
     try:
         with open(f"/proc/{pid}/stat") as handle:
-            return int(handle.read().rsplit(")", 1)[1].split()[1])
-    except (OSError, IndexError, ValueError):
+            return handle.read().rsplit(")", 1)[1].split()
+    except (OSError, IndexError):
         return None
+
+
+def _parent_of(pid):
+    fields = _stat_fields(pid)
+    return int(fields[1]) if fields else None
 
 
 def _group_of(pid):
-    try:
-        with open(f"/proc/{pid}/stat") as handle:
-            return int(handle.read().rsplit(")", 1)[1].split()[2])
-    except (OSError, IndexError, ValueError):
-        return None
+    fields = _stat_fields(pid)
+    return int(fields[2]) if fields else None
 
 
 def _all_pids():
@@ -125,35 +129,32 @@ class Tree:
         process group at the first call, then each other process of the tree once no live
         process of the tree is its parent. A launcher (torchrun, mpirun) passes it on to its
         workers itself; a process orphaned meanwhile (its shell died) or daemonized has
-        nobody to. Called again while the grace period runs."""
+        nobody to. Called again while the grace period runs; returns the processes that
+        were still alive (none: the tree is gone)."""
         first = self.root not in self.termed
         self.refresh(orphans=first)
+        live = set(self._live())
         if first:
-            members = [pid for pid in self.alive() if _group_of(pid) == self.root]
             with contextlib.suppress(OSError):
                 os.killpg(self.root, signal.SIGTERM)
-            self.termed.update(members, [self.root])
-        live = set(self.alive())
+            self.termed.update([pid for pid in live if _group_of(pid) == self.root], [self.root])
         for pid in sorted(live - self.termed):
             if _group_of(pid) != self.root and _parent_of(pid) in live:
                 continue  # its parent, one of ours, passes it on
             with contextlib.suppress(OSError):
                 os.kill(pid, signal.SIGTERM)
             self.termed.add(pid)
+        return live
 
     def alive(self):
         self.refresh()
+        return self._live()
+
+    def _live(self):
+        """The processes seen that still run (zombies are done)."""
         with self.lock:
             pids = list(self.seen)
-        live = []
-        for pid in pids:
-            try:
-                with open(f"/proc/{pid}/stat") as handle:
-                    if handle.read().rsplit(")", 1)[1].split()[0] != "Z":
-                        live.append(pid)
-            except OSError:
-                pass
-        return live
+        return [pid for pid in pids if (_stat_fields(pid) or ["Z"])[0] != "Z"]
 
 
 _TICKS = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
@@ -183,12 +184,8 @@ def _rank_of(pid):
 
 def _cpu_and_rss(pid):
     """(CPU seconds used, resident bytes) of a live process, or None."""
-    try:
-        with open(f"/proc/{pid}/stat") as handle:
-            fields = handle.read().rsplit(")", 1)[1].split()
-    except OSError:
-        return None
-    if fields[0] == "Z":
+    fields = _stat_fields(pid)
+    if not fields or fields[0] == "Z":
         return None
     return (int(fields[11]) + int(fields[12])) / _TICKS, int(fields[21]) * _PAGE
 
@@ -307,11 +304,11 @@ class Agent:
             return
         self.stopping.set()
         if grace > 0:
-            self.tree.terminate()
+            live = self.tree.terminate()
             deadline = time.monotonic() + grace
-            while time.monotonic() < deadline and self.tree.alive():
+            while time.monotonic() < deadline and live:
                 time.sleep(0.05)
-                self.tree.terminate()
+                live = self.tree.terminate()
         self.tree.signal(signal.SIGKILL)
         self.stopped.set()
 
