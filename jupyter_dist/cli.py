@@ -248,7 +248,8 @@ def export_options(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--image",
         metavar="IMAGE",
-        help="the container image the job runs in (azureml, unless the spec names an environment)",
+        help="the container image the job runs in (kubeflow, jobset, skypilot, azureml; "
+        "unless the spec names one in environment)",
     )
     p.add_argument(
         "--accelerator",

@@ -82,6 +82,16 @@ def _sbatch(folder: Path, name: str, env: dict, timeout: float = 300):
     return done.returncode, outputs[0].read_text()
 
 
+def _exported_and_run(folder: Path, kind: str, env: dict) -> str:
+    """JOBS[kind] exported by the CLI into `folder` and run there with `sbatch --wait`,
+    which must succeed; the job's output."""
+    spec = _spec_file(folder, kind)
+    assert run_cli("export", str(spec), "--to", "sbatch", "-o", f"{folder}/").returncode == 0
+    code, output = _sbatch(folder, "job.sbatch", env)
+    assert code == 0, output[-3000:]
+    return output
+
+
 def _reports(output: str) -> list[dict]:
     """Every rank's RESULT report. (mpirun's --tag-output can put the next line's tag
     after a report, when a rank wrote its line and its newline apart: ignored.)"""
@@ -135,10 +145,7 @@ def test_an_exported_ddp_job_runs_under_sbatch_with_every_rank_on_its_node(
 def test_an_exported_mpi_job_runs_mpirun_inside_the_allocation(
     cluster_env, slurm_cluster, tmp_path
 ):
-    spec = _spec_file(tmp_path, "mpi")
-    assert run_cli("export", str(spec), "--to", "sbatch", "-o", f"{tmp_path}/").returncode == 0
-    code, output = _sbatch(tmp_path, "job.sbatch", cluster_env)
-    assert code == 0, output[-3000:]
+    output = _exported_and_run(tmp_path, "mpi", cluster_env)
     reports = {r["rank"]: r for r in _reports(output)}
     assert sorted(reports) == [0, 1, 2, 3]
     node0, node1 = (n.host for n in slurm_cluster.nodes)
@@ -152,10 +159,7 @@ def test_an_exported_mpi_job_runs_mpirun_inside_the_allocation(
 @pytest.mark.slurm
 @pytest.mark.tensorflow
 def test_an_exported_tensorflow_job_gives_each_worker_its_tf_config(cluster_env, tmp_path):
-    spec = _spec_file(tmp_path, "tensorflow")
-    assert run_cli("export", str(spec), "--to", "sbatch", "-o", f"{tmp_path}/").returncode == 0
-    code, output = _sbatch(tmp_path, "job.sbatch", cluster_env)
-    assert code == 0, output[-3000:]
+    output = _exported_and_run(tmp_path, "tensorflow", cluster_env)
     reports = {r["rank"]: r for r in _reports(output)}
     assert [reports[i]["host"] for i in (0, 1)] == ["sln1", "sln2"]
     assert {r["allreduce"] for r in reports.values()} == {3.0}  # both replicas took part
@@ -165,10 +169,7 @@ def test_an_exported_tensorflow_job_gives_each_worker_its_tf_config(cluster_env,
 @pytest.mark.slurm
 @pytest.mark.dask
 def test_an_exported_dask_job_stops_its_cluster_when_the_command_ends(cluster_env, tmp_path):
-    spec = _spec_file(tmp_path, "dask")
-    assert run_cli("export", str(spec), "--to", "sbatch", "-o", f"{tmp_path}/").returncode == 0
-    code, output = _sbatch(tmp_path, "job.sbatch", cluster_env)
-    assert code == 0, output[-3000:]
+    output = _exported_and_run(tmp_path, "dask", cluster_env)
     lines = [line for line in output.splitlines() if line.startswith("[client] ")]
     assert lines == ["[client] workers 4 on ['sln1', 'sln2']", "[client] total 328350"]
 

@@ -143,12 +143,18 @@ class _Pods:
         docs.append(dump_yaml(resource))
         return f"# {MARKER}{source}: {what}.\n" + "---\n".join(docs)
 
-    def node_container(self, shell_vars: dict[str, str], port_name: str | None) -> dict:
+    def node_container(
+        self,
+        shell_vars: dict[str, str],
+        port_name: str | None = None,
+        provided: frozenset[str] | set[str] = frozenset(),
+    ) -> dict:
         """The container of every node's pod: one torchrun, its node rank from the pod's
-        index; node 0's address from the operator (MASTER_ADDR) or a literal."""
+        index; node 0's address from the operator (MASTER_ADDR) or a literal. `provided`:
+        what the operator sets itself, left out of our environment; `port_name`: the name
+        the operator knows the master port by."""
         planned = symbolic_plan(self.spec.with_overrides(launcher="torchrun"), self.target.python)
         template = node_template(planned, self.fmt, "its pods run one command each")
-        provided = PROVIDED["PyTorchJob"] if port_name else set()
         env = {k: v for k, v in template.env.items() if k not in provided}
         port = (port_name, planned.master_port) if port_name else None
         return self.container("pytorch", template.argv, env, shell_vars, port)
@@ -181,7 +187,7 @@ def render_jobset(spec: JobSpec, target: ExportTarget, cell: str | None = None) 
     nodes = spec.instance_count
     # JobSet's DNS name of the first pod: <jobset>-<replicated job>-<job index>-<pod index>
     pods.literal[placeholder("addr0")] = f"{pods.name}-node-0-0.{pods.name}"
-    container = pods.node_container({"index": "JOB_COMPLETION_INDEX"}, port_name=None)
+    container = pods.node_container({"index": "JOB_COMPLETION_INDEX"})
     job_template = {
         "spec": {
             "parallelism": nodes, "completions": nodes, "completionMode": "Indexed",
@@ -204,7 +210,9 @@ def render_jobset(spec: JobSpec, target: ExportTarget, cell: str | None = None) 
 def _pytorchjob(pods: _Pods) -> dict:
     # The operator's RANK is the pod's index (Master 0, Worker i is i+1); MASTER_ADDR its
     # master Service.
-    container = pods.node_container({"index": "RANK", "addr0": "MASTER_ADDR"}, "pytorchjob-port")
+    container = pods.node_container(
+        {"index": "RANK", "addr0": "MASTER_ADDR"}, "pytorchjob-port", PROVIDED["PyTorchJob"]
+    )
     replicas = {"Master": _replica(1, pods.pod(container))}
     if pods.spec.instance_count > 1:
         replicas["Worker"] = _replica(pods.spec.instance_count - 1, pods.pod(container))

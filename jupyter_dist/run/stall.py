@@ -3,12 +3,12 @@ stuck (one rank waiting for data, the others waiting for it in a collective), wh
 computing, or a rank waiting while others compute, is work going on.
 
 `StallWatch` is fed by the job: `output()` for every batch of lines, `usage(process,
-readings)` with the CPU shares each usage report of a process's node agent gave (run/meters.py,
-from node_side/agent.py `--usage`). A thread
-of its own looks every few seconds; once the job has been quiet for `timeout` seconds while
-`watching()` says quiet would be a stall (a session between cells, a Dask cluster waiting
-for work are quiet by design), it calls `on_stall(quiet_seconds)` once, and `on_resume()`
-when activity comes back.
+readings)` with the CPU shares each usage report of a process's node agent gave
+(run/meters.py, from node_side/agent.py `--usage`). A thread of its own looks every few
+seconds; once the job has been quiet for `timeout` seconds while `watching()` says quiet
+would be a stall (a session between cells, a Dask cluster waiting for work are quiet by
+design), it calls `on_stall(quiet_seconds)` once, and `on_resume()` when activity comes
+back.
 """
 
 from __future__ import annotations
