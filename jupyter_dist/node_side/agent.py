@@ -25,11 +25,23 @@ torchrun, the ranks of mpirun on this node, with their shells and forked workers
 Each report is one write of under 4 KiB, so it never interleaves with the process's own
 writes.
 
-The tree is the child's process group, every descendant seen (torchrun moves its workers to
-sessions of their own), and any process still carrying this agent's token in its environment
-(an orphan that daemonized). Whatever remains of the tree when the child exits is killed too.
-The agent exits with the child's exit code, or 128+N when a signal N ended it, and says so
-last on stderr (`HANDSHAKE exited CODE`): without that line, the link or the agent died.
+The tree is what the child started, however it tried to leave:
+
+- where this machine lets the agent make a cgroup v2 of its own (root, or a delegated
+  subtree such as systemd's user@UID.service), the child starts in `distrun-JOB-TOKEN`
+  beside the agent, every descendant is born in it, and stopping ends with `cgroup.kill`
+  (what Slurm's proctrack/cgroup does). `DISTRUN_CGROUP=off` in the agent's environment
+  turns this off;
+- everywhere, the agent is the child subreaper of its tree (Linux's
+  PR_SET_CHILD_SUBREAPER): a process that daemonizes (`setsid -f`, a double fork) becomes
+  the agent's child instead of init's, so its parent link is never lost;
+- and the child's process group, every descendant seen (torchrun moves its workers to
+  sessions of their own), and any process still carrying this agent's token in its
+  environment (an orphan of an agent that was killed, found by a later `--sweep`).
+
+Whatever remains of the tree when the child exits is killed too. The agent exits with the
+child's exit code, or 128+N when a signal N ended it, and says so last on stderr
+(`HANDSHAKE exited CODE`): without that line, the link or the agent died.
 
 It is meant to grow into a per-node agent that keeps a warm, pre-imported Python and forks
 ranks from it; the launcher's side of the protocol (handshake, stdin commands) stays the same.
@@ -77,30 +89,204 @@ def _all_pids():
         return []
 
 
-def _carries_token(pid, marker):
+def _environ(pid):
+    """The NAME=VALUE pairs of a process's environment, or None when it cannot be read."""
     try:
         with open(f"/proc/{pid}/environ", "rb") as handle:
-            return marker in handle.read().split(b"\0")
+            return handle.read().split(b"\0")
     except OSError:
+        return None
+
+
+def _carries_token(pid, marker):
+    return marker in (_environ(pid) or [])
+
+
+def become_subreaper():
+    """Orphans of our descendants become our children instead of init's (Linux 3.4+); False
+    where that is not possible."""
+    try:
+        import ctypes
+
+        libc = ctypes.CDLL(None, use_errno=True)
+        return libc.prctl(36, 1, 0, 0, 0) == 0  # PR_SET_CHILD_SUBREAPER
+    except (OSError, AttributeError):
         return False
+
+
+def _cgroup2_mounts():
+    """(root inside the hierarchy, mount point) of every cgroup v2 mount this process sees."""
+    mounts = []
+    try:
+        with open("/proc/self/mountinfo") as handle:
+            for line in handle:
+                left, _, right = line.partition(" - ")
+                if right.split(" ", 1)[0] == "cgroup2":
+                    fields = left.split()
+                    mounts.append((_unescape(fields[3]), _unescape(fields[4])))
+    except OSError:
+        pass
+    return mounts
+
+
+def _unescape(field):
+    """A mountinfo path: spaces, tabs, newlines and backslashes come octal-escaped."""
+    for code, char in (("\\040", " "), ("\\011", "\t"), ("\\012", "\n"), ("\\134", "\\")):
+        field = field.replace(code, char)
+    return field
+
+
+def _own_cgroup_dir():
+    """The folder of this process's cgroup v2, or None (no cgroup v2 here)."""
+    try:
+        with open("/proc/self/cgroup") as handle:
+            lines = handle.read().splitlines()
+    except OSError:
+        return None
+    path = next((line[3:] for line in lines if line.startswith("0::")), None)
+    if path is None or not path.startswith("/"):
+        return None
+    for root, point in _cgroup2_mounts():
+        inside = os.path.relpath(path, root) if root != "/" else path.lstrip("/")
+        if inside.startswith(".."):
+            continue
+        folder = os.path.normpath(os.path.join(point, inside))
+        if os.path.isfile(os.path.join(folder, "cgroup.procs")):
+            return folder
+    return None
+
+
+def _safe_name(text):
+    return "".join(c if c.isalnum() or c in "._-" else "_" for c in text)[:100]
+
+
+class Cgroup:
+    """A cgroup v2 of the process tree's own: `distrun-JOB-TOKEN` beside the agent's (a
+    child of the agent's cgroup, so moving the tree's first process in needs no more rights
+    than the agent has over its own). Every process forked inside stays inside, whatever it
+    does to its session, parent or environment."""
+
+    PREFIX = "distrun-"
+
+    def __init__(self, folder):
+        self.folder = folder
+
+    @classmethod
+    def make(cls, job_id, token):
+        """A new, empty one, or None where this machine does not allow it."""
+        parent = _own_cgroup_dir()
+        if parent is None:
+            return None
+        folder = os.path.join(parent, f"{cls.PREFIX}{_safe_name(job_id)}-{token}")
+        try:
+            os.mkdir(folder)
+        except OSError:
+            return None  # not ours to divide (not root, not delegated), or read-only
+        return cls(folder)
+
+    def enter(self):
+        """Move the calling process in (called in the child, between fork and exec, so that
+        it is inside before it can fork); a failure leaves it where it was."""
+        try:
+            fd = os.open(os.path.join(self.folder, "cgroup.procs"), os.O_WRONLY)
+            try:
+                os.write(fd, b"0")
+            finally:
+                os.close(fd)
+        except OSError:
+            pass
+
+    def pids(self):
+        try:
+            with open(os.path.join(self.folder, "cgroup.procs")) as handle:
+                return [int(line) for line in handle if line.strip()]
+        except (OSError, ValueError):
+            return []
+
+    def populated(self):
+        try:
+            with open(os.path.join(self.folder, "cgroup.events")) as handle:
+                return "populated 1" in handle.read()
+        except OSError:
+            return False
+
+    def kill(self, timeout=5.0):
+        """SIGKILL to every process inside, those forked meanwhile included: `cgroup.kill`
+        (Linux 5.14+), else freeze it and kill each process until none is left."""
+        try:
+            with open(os.path.join(self.folder, "cgroup.kill"), "w") as handle:
+                handle.write("1")
+        except OSError:
+            with (
+                contextlib.suppress(OSError),
+                open(os.path.join(self.folder, "cgroup.freeze"), "w") as handle,
+            ):
+                handle.write("1")  # no more forks; SIGKILL still ends a frozen process
+            for pid in self.pids():
+                with contextlib.suppress(OSError):
+                    os.kill(pid, signal.SIGKILL)
+        deadline = time.monotonic() + timeout
+        while self.populated() and time.monotonic() < deadline:
+            for pid in self.pids():  # without cgroup.kill, one fork may have been in flight
+                with contextlib.suppress(OSError):
+                    os.kill(pid, signal.SIGKILL)
+            time.sleep(0.01)
+
+    def remove(self):
+        """Remove the cgroup once it is empty; True when it is gone."""
+        try:
+            os.rmdir(self.folder)
+            return True
+        except FileNotFoundError:
+            return True
+        except OSError:
+            return False
+
+    @classmethod
+    def of_job(cls, job_id, limit=20000):
+        """Every cgroup the agents of `job_id` made on this machine, found by name."""
+        prefix = f"{cls.PREFIX}{_safe_name(job_id)}-"
+        found, seen = [], 0
+        for _root, point in _cgroup2_mounts():
+            for folder, subfolders, _files in os.walk(point):
+                seen += 1
+                if seen > limit:
+                    return found
+                for name in list(subfolders):
+                    if name.startswith(prefix):
+                        found.append(cls(os.path.join(folder, name)))
+                        subfolders.remove(name)
+        return found
 
 
 class Tree:
     """The child and everything it started, remembered while the links still exist."""
 
-    def __init__(self, root, token):
+    def __init__(self, root, token, cgroup=None):
         self.root = root
         self.marker = f"{TOKEN_VAR}={token}".encode()
+        self.cgroup = cgroup  # the tree's own cgroup, where the machine allows one
         self.seen = {root}
         self.termed = set()  # processes sent SIGTERM (terminate)
         self.lock = threading.Lock()
 
     def refresh(self, orphans=False):
-        """Add new descendants; with `orphans`, also processes carrying the token (slower:
-        it reads every environment, so only when stopping)."""
+        """Add new descendants, the cgroup's processes and the orphans adopted by the agent
+        (reaping those that ended); with `orphans`, also processes carrying the token
+        (slower: it reads every environment, so only when stopping)."""
         me = os.getpid()
         parents = {pid: _parent_of(pid) for pid in _all_pids() if pid != me}
+        inside = self.cgroup.pids() if self.cgroup else []
+        for pid, parent in parents.items():
+            if parent == me and pid != self.root:  # adopted: a daemon of the tree, or its zombie
+                with contextlib.suppress(OSError):
+                    os.waitpid(pid, os.WNOHANG)
         with self.lock:
+            # Forget the ended (their pids may be reused by strangers), never the child.
+            self.seen.intersection_update([*parents, self.root])
+            self.termed.intersection_update([*parents, self.root])
+            self.seen.update(pid for pid in inside if pid != me)
+            self.seen.update(pid for pid, parent in parents.items() if parent == me)
             grew = True
             while grew:
                 grew = False
@@ -123,6 +309,18 @@ class Tree:
         for pid in pids:
             with contextlib.suppress(OSError):
                 os.kill(pid, sig)
+
+    def kill(self, timeout=5.0):
+        """SIGKILL to the whole tree until none of it is left: the cgroup at once where there
+        is one; else again and again, since a process may fork between a look at /proc and
+        the kill (its child, adopted by the agent, is seen at the next look)."""
+        if self.cgroup is not None:
+            self.cgroup.kill(timeout)
+        deadline = time.monotonic() + timeout
+        self.signal(signal.SIGKILL)
+        while self.alive() and time.monotonic() < deadline:
+            self.signal(signal.SIGKILL)
+            time.sleep(0.01)
 
     def terminate(self):
         """SIGTERM once to each process (twice, and its handler would run twice): the child's
@@ -167,14 +365,9 @@ def _rank_of(pid):
     """The rank a process carries in its environment, None if it carries none, or False
     when its environment cannot be read now, or reads empty (a process caught in exec: its
     old memory is gone, the new one not there yet): ask again later."""
-    try:
-        with open(f"/proc/{pid}/environ", "rb") as handle:
-            data = handle.read()
-    except OSError:
+    pairs = _environ(pid)
+    if not pairs or pairs == [b""]:  # read in the middle of its exec (or emptied): ask again
         return False
-    if not data:  # read in the middle of its exec (or an emptied environment): ask again
-        return False
-    pairs = data.split(b"\0")
     for prefix in _RANK_VARS:
         for pair in pairs:
             if pair.startswith(prefix) and pair[len(prefix) :].isdigit():
@@ -249,16 +442,26 @@ class Agent:
         sys.stderr.write(f"{HANDSHAKE} started {os.getpid()}\n")
         sys.stderr.flush()
         self.announced = True
+        become_subreaper()
+        cgroup = None
+        if os.environ.get("DISTRUN_CGROUP", "auto").lower() not in ("off", "0", "no", "false"):
+            cgroup = Cgroup.make(os.environ.get("DISTRUN_JOB_ID", "job"), token)
         try:
             self.child = subprocess.Popen(
                 self.command, cwd=self.cwd, env=env,
                 stdin=subprocess.PIPE if self.stdin else subprocess.DEVNULL,
                 start_new_session=True,
+                preexec_fn=cgroup.enter if cgroup else None,  # no thread runs yet: safe
             )  # fmt: skip
         except OSError as exc:
+            if cgroup is not None:
+                cgroup.remove()
             sys.stderr.write(f"distrun agent: cannot start {self.command[0]!r}: {exc}\n")
             return False
-        self.tree = Tree(self.child.pid, token)
+        if cgroup is not None and self.child.pid not in cgroup.pids():
+            cgroup.remove()  # the move was refused: the subreaper and the links it is
+            cgroup = None
+        self.tree = Tree(self.child.pid, token, cgroup)
         return True
 
     def _refuse(self, reason):
@@ -309,7 +512,7 @@ class Agent:
             while time.monotonic() < deadline and live:
                 time.sleep(0.05)
                 live = self.tree.terminate()
-        self.tree.signal(signal.SIGKILL)
+        self.tree.kill()
         self.stopped.set()
 
     def run(self):
@@ -337,24 +540,59 @@ class Agent:
             # The grace period is the process's own: a shell around it that died of the
             # SIGTERM does not end it early (the rank may still be saving a checkpoint).
             self.stopped.wait()
-        elif self.tree.alive():  # leftovers of a finished process are not kept running
-            self.tree.signal(signal.SIGKILL)
+        elif self.tree.alive() or (self.tree.cgroup and self.tree.cgroup.populated()):
+            self.tree.kill()  # leftovers of a finished process are not kept running
+        if self.tree.cgroup is not None:
+            self.tree.cgroup.remove()
         return 128 - code if code < 0 else code
 
 
+def _is_agent_of(pid, marker):
+    """Whether `pid` is a running agent of the job `marker` names (not a sweep)."""
+    try:
+        with open(f"/proc/{pid}/cmdline", "rb") as handle:
+            argv = handle.read().split(b"\0")
+    except OSError:
+        return False
+    script = os.path.basename(argv[1]) if len(argv) > 1 else b""
+    is_agent = script.startswith(b"agent") and script.endswith(b".py") and b"--sweep" not in argv
+    return is_agent and _carries_token(pid, marker)
+
+
+def _token_owner(pid):
+    """The pid of the agent whose token process `pid` carries, or None."""
+    prefix = TOKEN_VAR.encode() + b"="
+    token = next((p[len(prefix) :] for p in _environ(pid) or [] if p.startswith(prefix)), b"")
+    owner = token.split(b"-", 1)[0]
+    return int(owner) if owner.isdigit() else None
+
+
 def sweep(job_id):
-    """Kill every process on this machine that carries DISTRUN_JOB_ID=job_id (the last
-    safety net after a job); returns their pids."""
+    """Kill every process on this machine in a cgroup of the job's agents or carrying
+    DISTRUN_JOB_ID=job_id (the last safety net after a job); returns their pids. A live
+    agent's tree is left to it, and the agent too: it is still in its grace period (the
+    launcher sweeps as soon as it lost the link), and will take its tree down whole."""
     marker = f"DISTRUN_JOB_ID={job_id}".encode()
     me = os.getpid()
     killed = []
+    for cgroup in Cgroup.of_job(job_id):  # a killed agent's tree, cleared environments too
+        owner = cgroup.folder.rsplit("-", 2)[-2]
+        if owner.isdigit() and _is_agent_of(int(owner), marker):
+            continue
+        killed += cgroup.pids()
+        cgroup.kill()
+        cgroup.remove()
     for pid in _all_pids():
-        if pid != me and _carries_token(pid, marker):
-            try:
-                os.kill(pid, signal.SIGKILL)
-                killed.append(pid)
-            except OSError:
-                pass
+        if pid == me or not _carries_token(pid, marker) or _is_agent_of(pid, marker):
+            continue
+        owner = _token_owner(pid)
+        if owner is not None and _is_agent_of(owner, marker):
+            continue
+        try:
+            os.kill(pid, signal.SIGKILL)
+            killed.append(pid)
+        except OSError:
+            pass
     return killed
 
 
