@@ -222,12 +222,9 @@ class Cgroup:
                 open(os.path.join(self.folder, "cgroup.freeze"), "w") as handle,
             ):
                 handle.write("1")  # no more forks; SIGKILL still ends a frozen process
-            for pid in self.pids():
-                with contextlib.suppress(OSError):
-                    os.kill(pid, signal.SIGKILL)
         deadline = time.monotonic() + timeout
         while self.populated() and time.monotonic() < deadline:
-            for pid in self.pids():  # without cgroup.kill, one fork may have been in flight
+            for pid in self.pids():  # without cgroup.kill, or a fork that was in flight
                 with contextlib.suppress(OSError):
                     os.kill(pid, signal.SIGKILL)
             time.sleep(0.01)
@@ -547,24 +544,26 @@ class Agent:
         return 128 - code if code < 0 else code
 
 
-def _is_agent_of(pid, marker):
-    """Whether `pid` is a running agent of the job `marker` names (not a sweep)."""
+def _runs_agent(pid):
+    """Whether `pid` runs a node agent (agent.py, or agent-DIGEST.py as shipped), not a sweep."""
     try:
         with open(f"/proc/{pid}/cmdline", "rb") as handle:
             argv = handle.read().split(b"\0")
     except OSError:
         return False
     script = os.path.basename(argv[1]) if len(argv) > 1 else b""
-    is_agent = script.startswith(b"agent") and script.endswith(b".py") and b"--sweep" not in argv
-    return is_agent and _carries_token(pid, marker)
+    return script.startswith(b"agent") and script.endswith(b".py") and b"--sweep" not in argv
 
 
-def _token_owner(pid):
-    """The pid of the agent whose token process `pid` carries, or None."""
-    prefix = TOKEN_VAR.encode() + b"="
-    token = next((p[len(prefix) :] for p in _environ(pid) or [] if p.startswith(prefix)), b"")
-    owner = token.split(b"-", 1)[0]
+def _agent_of_token(token):
+    """The pid of the agent that made `token` (`PID-NANOSECONDS`, see Agent.start), or None."""
+    owner = token.split("-", 1)[0]
     return int(owner) if owner.isdigit() else None
+
+
+def _live_agent(owner, marker):
+    """Whether `owner` (a pid, or None) is a running agent of the job `marker` names."""
+    return owner is not None and _runs_agent(owner) and _carries_token(owner, marker)
 
 
 def sweep(job_id):
@@ -573,20 +572,22 @@ def sweep(job_id):
     agent's tree is left to it, and the agent too: it is still in its grace period (the
     launcher sweeps as soon as it lost the link), and will take its tree down whole."""
     marker = f"DISTRUN_JOB_ID={job_id}".encode()
+    token_prefix = f"{TOKEN_VAR}=".encode()
     me = os.getpid()
     killed = []
     for cgroup in Cgroup.of_job(job_id):  # a killed agent's tree, cleared environments too
-        owner = cgroup.folder.rsplit("-", 2)[-2]
-        if owner.isdigit() and _is_agent_of(int(owner), marker):
+        token = "-".join(os.path.basename(cgroup.folder).rsplit("-", 2)[-2:])
+        if _live_agent(_agent_of_token(token), marker):
             continue
         killed += cgroup.pids()
         cgroup.kill()
         cgroup.remove()
     for pid in _all_pids():
-        if pid == me or not _carries_token(pid, marker) or _is_agent_of(pid, marker):
-            continue
-        owner = _token_owner(pid)
-        if owner is not None and _is_agent_of(owner, marker):
+        pairs = _environ(pid) or []
+        if pid == me or marker not in pairs or _runs_agent(pid):
+            continue  # an agent of the job carries its id, and stops its own tree
+        token = next((p[len(token_prefix) :] for p in pairs if p.startswith(token_prefix)), b"")
+        if _live_agent(_agent_of_token(token.decode(errors="replace")), marker):
             continue
         try:
             os.kill(pid, signal.SIGKILL)
