@@ -93,11 +93,15 @@ def _exported_and_run(folder: Path, kind: str, env: dict) -> str:
 
 
 def _reports(output: str) -> list[dict]:
-    """Every rank's RESULT report. (mpirun's --tag-output can put the next line's tag
-    after a report, when a rank wrote its line and its newline apart: ignored.)"""
+    """Every rank's RESULT report. mpirun --tag-output tags fragments, not lines: a rank
+    that wrote its report and its newline apart can have another rank's report follow its
+    own on the same line, so every report on a line is read."""
     decode = json.JSONDecoder().raw_decode
-    return [decode(line.split("RESULT ", 1)[1])[0] for line in output.splitlines()
-            if "RESULT {" in line]  # fmt: skip
+    return [
+        decode(line, found.end())[0]
+        for line in output.splitlines()
+        for found in re.finditer(r"RESULT (?=\{)", line)
+    ]
 
 
 @pytest.fixture
