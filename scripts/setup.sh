@@ -60,6 +60,8 @@ else
 fi
 .venv/bin/python -c "import torch, numpy, paramiko, jupyter_dist"  # fail loudly if an install went wrong
 if [[ $want_tests -eq 1 ]]; then
+    # Horovod has no wheel on PyPI: built once per machine (a few minutes), then cached.
+    scripts/build-horovod.sh
     # SkyPilot's own loader checks the exported task files (tests/test_export.py). It lives in
     # a venv of its own: its pins (click, uvicorn, ...) are not JupyterLab's.
     [[ -x .venv-skypilot/bin/python ]] || "$PYTHON" -m venv .venv-skypilot
