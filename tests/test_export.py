@@ -46,6 +46,13 @@ JOBS = {
         resources: {{instance_count: 2}}
         distribution: {{type: mpi, process_count_per_instance: 2}}
         """,
+    "horovod": f"""\
+        code: {SRC}
+        command: python horovod_train.py
+        resources: {{instance_count: 2}}
+        distribution: {{type: mpi, launcher: horovodrun, process_count_per_instance: 2,
+                       mpi_args: [--gloo]}}
+        """,
     "tensorflow": f"""\
         code: {SRC}
         command: python tf_mwms_train.py
@@ -158,6 +165,21 @@ def test_an_exported_mpi_job_runs_mpirun_inside_the_allocation(
         assert report["host"] == f"sln{rank // 2 + 1}"
         assert report["master"] == [node0, 29500]
         assert report["hostfile"] == [f"{node0} slots=2", f"{node1} slots=2"]
+
+
+@pytest.mark.slurm
+def test_an_exported_horovod_job_runs_horovodrun_inside_the_allocation(
+    cluster_env, slurm_cluster, tmp_path
+):
+    """horovodrun --gloo reaches the other node through the script's srun-as-ssh."""
+    output = _exported_and_run(tmp_path, "horovod", cluster_env)
+    reports = {r["rank"]: r for r in _reports(output)}
+    assert sorted(reports) == [0, 1, 2, 3]
+    for rank, report in reports.items():
+        assert report["size"] == 4 and report["allreduce"] == 10.0
+        assert report["host"] == f"sln{rank // 2 + 1}" and report["local_rank"] == rank % 2
+        assert f"[horovodrun] [{rank}]<stdout>:RESULT " in output
+    assert len({json.dumps(r["weights"]) for r in reports.values()}) == 1
 
 
 @pytest.mark.slurm
@@ -347,8 +369,8 @@ def test_what_azure_ml_does_itself_is_left_out_and_listed(tmp_path):
          "azureml: distribution.chief_count cannot be exported: Azure ML's TensorFlow jobs"),
         ("azureml", "distribution: {type: mpi, mpi_args: '--bind-to core'}\n",
          "azureml: distribution.mpi_args cannot be exported"),
-        ("sbatch", "distribution: {type: mpi, launcher: horovodrun}\n",
-         "sbatch: distribution.launcher: horovodrun cannot be exported"),
+        ("kubeflow", "distribution: {type: mpi, launcher: horovodrun}\n",
+         "kubeflow: distribution.launcher: horovodrun cannot be exported"),
         ("sbatch", "backend: {type: slurm, partition: 'a b'}\n",
          "sbatch: partition 'a b' cannot be exported: an #SBATCH line cannot carry spaces"),
         ("kubeflow", "distribution: {type: dask}\n",

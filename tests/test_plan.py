@@ -249,6 +249,40 @@ def test_mpi_local_nodes_share_one_host_line(tmp_path):
     assert p.files[0].content == "127.0.0.1 slots=4\n"
 
 
+@pytest.mark.parametrize(
+    ("command", "launcher", "world"),
+    [
+        ("horovodrun -np 3 --hostfile $AZUREML_MPI_HOSTFILE python hvd.py", "horovodrun", 3),
+        ("NCCL_DEBUG=INFO /usr/bin/mpirun -n 2 python x.py", "mpirun", 2),
+        ("mpiexec python x.py", "mpiexec", 4),  # no -np: the spec's count
+    ],
+)
+def test_a_command_that_is_a_launcher_runs_once_on_node_0(command, launcher, world):
+    p = _plan(
+        f"command: {command}\nresources: {{instance_count: 2}}\n"
+        "distribution: {type: mpi, process_count_per_instance: 2}"
+    )
+    (proc,) = p.processes
+    assert (proc.name, proc.node_rank, proc.ranks) == (launcher, 0, tuple(range(world)))
+    assert proc.argv == ["/bin/sh", "-c", command] and proc.output == "mpi"
+    assert proc.env["AZUREML_MPI_HOSTFILE"] == "/scratch/distrun/job1/hostfile"
+    assert p.files[0].content == "10.0.0.5 slots=2\n10.0.0.6 slots=2\n"
+    # It calls `ssh` itself: the job's own, which uses the job's ssh_config, comes first.
+    assert proc.env["DISTRUN_PATH_FIRST"] == "/scratch/distrun/job1/bin"
+    (program,) = [f for f in p.files if f.executable]
+    assert program.path == "/scratch/distrun/job1/bin/ssh"
+    assert "exec ssh -F /scratch/distrun/job1/ssh_config " in program.content
+
+
+def test_a_plain_mpi_job_gets_no_ssh_program_of_its_own():
+    p = _plan(
+        "command: python x.py\nresources: {instance_count: 2}\n"
+        "distribution: {type: mpi, process_count_per_instance: 2}"
+    )
+    assert not [f for f in p.files if f.executable]
+    assert "DISTRUN_PATH_FIRST" not in p.processes[0].env
+
+
 def test_horovodrun_launcher():
     p = _plan(
         "command: python hvd.py\nresources: {instance_count: 2}\n"

@@ -147,14 +147,32 @@ def test_mpi_allreduce_starts_its_ranks_through_slurm(allocation, slurm_cluster,
         assert report["hostfile"] == [f"{node0} slots=2", f"{node1} slots=2"]
 
 
-def test_horovodrun_is_refused_in_one_line_before_anything_starts(allocation, store, tmp_path):
-    spec = _spec(tmp_path, "command: hostname\ndistribution: {type: mpi, launcher: horovodrun}\n")
-    done = run_cli("run", str(spec), store=store, env=allocation)
-    assert done.returncode == 2 and store.jobs() == []
-    assert done.stderr.strip() == (
-        "error: slurm: launcher horovodrun does not run on the slurm backend yet; "
-        "use launcher: mpirun (Horovod scripts run under it too)"
+@pytest.mark.parametrize("mpi_args", ["[--gloo]", "[]"])
+def test_horovodrun_reaches_the_other_node_through_slurm(
+    mpi_args, allocation, slurm_cluster, store, tmp_path
+):
+    """horovodrun --gloo starts its remote ranks with `ssh`: the job's own `ssh`, which is
+    srun (no SSH exists in these nodes); its MPI controller's mpirun uses Slurm's launcher."""
+    spec = _spec(
+        tmp_path,
+        f"""\
+        code: {EXAMPLES / "src"}
+        command: python horovod_train.py
+        resources: {{instance_count: 2}}
+        distribution: {{type: mpi, launcher: horovodrun, process_count_per_instance: 2,
+                       mpi_args: {mpi_args}}}
+    """,
     )
+    done = run_cli("run", str(spec), store=store, env=allocation, timeout=180)
+    assert done.returncode == 0, done.stderr[-3000:]
+    (record,) = store.jobs()
+    reports = result_reports(store, record.job_id)
+    assert sorted(reports) == [0, 1, 2, 3]
+    for rank, report in reports.items():
+        assert report["size"] == 4 and report["allreduce"] == 10.0
+        assert report["host"] == f"sln{rank // 2 + 1}" and report["local_rank"] == rank % 2
+        assert f"[rank {rank}] RESULT " in done.stdout
+    assert len({json.dumps(r["weights"]) for r in reports.values()}) == 1
 
 
 def test_slurm_job_names_the_allocation_to_run_in(allocation, slurm_cluster, store, tmp_path):

@@ -144,6 +144,8 @@ def write_plan_files(plan: LaunchPlan, nodes: list[Node]) -> None:
         path = Path(planned.path)
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_text(planned.content)
+        if planned.executable:
+            path.chmod(0o700)
 
 
 def read_folder(folder: str) -> dict[str, bytes]:

@@ -15,6 +15,7 @@ the notebook's Python, the job store and the code folder are used in place.
 from __future__ import annotations
 
 import os
+import posixpath
 import queue
 import re
 import shlex
@@ -30,10 +31,12 @@ from jupyter_dist.backends.local import LocalBackend, LocalProcess
 from jupyter_dist.backends.node_ports import ports_on_nodes
 from jupyter_dist.describe import counted
 from jupyter_dist.errors import DistrunError, NodeError
+from jupyter_dist.node_side.agent import PATH_FIRST_VAR
 from jupyter_dist.nodes import Inventory, Node
 from jupyter_dist.options import SLURM_OPTIONS
 from jupyter_dist.plan.context import PlanContext, PortRequest
-from jupyter_dist.plan.model import MpiLaunch, ProcessPlan
+from jupyter_dist.plan.model import MpiLaunch, PlannedFile, ProcessPlan
+from jupyter_dist.plan.mpi import runs_ssh
 from jupyter_dist.run.agent_client import AGENT_SOURCE, agent_argv
 from jupyter_dist.spec import JobSpec
 
@@ -112,11 +115,6 @@ class SlurmBackend(LocalBackend):
         """The allocation's nodes (the first `instance_count`, or those `spec.nodes`
         names), each with the address Slurm knows it by; outside an allocation, one is
         asked for first (blocks while it is pending)."""
-        if spec.job_type == "mpi" and spec.distribution.launcher == "horovodrun":
-            raise DistrunError(
-                "slurm: launcher horovodrun does not run on the slurm backend yet; use "
-                "launcher: mpirun (Horovod scripts run under it too)"
-            )
         if spec.backend and spec.backend.job:  # --slurm-job: the one named, over SLURM_JOB_ID
             self.job_id = spec.backend.job
         if not self.job_id:
@@ -268,17 +266,51 @@ class SlurmBackend(LocalBackend):
 def mpi_launch(ctx: PlanContext) -> MpiLaunch:
     """mpirun (itself a step on node 0) starts its daemons on the job's nodes as job steps
     of the same allocation, through Open MPI's Slurm launcher: no SSH, no hostfile. The
-    hosts are the job's nodes by Slurm name, not the whole allocation."""
+    hosts are the job's nodes by Slurm name, not the whole allocation.
+
+    horovodrun gets the same settings as Open MPI variables (for the mpirun it starts),
+    and an `ssh` of the job's that is srun (for what it starts itself: its checks, its
+    Gloo ranks)."""
     per_node = ctx.spec.distribution.process_count_per_instance
     hosts = ",".join(f"{node.name}:{per_node}" for node in ctx.nodes)
+    folder = posixpath.join(ctx.job_dir(ctx.nodes[0]), "bin")
+    # its srun shares the allocation with the other steps, as ours do
+    mca = {"plm": "slurm", "ras": "^slurm", "plm_slurm_args": "--overlap"}
+    args = (
+        "--host",
+        hosts,
+        *(arg for name, value in mca.items() for arg in ("--mca", name, value)),
+    )
+    if not runs_ssh(ctx):
+        return MpiLaunch(args=args, hostfile=False, hosts=hosts)
     return MpiLaunch(
-        args=(
-            "--host", hosts, "--mca", "plm", "slurm", "--mca", "ras", "^slurm",
-            # its srun shares the allocation with the other steps, as ours do
-            "--mca", "plm_slurm_args", "--overlap",
-        ),
+        args=args,
+        files=(PlannedFile(0, posixpath.join(folder, "ssh"), SRUN_AS_SSH, executable=True),),
         hostfile=False,
-    )  # fmt: skip
+        hosts=hosts,
+        ssh_env={
+            PATH_FIRST_VAR: folder,
+            **{f"OMPI_MCA_{name}": value for name, value in mca.items()},
+        },
+    )
+
+
+# horovodrun's `ssh [OPTIONS] HOST [OPTIONS] COMMAND` as a step of the allocation on HOST,
+# beside the job's other steps; COMMAND runs with the shell, as sshd would run it.
+SRUN_AS_SSH = r"""#!/bin/sh
+# jupyter-dist: `ssh HOST COMMAND` as a step of this Slurm allocation on HOST.
+host=
+while [ $# -gt 0 ]; do
+    case $1 in
+        -[bcDEeFIiJLlmOopQRSWw]) shift 2 ;;  # an option and its value
+        -*) shift ;;
+        *) [ -n "$host" ] && break; host=$1; shift ;;
+    esac
+done
+[ -n "$host" ] || { echo "jupyter-dist ssh: no host given" >&2; exit 255; }
+exec srun --jobid="$SLURM_JOB_ID" --nodelist="$host" --nodes=1 --ntasks=1 --overlap \
+    --kill-on-bad-exit=1 --quiet /bin/sh -c "$*"
+"""
 
 
 def tasks_per_node(spec: JobSpec) -> int:

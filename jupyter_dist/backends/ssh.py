@@ -27,9 +27,11 @@ import paramiko
 from jupyter_dist.backends.base import Backend, NodeHealth
 from jupyter_dist.backends.node_ports import ports_on_nodes
 from jupyter_dist.errors import DistrunError, NodeError
+from jupyter_dist.node_side.agent import PATH_FIRST_VAR
 from jupyter_dist.nodes import Inventory, Node, SshAccess
 from jupyter_dist.plan.context import PlanContext, PortRequest
 from jupyter_dist.plan.model import LaunchPlan, MpiLaunch, PlannedFile, ProcessPlan
+from jupyter_dist.plan.mpi import runs_ssh
 from jupyter_dist.run.agent_client import AGENT_SOURCE, AgentProcess, agent_argv
 from jupyter_dist.spec import JobSpec
 from jupyter_dist.store import PRIVATE_DIR
@@ -398,6 +400,27 @@ def ssh_config(nodes: list[Node]) -> str:
     return "\n".join(lines) + "\n"
 
 
+def horovodrun_ssh(config_path: str, folder: str) -> str:
+    """The `ssh` horovodrun finds first on PATH (in `folder`): OpenSSH with the job's
+    ssh_config. horovodrun passes `-o StrictHostKeyChecking=no`, which would beat the
+    config's host-key policy (ssh keeps the first value it is given): it is dropped, so an
+    unknown host key is refused unless the inventory trusts it, as with mpirun."""
+    return f"""#!/bin/sh
+# jupyter-dist: horovodrun's ssh, with this job's ssh_config and host-key policy.
+n=$#
+while [ "$n" -gt 0 ]; do
+    arg=$1; shift; n=$((n - 1))
+    if [ "$arg" = -o ] && [ "$n" -gt 0 ] && [ "$1" = StrictHostKeyChecking=no ]; then
+        shift; n=$((n - 1)); continue
+    fi
+    set -- "$@" "$arg"
+done
+# the system's ssh, not this one
+PATH=$(printf '%s\\n' "$PATH" | tr ':' '\\n' | grep -vxF {shlex.quote(folder)} | paste -sd: -)
+exec ssh -F {shlex.quote(config_path)} "$@"
+"""
+
+
 @functools.cache  # once per process: every start, prepare and sweep names the agent
 def agent_file_name() -> str:
     digest = hashlib.sha256(AGENT_SOURCE.read_bytes()).hexdigest()[:12]
@@ -454,12 +477,22 @@ class SshBackend(Backend):
 
     def mpi_launch(self, ctx: PlanContext) -> MpiLaunch:
         """mpirun on node 0 starts the other nodes' daemons with OpenSSH, configured from
-        the inventory (port, user, key, host-key policy) in an ssh_config of the job's."""
-        config_path = posixpath.join(ctx.job_dir(ctx.nodes[0]), "ssh_config")
+        the inventory (port, user, key, host-key policy) in an ssh_config of the job's;
+        horovodrun (or the user's own mpirun) calls an `ssh` of the job's that uses it."""
+        job_dir = ctx.job_dir(ctx.nodes[0])
+        config_path = posixpath.join(job_dir, "ssh_config")
+        files = [PlannedFile(0, config_path, ssh_config(ctx.nodes[1:]))]
+        ssh_env = {}
+        if runs_ssh(ctx):
+            folder = posixpath.join(job_dir, "bin")
+            program = horovodrun_ssh(config_path, folder)
+            files.append(PlannedFile(0, posixpath.join(folder, "ssh"), program, executable=True))
+            ssh_env[PATH_FIRST_VAR] = folder
         return MpiLaunch(
             args=("--mca", "plm_rsh_agent", f"ssh -F {config_path}"),
-            files=(PlannedFile(0, config_path, ssh_config(ctx.nodes[1:])),),
+            files=tuple(files),
             forward=("PATH",),  # the other nodes' ranks find the same python
+            ssh_env=ssh_env,
         )
 
     def prepare(self, plan: LaunchPlan, nodes: list[Node]) -> None:
@@ -480,8 +513,12 @@ class SshBackend(Backend):
                     sync_folder(sftp, code, cache)
                 for planned in plan.files:
                     if nodes[planned.node_rank].name == node.name:
+                        if posixpath.dirname(planned.path) != job_dir:
+                            _makedirs(sftp, posixpath.dirname(planned.path))
                         with sftp.open(planned.path, "w") as handle:
                             handle.write(planned.content)
+                        if planned.executable:
+                            sftp.chmod(planned.path, 0o700)
             if code is not None:  # a snapshot per job: later syncs replace files, not edit them
                 self._run_checked(node, ["cp", "-al", cache, posixpath.join(job_dir, "code")])
 

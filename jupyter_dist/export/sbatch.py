@@ -21,6 +21,7 @@ from jupyter_dist.backends.slurm import allocation_options, mpi_launch
 from jupyter_dist.describe import launch_summary
 from jupyter_dist.export.symbolic import placeholders_in, shell_word, symbolic_plan
 from jupyter_dist.export.target import MARKER, ExportTarget, path_from, unsupported
+from jupyter_dist.node_side.agent import PATH_FIRST_VAR
 from jupyter_dist.plan.model import LaunchPlan, ProcessPlan
 from jupyter_dist.spec import JobSpec
 
@@ -134,16 +135,10 @@ def _common_env(planned: LaunchPlan) -> dict[str, str]:
 
 
 def _check(spec: JobSpec, target: ExportTarget) -> None:
-    dist = spec.distribution
     if spec.job_type == "dask" and spec.command is None:
         raise unsupported(
             FORMAT, "a Dask job without a command",
             "it keeps a cluster for the notebook; a batch job needs a command to run",
-        )  # fmt: skip
-    if spec.job_type == "mpi" and dist.launcher == "horovodrun":
-        raise unsupported(
-            FORMAT, "distribution.launcher: horovodrun",
-            "it does not run under Slurm yet; use launcher: mpirun (Horovod runs under it)",
         )  # fmt: skip
     if any(c in str(target.folder) for c in "'\n"):
         raise unsupported(
@@ -191,16 +186,20 @@ def _files(planned: LaunchPlan, word) -> list[str]:
             lines.append(_HEREDOC_END)
         else:
             lines.append(f"printf %s {word(content)} > {word(planned_file.path)}")
+        if planned_file.executable:  # a program a launcher runs (horovodrun's `ssh`)
+            lines.append(f"chmod +x {word(planned_file.path)}")
     return lines
 
 
 def _step(proc: ProcessPlan, word, common: dict[str, str]) -> list[str]:
     what = "a service: it runs until the job's other processes end" if proc.service else ""
     head = f"# {proc.label}" + (f" ({what})" if what else "")
+    first = proc.env.get(PATH_FIRST_VAR)  # the job's own programs (horovodrun's `ssh`)
     return [
         head,
         f'distrun_step {word(proc.label)} {word(proc.node)} {word(proc.cwd)} "${{common[@]}}" \\',
         *(f"  {name}={word(value)} \\" for name, value in proc.env.items() if name not in common),
+        *([f'  PATH={word(first)}:"$PATH" \\'] if first else []),
         "  -- " + " ".join(word(arg) for arg in proc.argv) + " &",
         "watched+=($!)" + (" services+=($!)" if proc.service else ""),
     ]

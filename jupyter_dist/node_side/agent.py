@@ -6,7 +6,8 @@ the node's Python. Usage::
     python agent.py [--cwd DIR] [--grace SECONDS] [--stdin] [--usage SECONDS] -- COMMAND...
     python agent.py --sweep JOB_ID     (kill what is left of a job on this machine)
 
-It starts COMMAND in a session of its own with this Python's folder first on PATH, inheriting
+It starts COMMAND in a session of its own with this Python's folder first on PATH (after
+$DISTRUN_PATH_FIRST, a folder of the job's own programs, where the plan names one), inheriting
 stdout and stderr, and writes one handshake line to stderr first (`HANDSHAKE started PID`,
 or `HANDSHAKE failed REASON` and exit 127 without an exit report). Then it reads its stdin:
 
@@ -20,10 +21,10 @@ or `HANDSHAKE failed REASON` and exit 127 without an exit report). Then it reads
 With `--usage S`, every S seconds it also reports what its process tree uses, one line on
 stderr: `HANDSHAKE usage {"cpu": SECONDS, "rss": BYTES, "ranks": {"RANK": [SECONDS, BYTES]}}`:
 CPU time used so far and resident memory, of the whole tree and of each rank: the processes
-that carry it (RANK, OMPI_COMM_WORLD_RANK or PMI_RANK in their environment: the workers of
-torchrun, the ranks of mpirun on this node, with their shells and forked workers) together.
-Each report is one write of under 4 KiB, so it never interleaves with the process's own
-writes.
+that carry it (RANK, OMPI_COMM_WORLD_RANK, PMI_RANK or HOROVOD_RANK in their environment: the
+workers of torchrun, the ranks of mpirun or horovodrun on this node, with their shells and
+forked workers) together. Each report is one write of under 4 KiB, so it never interleaves
+with the process's own writes.
 
 The tree is what the child started, however it tried to leave:
 
@@ -60,6 +61,7 @@ import time
 
 HANDSHAKE = "\x1edistrun-agent"
 TOKEN_VAR = "DISTRUN_AGENT_TOKEN"
+PATH_FIRST_VAR = "DISTRUN_PATH_FIRST"
 
 
 def _stat_fields(pid):
@@ -354,7 +356,8 @@ class Tree:
 
 _TICKS = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
 _PAGE = os.sysconf("SC_PAGE_SIZE") if hasattr(os, "sysconf") else 4096
-_RANK_VARS = (b"RANK=", b"OMPI_COMM_WORLD_RANK=", b"PMI_RANK=")
+# torchrun and per-process ranks, Open MPI, MPICH and Slurm, horovodrun --gloo
+_RANK_VARS = (b"RANK=", b"OMPI_COMM_WORLD_RANK=", b"PMI_RANK=", b"HOROVOD_RANK=")
 _MAX_REPORT = 4000  # bytes: below PIPE_BUF, so one write is never split
 
 
@@ -428,8 +431,10 @@ class Agent:
         env = dict(os.environ)
         token = f"{os.getpid()}-{time.time_ns()}"
         env[TOKEN_VAR] = token
-        python_dir = os.path.dirname(sys.executable)
-        env["PATH"] = python_dir + os.pathsep + env.get("PATH", "/usr/bin:/bin")
+        path = [os.path.dirname(sys.executable), env.get("PATH", "/usr/bin:/bin")]
+        if env.get(PATH_FIRST_VAR):  # the job's own programs (the `ssh` horovodrun calls)
+            path.insert(0, env[PATH_FIRST_VAR])
+        env["PATH"] = os.pathsep.join(path)
         # Check first, then say "started", then start: once the child runs, its output
         # shares our stderr, so the handshake line must already be out.
         if self.cwd and not os.path.isdir(self.cwd):

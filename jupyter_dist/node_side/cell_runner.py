@@ -40,7 +40,7 @@ except ImportError:
 
 def rank_key():
     """This process's place in the job, whatever launched it."""
-    for name in ("RANK", "OMPI_COMM_WORLD_RANK", "PMI_RANK"):
+    for name in ("RANK", "OMPI_COMM_WORLD_RANK", "PMI_RANK", "HOROVOD_RANK"):
         if os.environ.get(name, "").isdigit():
             return f"rank-{int(os.environ[name]):06d}"
     if "TF_CONFIG" in os.environ:

@@ -285,8 +285,10 @@ def collect(job_id, method="auto"):
         entry = {
             "pid": pid,
             "ppid": parent_of(pid),
-            "rank": number(env, "RANK", "OMPI_COMM_WORLD_RANK", "PMI_RANK"),
-            "local_rank": number(env, "LOCAL_RANK", "OMPI_COMM_WORLD_LOCAL_RANK"),
+            "rank": number(env, "RANK", "OMPI_COMM_WORLD_RANK", "PMI_RANK", "HOROVOD_RANK"),
+            "local_rank": number(
+                env, "LOCAL_RANK", "OMPI_COMM_WORLD_LOCAL_RANK", "HOROVOD_LOCAL_RANK"
+            ),
             "node_rank": number(env, "DISTRUN_NODE_RANK"),
             "command": " ".join(argv)[:200],
             "method": None,

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
@@ -24,17 +25,26 @@ class PlannedFile:
     node_rank: int
     path: str
     content: str
+    executable: bool = False  # a program a launcher runs (the `ssh` horovodrun calls)
 
 
 @dataclass(frozen=True)
 class MpiLaunch:
     """What a backend adds to the mpirun on node 0 so that it reaches the job's other nodes
-    (Backend.mpi_launch): SSH names an rsh agent and its ssh_config, Slurm its own launcher."""
+    (Backend.mpi_launch): SSH names an rsh agent and its ssh_config, Slurm its own launcher.
+
+    horovodrun takes no rsh agent: it runs the `ssh` it finds on PATH, itself and through
+    the mpirun it starts (so does an mpirun the user's command runs). A backend whose nodes
+    they must reach plans an `ssh` program of its own and names its folder in `ssh_env`
+    (DISTRUN_PATH_FIRST: the agent puts that folder first on PATH)."""
 
     args: tuple[str, ...] = ()  # mpirun options, before the user's mpi_args
-    files: tuple[PlannedFile, ...] = ()  # files those options name
+    files: tuple[PlannedFile, ...] = ()  # files those options (and ssh_env) name
     forward: tuple[str, ...] = ()  # variables the other nodes' ranks must get too (-x)
     hostfile: bool = True  # give mpirun the job's hostfile; False: `args` name the hosts
+    hosts: str = ""  # with hostfile False: the hosts, as horovodrun's -H wants them
+    # The environment of a launcher that runs `ssh` itself (its `ssh`, Open MPI's MCA).
+    ssh_env: Mapping[str, str] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)

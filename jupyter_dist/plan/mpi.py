@@ -1,9 +1,16 @@
 """MPI: a hostfile and one mpirun (or horovodrun) on node 0 that starts every rank; the
-backend says how mpirun reaches the other nodes (Backend.mpi_launch)."""
+backend says how mpirun reaches the other nodes (Backend.mpi_launch).
+
+A command that is itself a launcher (`horovodrun -np 16 --hostfile $AZUREML_MPI_HOSTFILE
+python train.py`, the seed's Horovod job; or the user's own `mpirun ...`) runs once, on
+node 0, with the same hostfile and variables: it starts the ranks itself."""
 
 from __future__ import annotations
 
+import itertools
 import posixpath
+import re
+import shlex
 
 from jupyter_dist.nodes import Node
 from jupyter_dist.plan.context import PlanContext, PortRequest
@@ -12,6 +19,36 @@ from jupyter_dist.spec import MpiDistribution
 
 # Names MPI itself must not be told to forward (they are per-rank, set by mpirun).
 _NOT_FORWARDED = ("OMPI_",)
+_ASSIGNMENT = re.compile(r"[A-Za-z_][A-Za-z0-9_]*=")
+# A command starting with one of these starts the ranks itself.
+SELF_LAUNCHERS = ("horovodrun", "mpirun", "mpiexec")
+
+
+def own_launcher(command: str | None) -> str | None:
+    """The launcher a command runs itself ("horovodrun", "mpirun"), or None."""
+    try:
+        words = shlex.split(command or "")
+    except ValueError:
+        return None
+    program = next((w for w in words if not _ASSIGNMENT.match(w)), "")  # after any VAR=value
+    program = posixpath.basename(program)
+    return program if program in SELF_LAUNCHERS else None
+
+
+def runs_ssh(ctx: PlanContext) -> bool:
+    """Whether the job's launcher calls `ssh` itself (horovodrun, or the command's own
+    launcher): the backend then plans an `ssh` for it (MpiLaunch.ssh_env)."""
+    launcher = getattr(ctx.spec.distribution, "launcher", None)
+    return launcher == "horovodrun" or own_launcher(ctx.command) is not None
+
+
+def _own_world(command: str, default: int) -> int:
+    """The ranks a self-launching command asks for (-np N, -n N), else `default`."""
+    words = shlex.split(command)
+    for flag, value in itertools.pairwise(words):
+        if flag in ("-np", "-n", "--np") and value.isdigit():
+            return int(value)
+    return default
 
 
 def port_requests(dist: MpiDistribution, nodes: list[Node]) -> list[PortRequest]:
@@ -44,19 +81,33 @@ def build(ctx: PlanContext, dist: MpiDistribution) -> tuple[list[ProcessPlan], l
     forward = [name for name in env if not name.startswith(_NOT_FORWARDED)]
     forward += reach.forward
     files = [PlannedFile(0, hosts_path, hostfile(ctx, per_node)), *reach.files]
-    hosts = ["--hostfile", hosts_path] if reach.hostfile else []
+    own = own_launcher(ctx.command)
+    if own is not None:  # it starts the ranks itself: run it once, with the hostfile
+        env.update(reach.ssh_env)
+        env["OMPI_ALLOW_RUN_AS_ROOT"] = "1"
+        env["OMPI_ALLOW_RUN_AS_ROOT_CONFIRM"] = "1"
+        world = _own_world(ctx.command, world)
+        proc = ctx.process(
+            0, own, ctx.shell(ctx.command), env, world, ranks=tuple(range(world)), output="mpi"
+        )
+        return [proc], files
     if dist.launcher == "horovodrun":
+        # horovodrun reads the same hostfile; it forwards the whole environment itself (its
+        # MPI mode with -x for every variable, its Gloo mode on the ssh command line).
+        hosts = ["--hostfile", hosts_path] if reach.hostfile else ["-H", reach.hosts]
         argv = ["horovodrun", "-np", str(world), *hosts, *dist.mpi_args]
-        output = "plain"
+        env.update(reach.ssh_env)
     else:
+        hosts = ["--hostfile", hosts_path] if reach.hostfile else []
         argv = ["mpirun", "-np", str(world), *hosts, "--tag-output", *reach.args]
         for name in forward:  # remote ranks get our variables only when told to forward them
             argv += ["-x", name]
         argv += dist.mpi_args
-        output = "mpi"
-        # mpirun refuses root unless told; harmless for everyone else.
-        env["OMPI_ALLOW_RUN_AS_ROOT"] = "1"
-        env["OMPI_ALLOW_RUN_AS_ROOT_CONFIRM"] = "1"
+    # mpirun refuses root unless told (horovodrun's mpirun too); harmless for everyone else.
+    env["OMPI_ALLOW_RUN_AS_ROOT"] = "1"
+    env["OMPI_ALLOW_RUN_AS_ROOT_CONFIRM"] = "1"
     argv += ctx.shell(ctx.command)
-    proc = ctx.process(0, "mpirun", argv, env, world, ranks=tuple(range(world)), output=output)
+    # Both tag every rank's lines: mpirun --tag-output "[1,R]<stdout>:", horovodrun's Gloo
+    # mode "[R]<stdout>:" (its MPI mode runs mpirun --tag-output).
+    proc = ctx.process(0, dist.launcher, argv, env, world, ranks=tuple(range(world)), output="mpi")
     return [proc], files

@@ -1,4 +1,5 @@
-"""Which rank printed a line, for launchers that start several ranks (torchrun, mpirun)."""
+"""Which rank printed a line, for launchers that start several ranks (torchrun, mpirun,
+horovodrun)."""
 
 from __future__ import annotations
 
@@ -8,7 +9,8 @@ from collections.abc import Callable
 from jupyter_dist.plan.model import ProcessPlan, rank_key
 
 _TORCHRUN = re.compile(r"\[default(\d+)\]:(.*)\Z", re.S)
-_MPI_TAG = re.compile(r"\[\d+,(\d+)\]<std(?:out|err)>:")
+# mpirun --tag-output: "[JOB,RANK]<stdout>:"; horovodrun --gloo: "[RANK]<stdout>:".
+_MPI_TAG = re.compile(r"\[(?:\d+,)?(\d+)\]<std(?:out|err)>:")
 
 # (log key, label, text) for a line.
 Attribution = tuple[str, str, str]
@@ -39,7 +41,7 @@ def attributor(proc: ProcessPlan) -> Callable[[str], list[Attribution]]:
 
 
 class _MpiDemux:
-    """Reassembles rank lines from `mpirun --tag-output`.
+    """Reassembles rank lines from `mpirun --tag-output` (and horovodrun's tags).
 
     mpirun tags every fragment it reads from a rank, not every line: a rank that writes
     "text" and "\n" separately (unbuffered Python does) comes out as
@@ -79,7 +81,11 @@ def starts_traceback(text: str) -> bool:
 
 # What launchers print about the rank that failed first.
 _TORCHRUN_FAILED = re.compile(r"^\s*rank\s*:\s*(\d+)\s*\(local_rank")
-_MPI_FAILED = re.compile(r"Process name:\s*\[\[\d+,\d+\],(\d+)\]")
+# mpirun's report of the first rank to fail; horovodrun --gloo's, once it stops the rest.
+_MPI_FAILED = re.compile(
+    r"Process name:\s*\[\[\d+,\d+\],(\d+)\]"
+    r"|Terminating remaining workers after failure of Process (\d+)"
+)
 
 
 def failed_rank(
@@ -99,7 +105,7 @@ def failed_rank(
     for line in launcher_lines:
         match = pattern.search(line)
         if match:
-            return int(match.group(1))
+            return int(next(group for group in match.groups() if group is not None))
     candidates = [
         (not traceback, when, int(key.split("-")[1]))
         for key, (when, traceback) in first_stderr.items()
