@@ -44,6 +44,9 @@ class Node:
     # filesystem): code runs in place, nothing is shipped.
     shares_files: bool = False
     access: Any = None  # e.g. SshAccess for an inventory node
+    # What the backend's preflight read on the node (python and torch versions, its NCCL_*
+    # and GLOO_* variables), for the plan to compare between nodes; None: not read.
+    software: dict[str, Any] | None = None
 
 
 def local_nodes(count: int, workdir: Path | str, cwd: Path | str | None = None) -> list[Node]:

@@ -454,3 +454,35 @@ def test_parity_notes_more_ranks_than_a_nodes_gpus(store):
     ]
     launch_plan.nodes[0]["gpus"] = 2
     assert parity_notes(launch_plan) == []
+
+
+def test_parity_notes_what_differs_between_nodes():
+    """What the nodes' preflights read (Node.software): Python and torch versions, and
+    NCCL_*/GLOO_* variables of their environments that the job does not set itself (the
+    SSH path that reads them is in test_ssh)."""
+    from jupyter_dist.plan.parity import parity_notes
+
+    p = _plan(
+        "command: x\nresources: {instance_count: 2}\nenvironment_variables: {NCCL_DEBUG: INFO}\n"
+        "distribution: {type: pytorch}"
+    )
+    same = {"python": "3.11.7", "torch": "2.13.0", "comm_env": {"NCCL_DEBUG": "WARN"}}
+    for node in p.nodes:
+        node["software"] = same
+    assert parity_notes(p) == []  # alike (NCCL_DEBUG differs from the job's: the job's wins)
+    p.nodes[1]["software"] = {
+        "python": "3.10.12", "torch": None, "comm_env": {"GLOO_SOCKET_IFNAME": "eth1"},
+    }  # fmt: skip
+    assert parity_notes(p) == [
+        "Python differs between nodes (3.11.7 on gpu0; 3.10.12 on gpu1): cells, pushed "
+        "variables and whatever ranks pickle for each other can fail; use one Python version "
+        "everywhere (the inventory's python:)",
+        "torch differs between nodes (2.13.0 on gpu0; not installed on gpu1): ranks of "
+        "different versions can fail or hang in their first collective; install one version "
+        "everywhere",
+        "GLOO_SOCKET_IFNAME differs between nodes (unset on gpu0; eth1 on gpu1), as their "
+        "environments set it: NCCL and gloo must reach every node alike; set it for the job "
+        "(--env GLOO_SOCKET_IFNAME=...) or alike on every node",
+    ]
+    del p.nodes[1]["software"]  # a node not probed (local nodes) compares with nothing
+    assert parity_notes(p) == []

@@ -318,3 +318,40 @@ def test_the_dry_run_command_is_the_one_ssh_runs(ssh_nodes, store, tmp_path):
     assert command.startswith(f"ssh -p {nodes[1].access.port} {checking} ")
     assert f"UserKnownHostsFile={ssh_nodes.known_hosts}" in command
     assert run_command_line(command) == (0, "rank 1 on node1\n")
+
+
+def test_the_plan_flags_what_the_preflight_found_different_between_nodes(ssh_nodes, tmp_path):
+    """node1's python starts with another GLOO_SOCKET_IFNAME and sees another torch (its
+    metadata first on its path): the SSH preflight reads both, and the plan says so."""
+    fake = tmp_path / "fake-site" / "torch-9.9.9.dist-info"
+    fake.mkdir(parents=True)
+    (fake / "METADATA").write_text("Metadata-Version: 2.1\nName: torch\nVersion: 9.9.9\n")
+    wrapper = tmp_path / "python"
+    wrapper.write_text(
+        "#!/bin/sh\nexport GLOO_SOCKET_IFNAME=eth1 NCCL_DEBUG=INFO\n"
+        f'export PYTHONPATH={fake.parent}\nexec {ssh_nodes.python} "$@"\n'
+    )
+    wrapper.chmod(0o755)
+    entries = ssh_nodes.inventory_entries()
+    entries[1]["python"] = str(wrapper)
+    inventory = tmp_path / "nodes.yml"
+    inventory.write_text(yaml.safe_dump({"nodes": entries}))
+    spec = tmp_path / "job.yml"
+    spec.write_text(
+        "command: python t.py\nresources: {instance_count: 2}\n"
+        "environment_variables: {NCCL_DEBUG: WARN}\ndistribution: {type: pytorch}\n"
+    )
+    done = run_cli("plan", str(spec), "--nodes-file", str(inventory),
+                   env={**os.environ, "COLUMNS": "250"})  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    checks = [line for line in done.stdout.splitlines() if line.startswith("Check: ")]
+    import torch
+
+    assert checks == [
+        f"Check: torch differs between nodes ({torch.__version__} on node0; 9.9.9 on node1): "
+        "ranks of different versions can fail or hang in their first collective; install one "
+        "version everywhere",
+        "Check: GLOO_SOCKET_IFNAME differs between nodes (unset on node0; eth1 on node1), as "
+        "their environments set it: NCCL and gloo must reach every node alike; set it for the "
+        "job (--env GLOO_SOCKET_IFNAME=...) or alike on every node",
+    ]  # NCCL_DEBUG differs too, but the job sets it for every rank

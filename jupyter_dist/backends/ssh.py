@@ -19,8 +19,9 @@ import threading
 import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from pathlib import Path
+from typing import Any
 
 import paramiko
 
@@ -40,7 +41,9 @@ CONNECT_TIMEOUT = 10.0
 SESSIONS_PER_CONNECTION = 10  # OpenSSH's default MaxSessions
 _CHUNK = 65536
 
-# What a node tells about itself: python version, home, workdir (made), hostname, GPUs.
+# What a node tells about itself: python version, home, workdir (made), hostname, GPUs, the
+# torch installed (read from its metadata: importing torch takes seconds), and the NCCL_*
+# and GLOO_* variables its processes start with.
 _PROBE = r"""
 import json, os, platform, shutil, subprocess, sys
 work = os.path.abspath(os.path.expanduser(sys.argv[1]))
@@ -52,8 +55,15 @@ if shutil.which("nvidia-smi"):
         gpus = sum(1 for line in out.stdout.splitlines() if line.startswith("GPU "))
     except Exception:
         pass
+try:
+    from importlib.metadata import version
+    torch = version("torch")
+except Exception:
+    torch = None
+comm = {k: v for k, v in os.environ.items() if k.startswith(("NCCL_", "GLOO_"))}
 print(json.dumps({"python": platform.python_version(), "workdir": work,
-                  "hostname": platform.node(), "gpus": gpus, "executable": sys.executable}))
+                  "hostname": platform.node(), "gpus": gpus, "executable": sys.executable,
+                  "torch": torch, "comm_env": comm}))
 """
 
 
@@ -66,6 +76,13 @@ class NodeInfo:
     hostname: str
     gpus: int | None
     latency_ms: float
+    torch: str | None = None
+    comm_env: dict[str, str] = field(default_factory=dict)  # its NCCL_* and GLOO_* variables
+
+    @property
+    def software(self) -> dict[str, Any]:
+        """What the plan compares between nodes (Node.software)."""
+        return {"python": self.python, "torch": self.torch, "comm_env": self.comm_env}
 
 
 class AcceptNewPolicy(paramiko.MissingHostKeyPolicy):
@@ -351,6 +368,7 @@ def probe(node: Node, connections: Connections | None = None) -> NodeInfo:
     return NodeInfo(
         name=node.name, host=node.host, python=info["python"], workdir=info["workdir"],
         hostname=info["hostname"], gpus=info["gpus"], latency_ms=latency,
+        torch=info.get("torch"), comm_env=info.get("comm_env") or {},
     )  # fmt: skip
 
 
@@ -448,7 +466,10 @@ class SshBackend(Backend):
         """Preflight: connect to every node in parallel, check python, resolve workdirs.
         Nothing is started anywhere if a node fails."""
         infos = parallel(nodes, self.connections.info)
-        resolved = [replace(n, workdir=info.workdir) for n, info in zip(nodes, infos, strict=True)]
+        resolved = [
+            replace(n, workdir=info.workdir, software=info.software)
+            for n, info in zip(nodes, infos, strict=True)
+        ]
         self._nodes = {n.name: n for n in resolved}
         return resolved
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import posixpath
 from collections.abc import Callable, Mapping
+from typing import Any
 
 from jupyter_dist import node_side
 from jupyter_dist.errors import SpecError
@@ -71,9 +72,7 @@ def plan(
     return LaunchPlan(
         job_id=job_id,
         job_type=spec.job_type,
-        nodes=[
-            {"name": n.name, "host": n.host, "backend": n.backend, "gpus": n.gpus} for n in nodes
-        ],
+        nodes=[_node_entry(n) for n in nodes],
         master_addr=ctx.master_addr,
         master_port=int(master_port) if master_port else None,
         world_size=processes[0].world_size,
@@ -81,3 +80,11 @@ def plan(
         files=files,
         code_dir=str(spec.code_dir()) if spec.code_dir() else None,
     )
+
+
+def _node_entry(node: Node) -> dict[str, Any]:
+    """A node as the plan keeps it: where it is, its GPUs, what its preflight read."""
+    entry = {"name": node.name, "host": node.host, "backend": node.backend, "gpus": node.gpus}
+    if node.software is not None:
+        entry["software"] = node.software
+    return entry

@@ -1,7 +1,9 @@
-"""What in a plan would make ranks run differently from what torchrun gives them, or
-collide with each other, said before anything starts: one line per finding (nodes alike
-in it share the line), shown by `--dry-run`, `jupyter distrun plan`, `jupyter distrun
-inspect` and the live view. Nothing is refused: a note names what it saw and what to set.
+"""What in a plan would make ranks run differently from what torchrun gives them, collide
+with each other, or differ between nodes (what the SSH preflight read on each: Python and
+torch versions, NCCL_*/GLOO_* variables), said before anything starts: one line per
+finding (nodes alike in it share the line), shown by `--dry-run`, `jupyter distrun plan`,
+`jupyter distrun inspect` and the live view. Nothing is refused: a note names what it saw
+and what to set.
 
     notes = parity_notes(plan)   # [] when nothing stands out
 """
@@ -38,7 +40,64 @@ def parity_notes(plan: LaunchPlan) -> list[str]:
             found.setdefault(("visible", count, visible, len(devices)), []).append(name)
         elif gpus and count > gpus:
             found.setdefault(("gpus", count, gpus), []).append(name)
-    return [_say(key, names) for key, names in found.items()]
+    return [_say(key, names) for key, names in found.items()] + _between_nodes(plan)
+
+
+# Job types whose ranks talk through torch's collectives (Horovod's too: mpi).
+_TORCH_JOBS = ("pytorch", "mpi")
+
+
+def _between_nodes(plan: LaunchPlan) -> list[str]:
+    """What the nodes' preflights read (Node.software) that differs between them: the
+    Python version, torch's, and NCCL_*/GLOO_* variables the job does not set itself."""
+    probed = [(node["name"], node["software"]) for node in plan.nodes if node.get("software")]
+    if len(probed) < 2:
+        return []
+    notes = []
+    pythons = _grouped(probed, lambda sw: sw.get("python"))
+    if len(pythons) > 1:
+        notes.append(
+            f"Python differs between nodes ({_listed(pythons, 'unknown')}): cells, pushed "
+            "variables and whatever ranks pickle for each other can fail; use one Python "
+            "version everywhere (the inventory's python:)"
+        )
+    if plan.job_type not in _TORCH_JOBS:
+        return notes
+    torches = _grouped(probed, lambda sw: sw.get("torch"))
+    if len(torches) > 1:
+        notes.append(
+            f"torch differs between nodes ({_listed(torches, 'not installed')}): ranks of "
+            "different versions can fail or hang in their first collective; install one "
+            "version everywhere"
+        )
+    set_by_job = {name for proc in plan.processes for name in proc.env}
+    seen = sorted({name for _, sw in probed for name in sw.get("comm_env") or {}} - set_by_job)
+    for name in seen:
+        values = _grouped(probed, lambda sw, name=name: (sw.get("comm_env") or {}).get(name))
+        if len(values) > 1:
+            notes.append(
+                f"{name} differs between nodes ({_listed(values, 'unset')}), as their "
+                "environments set it: NCCL and gloo must reach every node alike; set it for "
+                f"the job (--env {name}=...) or alike on every node"
+            )
+    return notes
+
+
+def _grouped(probed: list[tuple[str, dict]], read) -> dict:
+    """Node names by the value `read` gives for their software, in node order."""
+    groups: dict = {}
+    for name, software in probed:
+        groups.setdefault(read(software), []).append(name)
+    return groups
+
+
+def _listed(groups: dict, missing: str) -> str:
+    """Each value with its nodes: `2.13.0 on node0; 2.4.1 on node1, node2` (None reads as
+    `missing`)."""
+    return "; ".join(
+        f"{missing if value is None else value} on {_nodes(names)}"
+        for value, names in groups.items()
+    )
 
 
 def _say(key: tuple, names: list[str]) -> str:
