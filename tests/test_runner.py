@@ -4,14 +4,16 @@ process table with nothing of the job left behind."""
 from __future__ import annotations
 
 import json
+import os
 import re
 import shlex
 import sys
 import threading
 import time
+from pathlib import Path
 
 import pytest
-from helpers import job_processes
+from helpers import job_processes, run_cli
 
 from jupyter_dist.errors import DistrunError
 from jupyter_dist.run.events import JobListener
@@ -150,6 +152,64 @@ def test_a_rank_killed_by_a_signal_is_reported_by_name(store):
         .splitlines()[-1]
         .startswith("Hint: rank 1 got SIGKILL from outside (not from jupyter-dist)")
     )
+
+
+@pytest.fixture
+def memory_limited_cgroup():
+    """A cgroup with a 400 MiB memory limit, made where this machine keeps its memory
+    controller (cgroup v1's memory hierarchy, or v2 under its root); yields its folder."""
+    own = Path("/proc/self/cgroup").read_text().splitlines()
+    v1 = next((line.split(":", 2)[2] for line in own if ":memory:" in line), None)
+    if v1 is not None:
+        folder = Path("/sys/fs/cgroup/memory", v1.lstrip("/"), f"distrun-oom-{os.getpid()}")
+        limit_file = "memory.limit_in_bytes"
+    else:
+        root = Path("/sys/fs/cgroup")
+        if "memory" not in (root / "cgroup.subtree_control").read_text().split():
+            (root / "cgroup.subtree_control").write_text("+memory")
+        folder, limit_file = root / f"distrun-oom-{os.getpid()}", "memory.max"
+    folder.mkdir()
+    (folder / limit_file).write_text(str(400 << 20))
+    yield folder
+    deadline = time.monotonic() + 10
+    while (folder / "cgroup.procs").read_text().strip() and time.monotonic() < deadline:
+        time.sleep(0.1)
+    folder.rmdir()
+
+
+def test_an_oom_kill_gets_a_hint_with_the_limit_it_hit(memory_limited_cgroup, store, tmp_path):
+    """A real OOM kill: the job runs in a cgroup limited to 400 MiB, and rank 1 allocates
+    until the kernel kills it. The node's agent reads the cgroup's OOM counter."""
+    script = (
+        "import os, time\n"
+        "if os.environ['RANK'] == '1':\n"
+        "    kept = []\n"
+        "    while True:\n"
+        "        kept.append(os.urandom(1) * (20 << 20))\n"
+        "        time.sleep(0.01)\n"
+        "time.sleep(60)\n"
+    )
+    (tmp_path / "eat.py").write_text(script)
+    spec = tmp_path / "job.yml"
+    spec.write_text(f"command: {PY} {tmp_path / 'eat.py'}\ndistribution: {{type: pytorch, "
+                    "process_count_per_instance: 2}\n")  # fmt: skip
+    procs = memory_limited_cgroup / "cgroup.procs"
+
+    def enter() -> None:  # the launcher, its agents and their ranks: all under the limit
+        procs.write_text("0")
+
+    done = run_cli("run", str(spec), "--grace-period", "2", store=store, preexec_fn=enter)
+    assert done.returncode == 1, done.stderr
+    status = json.loads((store.jobs()[0].path / "status.json").read_text())
+    cause = status["root_cause"]
+    assert (cause["rank"], cause["signal"]) == (1, "SIGKILL"), done.stderr
+    assert cause["oom"]["cgroup"] == str(memory_limited_cgroup) and cause["oom"]["kills"] >= 1
+    hint = done.stderr.strip().splitlines()[-1]
+    assert hint.startswith(
+        f"Hint: the kernel's out-of-memory killer ended rank 1: under the memory limit of "
+        f"cgroup {memory_limited_cgroup} on local0 (limit 400 MiB"
+    ), done.stderr
+    assert job_processes(store.jobs()[0].job_id) == []
 
 
 def test_cancel_stops_every_process_and_its_children(store):

@@ -80,6 +80,10 @@ class ProcessHandle(Protocol):
         """Why the exit code is not the process's own (its agent or link died), or None.
         Read once the output is drained."""
 
+    #: What the process's agent saw of the kernel's OOM killer under a memory limit over its
+    #: tree ({"cgroup", "kills", "limit", "peak"}), or None; read once the output is drained.
+    oom: dict[str, Any] | None
+
     #: Called with each usage report of the process's agent (about once a second, from the
     #: stderr reader): {"cpu": seconds, "rss": bytes, "ranks": {rank: [seconds, bytes]}}.
     #: Set before the streams are read.

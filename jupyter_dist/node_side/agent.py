@@ -42,7 +42,10 @@ The tree is what the child started, however it tried to leave:
 
 Whatever remains of the tree when the child exits is killed too. The agent exits with the
 child's exit code, or 128+N when a signal N ended it, and says so last on stderr
-(`HANDSHAKE exited CODE`): without that line, the link or the agent died.
+(`HANDSHAKE exited CODE`): without that line, the link or the agent died. Where the
+kernel's OOM killer ended processes under a memory limit over the tree while it ran (its
+cgroup's, or one of the agent's cgroups: a container, a Slurm job), a line before it says
+so: `HANDSHAKE oom {"cgroup": FOLDER, "kills": N, "limit": BYTES, "peak": BYTES}`.
 
 It is meant to grow into a per-node agent that keeps a warm, pre-imported Python and forks
 ranks from it; the launcher's side of the protocol (handshake, stdin commands) stays the same.
@@ -118,17 +121,105 @@ def become_subreaper():
 
 def _cgroup2_mounts():
     """(root inside the hierarchy, mount point) of every cgroup v2 mount this process sees."""
+    return _cgroup_mounts(lambda fstype, options: fstype == "cgroup2")
+
+
+def _cgroup_mounts(wanted):
+    """(root inside the hierarchy, mount point) of the cgroup mounts for which
+    `wanted(fstype, super options)` holds."""
     mounts = []
     try:
         with open("/proc/self/mountinfo") as handle:
             for line in handle:
                 left, _, right = line.partition(" - ")
-                if right.split(" ", 1)[0] == "cgroup2":
+                fstype, _, options = [*right.strip().split(" "), "", "", ""][:3]
+                if fstype.startswith("cgroup") and wanted(fstype, options.split(",")):
                     fields = left.split()
                     mounts.append((_unescape(fields[3]), _unescape(fields[4])))
     except OSError:
         pass
     return mounts
+
+
+def _memory_scopes():
+    """Where a memory limit over this process is set and the kernel counts its OOM kills:
+    its memory cgroup and every ancestor up to the mount, innermost first, as (folder,
+    counter file): cgroup v2's memory.events, or v1's memory.oom_control."""
+    try:
+        with open("/proc/self/cgroup") as handle:
+            lines = handle.read().splitlines()
+    except OSError:
+        return []
+    scopes = []
+    for line in lines:
+        number, controllers, path = [*line.split(":", 2), "", ""][:3]
+        if number == "0" and not controllers:
+            mounts, counter = _cgroup2_mounts(), "memory.events"
+        elif "memory" in controllers.split(","):
+            mounts = _cgroup_mounts(lambda fstype, opts: fstype == "cgroup" and "memory" in opts)
+            counter = "memory.oom_control"
+        else:
+            continue
+        for root, point in mounts:
+            inside = os.path.relpath(path, root) if root != "/" else path.lstrip("/")
+            if inside.startswith(".."):
+                continue
+            folder = os.path.normpath(os.path.join(point, inside))
+            while folder.startswith(point):
+                if os.path.isfile(os.path.join(folder, counter)):
+                    scopes.append((folder, counter))
+                if folder == point:
+                    break
+                folder = os.path.dirname(folder)
+            break
+    return scopes
+
+
+def _read_number(path, key=None):
+    """An int from a cgroup file (with `key`: from its `KEY N` line); None if unreadable or
+    unlimited ("max", or v1's huge no-limit value)."""
+    try:
+        with open(path) as handle:
+            text = handle.read()
+    except OSError:
+        return None
+    if key is not None:
+        text = next((ln.split()[1] for ln in text.splitlines() if ln.startswith(key + " ")), "")
+    text = text.strip()
+    if not text.isdigit() or int(text) >= 1 << 60:
+        return None
+    return int(text)
+
+
+class OomWatch:
+    """What the kernel's OOM killer did under this tree's memory limits while it ran: the
+    oom_kill counters of every memory scope (its own cgroup, then the agent's and its
+    ancestors), read at the start and again at the end."""
+
+    def __init__(self, own_cgroup=None):
+        self.scopes = _memory_scopes()
+        if own_cgroup is not None and os.path.isfile(os.path.join(own_cgroup, "memory.events")):
+            self.scopes.insert(0, (own_cgroup, "memory.events"))
+        self.before = {folder: self._kills(folder, counter) for folder, counter in self.scopes}
+
+    @staticmethod
+    def _kills(folder, counter):
+        return _read_number(os.path.join(folder, counter), "oom_kill") or 0
+
+    def report(self):
+        """The innermost scope whose OOM kills rose, with its limit and peak, or None."""
+        for folder, counter in self.scopes:
+            kills = self._kills(folder, counter) - self.before.get(folder, 0)
+            if kills > 0:
+                v2 = counter == "memory.events"
+                limit = _read_number(
+                    os.path.join(folder, "memory.max" if v2 else "memory.limit_in_bytes")
+                )
+                peak = _read_number(
+                    os.path.join(folder, "memory.peak" if v2 else "memory.max_usage_in_bytes")
+                )
+                return {"cgroup": folder, "kills": kills, "limit": limit, "peak": peak}
+        return None
 
 
 def _unescape(field):
@@ -423,6 +514,7 @@ class Agent:
         self.grace = grace
         self.child = None
         self.tree = None
+        self.oom = None  # OomWatch, once the child runs
         self.announced = False  # "started" was said: the exit must be reported too
         self.stopping = threading.Event()
         self.stopped = threading.Event()  # the stop (its grace period included) is over
@@ -464,6 +556,7 @@ class Agent:
             cgroup.remove()  # the move was refused: the subreaper and the links it is
             cgroup = None
         self.tree = Tree(self.child.pid, token, cgroup)
+        self.oom = OomWatch(cgroup.folder if cgroup else None)
         return True
 
     def _refuse(self, reason):
@@ -538,6 +631,10 @@ class Agent:
             with contextlib.suppress(subprocess.TimeoutExpired):
                 self.child.wait(timeout=wait)
         code = self.child.returncode
+        oom = self.oom.report() if self.oom is not None else None
+        if oom is not None:  # before the exit report: the launcher reads it as evidence
+            with contextlib.suppress(OSError):
+                os.write(2, f"{HANDSHAKE} oom {json.dumps(oom)}\n".encode())
         if self.stopping.is_set():
             # The grace period is the process's own: a shell around it that died of the
             # SIGTERM does not end it early (the rank may still be saving a checkpoint).

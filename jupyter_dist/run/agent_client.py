@@ -21,7 +21,8 @@ from jupyter_dist.node_side.agent import HANDSHAKE
 
 AGENT_SOURCE = node_side.path("agent.py")
 _HANDSHAKE = HANDSHAKE.encode()
-_REPORT = _HANDSHAKE + b" "  # the agent's reports on stderr: "exited CODE", "usage JSON"
+# The agent's reports on stderr: "exited CODE", "usage JSON", "oom JSON".
+_REPORT = _HANDSHAKE + b" "
 _MAX_HANDSHAKE = 64 * 1024
 USAGE_EVERY_S = 1.0  # how often an agent reports what its process tree uses
 
@@ -60,6 +61,7 @@ class AgentProcess:
         self._stdin_open = True
         self.pid: int | None = None
         self.agent_exit: int | None = None  # the code the agent reported as it exited
+        self.oom: dict[str, Any] | None = None  # the agent's evidence of an OOM kill
         self.on_usage: Callable[[dict[str, Any]], None] | None = None
 
     # -- raw pipes, provided by the backend ----------------------------------------------
@@ -132,6 +134,9 @@ class AgentProcess:
             if word == b"exited":
                 with contextlib.suppress(ValueError):
                     self.agent_exit = int(detail)
+            elif word == b"oom":
+                with contextlib.suppress(ValueError):
+                    self.oom = json.loads(detail)
             elif word == b"usage" and self.on_usage is not None:
                 with contextlib.suppress(ValueError, TypeError):
                     self.on_usage(json.loads(detail))

@@ -38,6 +38,7 @@ class ProcessState:
     ended: float | None = None
     stopped_by_us: bool = False
     note: str | None = None  # e.g. "lost its SSH connection"
+    oom: dict[str, Any] | None = None  # its agent's evidence of an OOM kill (agent.py)
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -118,6 +119,7 @@ class RootCause:
     log_path: str | None = None
     note: str | None = None
     collateral: list[str] = field(default_factory=list)  # failed after it, of comm errors
+    oom: dict[str, Any] | None = None  # the OOM killer's doing, as its agent saw it
 
     @property
     def how(self) -> str:

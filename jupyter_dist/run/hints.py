@@ -55,6 +55,8 @@ def hint_for(cause: RootCause) -> str | None:
             "dist.barrier(), delete the model, then dist.destroy_process_group() at the end "
             "(notebook cells run by jupyter-dist already leave without that teardown)."
         )
+    if cause.signal == "SIGKILL" and cause.oom:
+        return _oom_hint(cause, cause.oom)
     if cause.signal == "SIGKILL" and not cause.note:
         return (
             f"Hint: {cause.label} got SIGKILL from outside (not from jupyter-dist): on "
@@ -62,3 +64,28 @@ def hint_for(cause: RootCause) -> str | None:
             f"-k` on {cause.node}, or the memory limit of the Slurm job or container)."
         )
     return None
+
+
+def _oom_hint(cause: RootCause, oom: dict) -> str:
+    """The OOM killer's doing, with what the node's agent read: where the limit is, what
+    it is, how high memory got."""
+    limit, peak = oom.get("limit"), oom.get("peak")
+    numbers = []
+    if limit:
+        numbers.append(f"limit {_mib(limit)}")
+    if peak:
+        numbers.append(f"peak {_mib(peak)}")
+    kills = oom.get("kills", 1)
+    killed = f"{kills} process{'es' if kills != 1 else ''}"
+    return (
+        f"Hint: the kernel's out-of-memory killer ended {cause.label}: under the memory limit "
+        f"of cgroup {oom.get('cgroup')} on {cause.node}"
+        + (f" ({', '.join(numbers)})" if numbers else "")
+        + f", it killed {killed} while the job ran. Use less memory per rank (a smaller "
+        "batch, fewer --procs-per-node) or ask for more (the container's or Slurm job's "
+        "memory)."
+    )
+
+
+def _mib(count: int) -> str:
+    return f"{count / (1 << 20):.0f} MiB"

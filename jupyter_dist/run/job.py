@@ -364,6 +364,7 @@ class Job:
             state = self.processes[proc.name]
             state.exit_code, state.signal, state.ended = exit_code, sig, time.time()
             state.note = handle.exit_note
+            state.oom = handle.oom
             failed = code != 0
             if self._stopping:
                 state.stopped_by_us = failed

@@ -48,6 +48,7 @@ class StderrEvidence:
             process=proc.name, label=label, role=proc.role, node=proc.node, host=proc.host,
             rank=rank, exit_code=state.exit_code, signal=state.signal, note=state.note,
             stderr_tail=tail[start:], log_path=str(record.log_path(key, "stderr")),
+            oom=state.oom,
         )  # fmt: skip
 
     def culprit(
