@@ -123,12 +123,45 @@ def test_the_cli_asks_the_jobs_owner_from_another_process(store):
         job.wait(60)
 
 
+def test_a_command_jobs_own_python_answers_the_fallback_too(store, tmp_path):
+    """`python script.py` under torchrun, not a cell: the startup hook every Python of the
+    job imports (its sitecustomize) registered the stack signal, so faulthandler reads
+    every rank, and the torchrun agents too; a sitecustomize of the user's still runs."""
+    (tmp_path / "script.py").write_text(HANG_SCRIPT)
+    own = tmp_path / "site"
+    own.mkdir()
+    (own / "sitecustomize.py").write_text("import os\nos.environ['USER_SITE_RAN'] = 'yes'\n")
+    spec = parse_spec(yaml.safe_dump({
+        "code": str(tmp_path),
+        "command": "python -c 'import os; print(\"site:\", os.environ.get(\"USER_SITE_RAN\"))'"
+                   " && python script.py",
+        "environment_variables": {"OMP_NUM_THREADS": "1", "PYTHONPATH": str(own)},
+        "resources": {"instance_count": 2},
+        "distribution": {"type": "pytorch", "process_count_per_instance": 2,
+                         "launcher": "torchrun"},
+    }))  # fmt: skip
+    job = launch(spec, store=store, grace_period=2)
+    try:
+        _wait_ready(job)
+        dump = job.stacks("faulthandler")
+        _assert_hang_grouped(dump, "faulthandler", ("local0", "local1"))
+        agents = [p for p in dump.processes if p.label == "torchrun"]
+        assert len(agents) == 2 and all(a.method == "faulthandler" for a in agents)
+    finally:
+        job.cancel()
+        job.wait(60)
+    for rank in range(4):
+        lines = [e.text for e in job.record.iter_log(f"rank-{rank}", "stdout")]
+        assert lines[0] == "site: yes", lines  # the hidden sitecustomize ran as well
+    assert job_processes(job.job_id) == []
+
+
 def test_a_process_jupyter_dist_did_not_wrap_is_reported_and_left_alive(store, tmp_path):
-    """A command job's plain `python` ranks registered no stack signal: without py-spy their
-    stacks are reported unreadable (not skipped), and nothing is signalled that would kill
-    them."""
+    """A `python -I` rank ignores PYTHONPATH, so it registered no stack signal: without
+    py-spy its stack is reported unreadable (not skipped), and nothing is signalled that
+    would kill it."""
     spec = parse_spec(
-        "command: python -c 'import time; print(\"READY\", flush=True); time.sleep(300)'\n"
+        "command: python -I -c 'import time; print(\"READY\", flush=True); time.sleep(300)'\n"
         "resources: {instance_count: 1}\n"
         "distribution: {type: pytorch, process_count_per_instance: 2}"
     )
@@ -138,7 +171,7 @@ def test_a_process_jupyter_dist_did_not_wrap_is_reported_and_left_alive(store, t
         dump = job.stacks("faulthandler")
         assert sorted(p.rank for p in dump.processes) == [0, 1]
         for proc in dump.processes:
-            assert proc.method is None and "not started by jupyter-dist's runner" in proc.error
+            assert proc.method is None and "registered no stack signal" in proc.error
         (group,) = dump.groups()
         assert group.summary().startswith("ranks 0-1 (local0): stack not read: ")
         time.sleep(0.5)

@@ -6,6 +6,8 @@ Python 3.8+, no import of jupyter_dist (a node may have none).
 - dask_wait.py: waits until a Dask cluster's workers registered, before its command.
 - ports.py: free ports on a node, and why a given port is taken.
 - session_worker.py: one rank of a warm session, running the cells it is sent.
+- stack_hook.py: every Python process of a job registers a stack dump signal (its
+  sitecustomize), so that stacks.py can read it without py-spy.
 - stacks.py: every Python stack of a job's processes on a node (py-spy or faulthandler).
 
 `path(name)` is the file here and `source(name)` its text: the one way to load them.
@@ -17,7 +19,10 @@ import functools
 from pathlib import Path
 
 FOLDER = Path(__file__).parent
-NAMES = ("agent.py", "cell_runner.py", "dask_wait.py", "ports.py", "session_worker.py", "stacks.py")
+NAMES = (
+    "agent.py", "cell_runner.py", "dask_wait.py", "ports.py", "session_worker.py",
+    "stack_hook.py", "stacks.py",
+)  # fmt: skip
 
 
 def path(name: str) -> Path:

@@ -7,7 +7,9 @@ the node's Python. Usage::
     python agent.py --sweep JOB_ID     (kill what is left of a job on this machine)
 
 It starts COMMAND in a session of its own with this Python's folder first on PATH (after
-$DISTRUN_PATH_FIRST, a folder of the job's own programs, where the plan names one), inheriting
+$DISTRUN_PATH_FIRST, a folder of the job's own programs, where the plan names one) and the
+job's startup hook first on PYTHONPATH (`$DISTRUN_JOB_DIR/pyhook`, where the job has one: it
+lets every Python of the job dump its stacks, see stack_hook.py), inheriting
 stdout and stderr, and writes one handshake line to stderr first (`HANDSHAKE started PID`,
 or `HANDSHAKE failed REASON` and exit 127 without an exit report). Then it reads its stdin:
 
@@ -65,6 +67,9 @@ import time
 HANDSHAKE = "\x1edistrun-agent"
 TOKEN_VAR = "DISTRUN_AGENT_TOKEN"
 PATH_FIRST_VAR = "DISTRUN_PATH_FIRST"
+# The job's startup hook (stack_hook.py as sitecustomize.py), in this folder of the job's:
+# where the plan ships it, the agent puts it first on PYTHONPATH.
+HOOK_FOLDER = "pyhook"
 
 
 def _stat_fields(pid):
@@ -527,6 +532,9 @@ class Agent:
         if env.get(PATH_FIRST_VAR):  # the job's own programs (the `ssh` horovodrun calls)
             path.insert(0, env[PATH_FIRST_VAR])
         env["PATH"] = os.pathsep.join(path)
+        hook = os.path.join(env.get("DISTRUN_JOB_DIR", ""), HOOK_FOLDER)
+        if env.get("DISTRUN_JOB_DIR") and os.path.isfile(os.path.join(hook, "sitecustomize.py")):
+            env["PYTHONPATH"] = os.pathsep.join(filter(None, [hook, env.get("PYTHONPATH")]))
         # Check first, then say "started", then start: once the child runs, its output
         # shares our stderr, so the handshake line must already be out.
         if self.cwd and not os.path.isdir(self.cwd):

@@ -20,13 +20,10 @@ without an active exception" now and then), and a rank that did its work has not
 import atexit
 import base64
 import contextlib
-import faulthandler
 import gc
 import json
 import os
 import pickle
-import signal
-import socket
 import sys
 import threading
 import traceback
@@ -50,47 +47,8 @@ def rank_key():
     return "rank-000000"
 
 
-# The signal that makes a rank write its stacks (node_side/stacks.py reads the number from
-# the file's name): a real-time signal, which nothing else in a training job uses.
-STACK_SIGNAL = signal.SIGRTMIN + 6 if hasattr(signal, "SIGRTMIN") else signal.SIGUSR2
-_dump_files = []  # kept open: faulthandler writes to the descriptor
-
-
-def machine_tag():
-    """This machine in a file name (a job's folder may be shared by several): its boot id,
-    which network namespaces of one machine share, as they share its process ids."""
-    try:
-        with open("/proc/sys/kernel/random/boot_id") as handle:
-            return handle.read().strip()[:13]
-    except OSError:
-        return socket.gethostname()
-
-
-def enable_stack_dumps():
-    """Have the interpreter write every thread's stack into
-    `$DISTRUN_JOB_DIR/stacks/MACHINE-PID-sigN.txt` on signal N, from C, so that a rank stuck in
-    native code (a collective, a lock) still answers; forked children (data loader workers)
-    register their own file. Anything that fails here only costs the stacks."""
-
-    def register():
-        try:
-            folder = os.path.join(os.environ["DISTRUN_JOB_DIR"], "stacks")
-            os.makedirs(folder, exist_ok=True)
-            name = f"{machine_tag()}-{os.getpid()}-sig{int(STACK_SIGNAL)}.txt"
-            handle = open(os.path.join(folder, name), "a")  # noqa: SIM115 (kept open)
-            faulthandler.register(STACK_SIGNAL, file=handle, all_threads=True)
-            _dump_files.append(handle)
-        except (OSError, RuntimeError, ValueError, KeyError):
-            pass
-
-    register()
-    if hasattr(os, "register_at_fork"):
-        os.register_at_fork(after_in_child=register)
-
-
 def main():
     job_dir = os.environ["DISTRUN_JOB_DIR"]
-    enable_stack_dumps()
     names = [n for n in (sys.argv[1] if len(sys.argv) > 1 else "").split(",") if n]
     pushed = {}
     push = os.path.join(job_dir, "push.b64")

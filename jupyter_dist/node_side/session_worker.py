@@ -79,9 +79,6 @@ def main():
     # SIGINT is KeyboardInterrupt here even where it was inherited ignored (a launcher in
     # the background, `nohup jupyter lab &`): an interrupt must reach the running cell.
     signal.signal(signal.SIGINT, signal.default_int_handler)
-    from cell_runner import enable_stack_dumps  # shipped beside this file
-
-    enable_stack_dumps()
     namespace = {"__name__": "__main__", "__builtins__": __builtins__}
     say(sys.stdout, f"{MARK} ready {json.dumps(memory())}")
     while True:

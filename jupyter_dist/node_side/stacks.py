@@ -6,9 +6,9 @@ Standard library only, Python 3.8+: run on a node as `python -c SOURCE JOB_ID [M
 
 - py-spy (`py-spy dump --json`, found beside the node's Python or on PATH) reads any
   Python process from outside, whatever started it;
-- faulthandler needs nothing installed: the ranks jupyter-dist's runners start
-  (cell_runner.enable_stack_dumps) register a signal that makes the interpreter itself write
-  every thread's stack, from its C signal handler, into
+- faulthandler needs nothing installed: every Python process the job's agents start
+  (through stack_hook.py, their sitecustomize) registers a signal that makes the
+  interpreter itself write every thread's stack, from its C signal handler, into
   `$DISTRUN_JOB_DIR/stacks/MACHINE-PID-sigN.txt`; this sends signal N and reads what was added.
   The signal is sent only to a process whose handler for it is installed (its SigCgt), so a
   process that did not register is never killed by it.
@@ -179,7 +179,7 @@ def dump_file(env, pid):
 
 
 def machine_tag():
-    """As cell_runner.machine_tag names this machine in the dump files."""
+    """As stack_hook.machine_tag names this machine in the dump files."""
     try:
         with open("/proc/sys/kernel/random/boot_id") as handle:
             return handle.read().strip()[:13]
@@ -203,7 +203,8 @@ def by_faulthandler(env, pid):
     path, signum = dump_file(env, pid)
     if path is None:
         raise RuntimeError(
-            "not started by jupyter-dist's runner, so only py-spy can read it "
+            "it registered no stack signal (started without jupyter-dist's startup hook: "
+            "python -S, -I or -E, or outside the job's agents), so only py-spy can read it "
             "(pip install py-spy on the node)"
         )
     if not catches(pid, signum):

@@ -10,7 +10,9 @@ import threading
 from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
 
+from jupyter_dist import node_side
 from jupyter_dist.backends import Backend, choose_backend
+from jupyter_dist.node_side.agent import HOOK_FOLDER
 from jupyter_dist.nodes import Inventory, Node
 from jupyter_dist.plan import LaunchPlan, plan, port_requests
 from jupyter_dist.run.claims import PortClaims, ReleaseClaims, Wanted
@@ -19,6 +21,9 @@ from jupyter_dist.run.job import GRACE_PERIOD_S, Job
 from jupyter_dist.run.stall import DEFAULT_STALL_TIMEOUT_S
 from jupyter_dist.spec import JobSpec
 from jupyter_dist.store import JobStore
+
+# Where each node's copy of node_side/stack_hook.py goes in the job's folder.
+STACK_HOOK_FILE = f"{HOOK_FOLDER}/sitecustomize.py"
 
 
 def _gpus_as_default(spec: JobSpec, nodes: list[Node]) -> JobSpec:
@@ -59,7 +64,9 @@ def make_plan(
         if hold_ports is not None:  # before they are checked: a holder is named, not a bind
             hold_ports(job_id, _fixed_ports(spec, nodes))
         ports = chosen.choose_ports(port_requests(spec, nodes), nodes)
-        launch_plan = plan(spec, nodes, job_id, ports, extra_files, chosen.mpi_launch)
+        # Every node gets the startup hook that lets any Python of the job dump its stacks.
+        files = {**(extra_files or {}), STACK_HOOK_FILE: node_side.source("stack_hook.py")}
+        launch_plan = plan(spec, nodes, job_id, ports, files, chosen.mpi_launch)
         if stdin:  # every process reads what the job feeds it (a warm session's ranks)
             procs = [dataclasses.replace(p, stdin=True) for p in launch_plan.processes]
             launch_plan = dataclasses.replace(launch_plan, processes=procs)

@@ -1,0 +1,77 @@
+"""Stack dumps for every Python process of a job, with nothing installed on the node.
+
+Standard library only, Python 3.8+. Shipped into each job's folder as
+`$DISTRUN_JOB_DIR/pyhook/sitecustomize.py`; the agent puts that folder first on PYTHONPATH,
+so every Python the job starts (a command's `python train.py`, torchrun and its workers, a
+cell's runner, a warm session's ranks, data loader workers) imports it at startup. It makes
+the interpreter write every thread's stack, from C, into
+`$DISTRUN_JOB_DIR/stacks/MACHINE-PID-sigN.txt` on signal N (node_side/stacks.py sends N and
+reads what was added), so that a rank stuck in native code (a collective, a lock) still
+answers. Then it runs the sitecustomize it hides, if the interpreter has one, as Python
+would have.
+
+A process that skips site or PYTHONPATH (`python -S`, `-I`, `-E`) registers nothing: only
+py-spy reads it. Anything that fails here only costs the stacks.
+"""
+
+import faulthandler
+import os
+import signal
+import socket
+import sys
+
+# A real-time signal, which nothing else in a training job uses.
+STACK_SIGNAL = signal.SIGRTMIN + 6 if hasattr(signal, "SIGRTMIN") else signal.SIGUSR2
+_dump_files = []  # kept open: faulthandler writes to the descriptor
+
+
+def machine_tag():
+    """This machine in a file name (a job's folder may be shared by several): its boot id,
+    which network namespaces of one machine share, as they share its process ids."""
+    try:
+        with open("/proc/sys/kernel/random/boot_id") as handle:
+            return handle.read().strip()[:13]
+    except OSError:
+        return socket.gethostname()
+
+
+def enable_stack_dumps():
+    """Register this process's dump file and signal; forked children (data loader workers)
+    register their own file."""
+
+    def register():
+        try:
+            folder = os.path.join(os.environ["DISTRUN_JOB_DIR"], "stacks")
+            os.makedirs(folder, exist_ok=True)
+            name = f"{machine_tag()}-{os.getpid()}-sig{int(STACK_SIGNAL)}.txt"
+            handle = open(os.path.join(folder, name), "a")  # noqa: SIM115 (kept open)
+            faulthandler.register(STACK_SIGNAL, file=handle, all_threads=True)
+            _dump_files.append(handle)
+        except (OSError, RuntimeError, ValueError, KeyError, AttributeError):
+            pass
+
+    register()
+    if hasattr(os, "register_at_fork"):
+        os.register_at_fork(after_in_child=register)
+
+
+def run_hidden_sitecustomize():
+    """The sitecustomize this file hides on sys.path (a distribution's, a user's), run as
+    the interpreter would have run it."""
+    from importlib.machinery import PathFinder
+    from importlib.util import module_from_spec
+
+    here = os.path.dirname(os.path.abspath(__file__))
+    others = [p for p in sys.path if os.path.abspath(p or os.curdir) != here]
+    spec = PathFinder.find_spec("sitecustomize", others)
+    if spec is None or spec.loader is None:
+        return
+    module = module_from_spec(spec)
+    sys.modules["sitecustomize"] = module
+    spec.loader.exec_module(module)
+
+
+if __name__ == "sitecustomize":
+    if "DISTRUN_JOB_DIR" in os.environ:
+        enable_stack_dumps()
+    run_hidden_sitecustomize()
