@@ -264,6 +264,16 @@ def test_cancel_from_the_sidebar_stops_every_rank(lab_page, lab):
     in_sidebar.wait_for(timeout=60_000)
     assert "rank 2 (local1): script.py:3 in load_batch" in in_sidebar.inner_text()
     _shot(page, "4b-stacks-in-the-sidebar")
+    # While it runs, the local nodes are listed with their CPU line (the agents' reports are
+    # stored every 5 s: two make a share); its ranks sleep, so the share is near 0%.
+    meters = sidebar.locator(".jp-distrun-nodes tr .jp-distrun-meter:has(svg)")
+    meters.nth(1).wait_for(timeout=30_000)
+    rows = sidebar.locator(".jp-distrun-nodes tr")
+    assert [rows.nth(i).get_attribute("data-node") for i in range(2)] == ["local0", "local1"]
+    for i in range(2):
+        assert re.fullmatch(r"\d+%", meters.nth(i).inner_text()), meters.nth(i).inner_text()
+        assert meters.nth(i).get_attribute("title").startswith("CPU ")
+    _shot(page, "4c-node-meters")
     job.get_by_role("button", name="Cancel").click()
     sidebar.locator(f".jp-distrun-job[data-job-id='{job_id}'][data-state='cancelled']").wait_for()
     _shot(page, "5-cancelled")

@@ -23,6 +23,7 @@ pytest_plugins = ["pytest_jupyter.jupyter_server"]
 
 ENDPOINTS = [
     ("GET", "distrun/nodes"),
+    ("GET", "distrun/nodes/usage"),
     ("GET", "distrun/jobs"),
     ("GET", "distrun/jobs/some-job"),
     ("GET", "distrun/jobs/some-job/logs"),
@@ -290,3 +291,38 @@ async def test_the_job_detail_masks_secret_values(jp_fetch, home, tmp_path):
     text = json.dumps(job)
     assert code == 200 and "hf_abcdef123" not in text
     assert "HF_TOKEN: '****'" in job["spec"] and "visible" in text
+
+
+async def test_nodes_usage_sums_the_running_jobs_processes_per_node(jp_fetch, home, tmp_path):
+    """The sidebar's sparklines: node 0's rank spins, node 1's sleeps; a node's CPU and
+    memory come from its agents' stored reports, and an ended job's are not shown."""
+    spec = tmp_path / "spin.yml"
+    command = (
+        'echo started; if [ "$NODE_RANK" = 0 ]; then exec python -c "while True: pass"; '
+        "else exec sleep 300; fi"
+    )
+    spec.write_text(
+        f"command: {json.dumps(command)}\nresources: {{instance_count: 2}}\n"
+        "distribution: {type: pytorch}\n"
+    )
+    store = JobStore()
+    proc, job_id = await asyncio.to_thread(start_cli_run, spec, store, ranks=2)
+    try:
+        deadline = time.monotonic() + 40
+        while True:  # reports are stored every 5 s; two make a share of CPU
+            code, usage = await _json(jp_fetch, "distrun", "nodes", "usage")
+            cpu = {n: [v for v in s["cpu"] if v is not None] for n, s in usage["nodes"].items()}
+            if len(cpu.get("local1", [])) >= 2 or time.monotonic() > deadline:
+                break
+            await asyncio.sleep(1)
+        assert code == 200 and usage["bucket"] == 5.0
+        assert sorted(usage["nodes"]) == ["local0", "local1"]
+        assert len(usage["nodes"]["local0"]["cpu"]) == 24
+        assert cpu["local0"][-1] > 50 and cpu["local1"][-1] < 10, cpu  # spinning vs sleeping
+        assert all(v > 1 << 20 for v in usage["nodes"]["local0"]["rss"] if v is not None)
+    finally:
+        proc.terminate()
+        await asyncio.to_thread(proc.wait, 30)
+    code, usage = await _json(jp_fetch, "distrun", "nodes", "usage")
+    assert usage["nodes"] == {}  # the job ended: nothing runs on the nodes
+    assert job_processes(job_id) == []

@@ -6,14 +6,16 @@ per rank, about once a second).
 share of one core since its previous report), keyed by log key (`rank-3`; a process that
 carries no rank, such as a TensorFlow task, under its own name). `summarize(samples)` gives
 each key's average and peak over a job, from the samples the job stored (JobRecord's
-usage.jsonl), for `jupyter distrun inspect`.
+usage.jsonl), for `jupyter distrun inspect`. `node_series(jobs, now)` gives each node's
+recent CPU and memory, summed over the running jobs' processes on it (the sidebar's
+sparklines).
 """
 
 from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from itertools import pairwise
 from typing import Any
@@ -103,4 +105,42 @@ def summarize(samples: Iterable[dict[str, Any]]) -> list[Summary]:
                 sum(memory) // len(memory), max(memory),
             )
         )  # fmt: skip
+    return found
+
+
+SERIES_POINTS = 24  # the sidebar's sparklines: 2 minutes of STORE_EVERY_S buckets
+
+
+def node_series(
+    jobs: Iterable[tuple[list[dict[str, Any]], Mapping[str, str]]],
+    now: float,
+    bucket: float = STORE_EVERY_S,
+    points: int = SERIES_POINTS,
+) -> dict[str, dict[str, list]]:
+    """Each node's CPU (percent of one core) and resident bytes over the last `points`
+    buckets of `bucket` seconds, oldest first, summed over the processes of `jobs` on it:
+    {node: {"cpu": [...], "rss": [...]}}, None in a bucket no report fell in. `jobs`: each
+    job's stored samples ({"t", "p", "cpu", "rss"}: a process's whole tree) with the node
+    of each process name. A node with no report in the window is left out."""
+    start = now - bucket * points
+    found: dict[str, dict[str, list]] = {}
+    for samples, node_of in jobs:
+        series: dict[str, list[tuple[float, float, int]]] = {}
+        for sample in samples:
+            series.setdefault(sample["p"], []).append(
+                (float(sample["t"]), float(sample.get("cpu", 0.0)), int(sample.get("rss", 0)))
+            )
+        for process, readings in series.items():
+            node = node_of.get(process)
+            if node is None:
+                continue
+            readings.sort()
+            for (t0, c0, _), (t1, c1, rss) in pairwise(readings):
+                if not start < t1 <= now or t1 <= t0:
+                    continue
+                at = min(int((t1 - start) // bucket), points - 1)
+                lines = found.setdefault(node, {"cpu": [None] * points, "rss": [None] * points})
+                share = max(0.0, c1 - c0) / (t1 - t0) * 100
+                lines["cpu"][at] = round((lines["cpu"][at] or 0.0) + share, 1)
+                lines["rss"][at] = (lines["rss"][at] or 0) + rss
     return found

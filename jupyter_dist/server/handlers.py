@@ -2,6 +2,8 @@
 the CLI, and do their file and network work in a thread pool, never on the event loop.
 
     GET  /distrun/nodes                    the inventory with each node's health
+    GET  /distrun/nodes/usage              each node's CPU and memory of the last 2 minutes,
+                                           over the running jobs' processes on it
     GET  /distrun/jobs                     every job, newest first
     GET  /distrun/jobs/{id}                spec, plan, who is who and per-process status
     GET  /distrun/jobs/{id}/logs?rank=R    a range of one rank's (or process's) log:
@@ -34,11 +36,13 @@ from jupyter_dist.nodes import load_inventory
 from jupyter_dist.plan import LaunchPlan
 from jupyter_dist.run.control import request_cancel, request_stacks
 from jupyter_dist.run.events import FINAL_STATES
+from jupyter_dist.run.meters import STORE_EVERY_S, node_series
 from jupyter_dist.run.stacks import StackDump
 from jupyter_dist.spec import dump_yaml
 from jupyter_dist.store import JobStore, UnknownJob
 
 MAX_LIMIT = 20000
+MAX_RUNNING = 200  # the newest jobs looked at for the nodes' usage (running ones are new)
 STACKS_TIMEOUT_S = 60.0  # how long a stacks request waits for the job's owner
 HEALTH_TTL = 15.0  # seconds a node health check is reused (every open lab polls it)
 
@@ -105,6 +109,25 @@ class NodesHandler(DistrunHandler):
     @web.authenticated
     async def get(self) -> None:
         self.reply(await self.blocking(self.settings["distrun_health"].get))
+
+
+class NodeUsageHandler(DistrunHandler):
+    @web.authenticated
+    async def get(self) -> None:
+        def usage():
+            jobs = []
+            for record in self.store.jobs()[:MAX_RUNNING]:
+                try:
+                    if record.status().get("state") != "running":
+                        continue
+                    plan = record.plan()
+                    node_of = {p["name"]: p["node"] for p in plan.get("processes", [])}
+                    jobs.append((record.usage(), node_of))
+                except (DistrunError, OSError, ValueError, KeyError, TypeError):
+                    continue  # a damaged or vanishing job shows no usage
+            return {"bucket": STORE_EVERY_S, "nodes": node_series(jobs, time.time())}
+
+        self.reply(await self.blocking(usage))
 
 
 class JobsHandler(DistrunHandler):
@@ -229,6 +252,7 @@ def setup_handlers(web_app: Any, store: JobStore | None = None) -> None:
         ".*$",
         [
             (url_path_join(base, "nodes"), NodesHandler),
+            (url_path_join(base, "nodes", "usage"), NodeUsageHandler),
             (url_path_join(base, "jobs"), JobsHandler),
             (base + job, JobHandler),
             (base + job + "/logs", LogsHandler),

@@ -59,6 +59,13 @@ export interface INodes {
   nodes: INodeHealth[];
 }
 
+/** Each node's CPU (% of one core) and resident bytes over the last minutes, oldest first,
+ * summed over the running jobs' processes on it (null: no report in that interval). */
+export interface INodeUsage {
+  bucket: number; // seconds per point
+  nodes: { [node: string]: { cpu: (number | null)[]; rss: (number | null)[] } };
+}
+
 export interface ILogLine {
   ts: string;
   stream: 'stdout' | 'stderr';
@@ -114,6 +121,10 @@ export class DistrunApi {
 
   nodes(): Promise<INodes> {
     return this.get('nodes');
+  }
+
+  nodeUsage(): Promise<INodeUsage> {
+    return this.get('nodes/usage');
   }
 
   /** A range of one log: after `offset` (the `next` of the last range), or its last `tail` lines. */

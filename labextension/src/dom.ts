@@ -17,6 +17,39 @@ export function h<K extends keyof HTMLElementTagNameMap>(
   return element;
 }
 
+/** A sparkline of `values` (oldest first; null: a gap) as an SVG line scaled to `top` or
+ * the highest value, drawn by CSS (`.jp-distrun-spark polyline`). */
+export function sparkline(
+  values: (number | null)[],
+  top: number,
+  width = 48,
+  height = 14
+): SVGSVGElement {
+  const ns = 'http://www.w3.org/2000/svg';
+  const svg = document.createElementNS(ns, 'svg');
+  svg.setAttribute('class', 'jp-distrun-spark');
+  svg.setAttribute('width', String(width));
+  svg.setAttribute('height', String(height));
+  svg.setAttribute('viewBox', `0 0 ${width} ${height}`);
+  const known = values.filter((v): v is number => v !== null);
+  const high = Math.max(top, ...known, 1e-9);
+  const step = width / Math.max(values.length - 1, 1);
+  const y = (v: number) => (height - 1 - (v / high) * (height - 2)).toFixed(1);
+  const points = values
+    .map((v, i) => (v === null ? null : `${(i * step).toFixed(1)},${y(v)}`))
+    .filter((p): p is string => p !== null);
+  const line = document.createElementNS(ns, 'polyline');
+  line.setAttribute('points', points.join(' '));
+  svg.appendChild(line);
+  return svg;
+}
+
+/** "212 MiB", "1.5 GiB". */
+export function memory(bytes: number): string {
+  const mib = bytes / 2 ** 20;
+  return mib >= 1024 ? `${(mib / 1024).toFixed(1)} GiB` : `${Math.round(mib)} MiB`;
+}
+
 /** "12.3s" or "4.2m" between two epoch times in seconds (the second defaults to now). */
 export function duration(started: number | null, ended: number | null): string {
   if (!started) {

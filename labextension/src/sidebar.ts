@@ -8,8 +8,8 @@
 import { Poll } from '@lumino/polling';
 import { Widget } from '@lumino/widgets';
 
-import { DistrunApi, FINAL_STATES, IJobSummary, INodes, IStacks } from './api';
-import { duration, h, plural } from './dom';
+import { DistrunApi, FINAL_STATES, IJobSummary, INodeUsage, INodes, IStacks } from './api';
+import { duration, h, memory, plural, sparkline } from './dom';
 
 /** JupyterLab's own button look (made compact by style/index.css). */
 const BUTTON = 'jp-Button jp-mod-styled';
@@ -19,6 +19,7 @@ export interface ISidebarOptions {
   openLogs: (jobId: string) => void;
   jobsInterval?: number; // ms
   nodesInterval?: number; // ms
+  usageInterval?: number; // ms: the nodes' CPU and memory while jobs run
   jobsShown?: number; // the newest jobs listed; older ones are left to the CLI
 }
 
@@ -30,6 +31,9 @@ export class DistrunSidebar extends Widget {
   private readonly errorBox = h('div', { class: 'jp-distrun-error' });
   private readonly jobsPoll: Poll;
   private readonly nodesPoll: Poll;
+  private readonly usagePoll: Poll;
+  private nodes: INodes | null = null;
+  private usage: INodeUsage = { bucket: 5, nodes: {} };
   private readonly jobsShown: number;
   private cancelling = new Set<string>();
   // The stacks shown under a job (kept across polls, which redraw the list), or why not.
@@ -63,6 +67,12 @@ export class DistrunSidebar extends Widget {
       standby,
       name: 'jupyter-dist:nodes'
     });
+    this.usagePoll = new Poll({
+      factory: () => this.refreshUsage(),
+      frequency: { interval: options.usageInterval ?? 5000, backoff: true, max: 60000 },
+      standby,
+      name: 'jupyter-dist:node-usage'
+    });
   }
 
   /** Poll now (e.g. when the panel is shown, or after a cancel). */
@@ -73,12 +83,14 @@ export class DistrunSidebar extends Widget {
   dispose(): void {
     this.jobsPoll.dispose();
     this.nodesPoll.dispose();
+    this.usagePoll.dispose();
     super.dispose();
   }
 
   protected onAfterShow(): void {
     void this.jobsPoll.refresh();
     void this.nodesPoll.refresh();
+    void this.usagePoll.refresh();
   }
 
   private async refreshJobs(): Promise<void> {
@@ -93,14 +105,18 @@ export class DistrunSidebar extends Widget {
   }
 
   private async refreshNodes(): Promise<void> {
-    this.renderNodes(await this.api.nodes());
+    this.nodes = await this.api.nodes();
+    this.renderNodes();
   }
 
-  private renderNodes(nodes: INodes): void {
-    if (nodes.local) {
-      this.nodesBox.replaceChildren(
-        h('div', { class: 'jp-distrun-muted' }, 'No node inventory: jobs run on this machine.')
-      );
+  private async refreshUsage(): Promise<void> {
+    this.usage = await this.api.nodeUsage();
+    this.renderNodes();
+  }
+
+  private renderNodes(): void {
+    const nodes = this.nodes;
+    if (nodes === null) {
       return;
     }
     const rows = nodes.nodes.map(node =>
@@ -110,12 +126,45 @@ export class DistrunSidebar extends Widget {
         h('td', {}, h('span', { class: `jp-distrun-dot jp-distrun-${node.status}` }), node.name),
         h('td', {}, `${node.host}:${node.port}`),
         h('td', {}, node.latency_ms === null ? node.status : `${Math.round(node.latency_ms)} ms`),
-        h('td', {}, node.gpus === null ? '' : `${node.gpus} GPU`)
+        h('td', {}, node.gpus === null ? '' : `${node.gpus} GPU`),
+        this.meter(node.name)
       )
     );
+    // Local nodes (no inventory) have rows only while a job runs on them.
+    const listed = new Set(nodes.nodes.map(node => node.name));
+    for (const name of Object.keys(this.usage.nodes).sort()) {
+      if (!listed.has(name)) {
+        rows.push(h('tr', { 'data-node': name }, h('td', {}, name), this.meter(name)));
+      }
+    }
+    const note = nodes.local ? 'No node inventory: jobs run on this machine.' : nodes.source;
     this.nodesBox.replaceChildren(
-      h('table', { class: 'jp-distrun-table' }, ...rows),
-      h('div', { class: 'jp-distrun-muted' }, nodes.source ?? '')
+      ...(rows.length ? [h('table', { class: 'jp-distrun-table' }, ...rows)] : []),
+      h('div', { class: 'jp-distrun-muted' }, note ?? '')
+    );
+  }
+
+  /** A node's CPU over the last minutes as a sparkline, with its latest CPU and memory:
+   * an idle node beside busy ones shows at a glance. Empty where no job runs on it. */
+  private meter(name: string): HTMLTableCellElement {
+    const series = this.usage.nodes[name];
+    const cpu = series?.cpu.filter((v): v is number => v !== null) ?? [];
+    if (!series || cpu.length === 0) {
+      return h('td', { class: 'jp-distrun-meter' });
+    }
+    const rss = series.rss.filter((v): v is number => v !== null);
+    const now = `${Math.round(cpu[cpu.length - 1])}%`;
+    const minutes = Math.round((series.cpu.length * this.usage.bucket) / 60);
+    return h(
+      'td',
+      {
+        class: 'jp-distrun-meter',
+        title:
+          `CPU ${now} of one core, memory ${memory(rss[rss.length - 1] ?? 0)}, summed over ` +
+          `the running jobs' processes on ${name} (the line: the last ${minutes} minutes)`
+      },
+      sparkline(series.cpu, 100),
+      h('span', {}, now)
     );
   }
 

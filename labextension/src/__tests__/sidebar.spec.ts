@@ -129,3 +129,54 @@ describe('DistrunSidebar stacks', () => {
     sidebar.dispose();
   });
 });
+
+describe('DistrunSidebar node meters', () => {
+  const idle = [null, 1, 0, 1];
+  const busy = [null, 98, 100, 99];
+  const rss = [null, 2 ** 30, 2 ** 30, 1.5 * 2 ** 30];
+
+  async function shown(nodes: any, usage: any) {
+    const api = new DistrunApi(async path => ({
+      status: 200,
+      body: path === 'nodes' ? nodes : usage
+    }));
+    const sidebar = new DistrunSidebar({ api, openLogs: () => undefined });
+    await (sidebar as any).refreshNodes();
+    await (sidebar as any).refreshUsage();
+    const rows = [...sidebar.node.querySelectorAll('.jp-distrun-nodes tr')].map(tr => ({
+      node: tr.getAttribute('data-node'),
+      meter: tr.querySelector('.jp-distrun-meter')
+    }));
+    sidebar.dispose();
+    return rows;
+  }
+
+  it('draws each busy node a CPU line with its latest share, and nothing where no job runs', async () => {
+    const health = (name: string) => ({
+      name, host: '10.0.0.1', port: 22, status: 'ok', latency_ms: 3, python: '3.11',
+      hostname: name, gpus: null, problem: null
+    });
+    const rows = await shown(
+      { source: 'nodes.yml', local: false, nodes: [health('node0'), health('node1')] },
+      { bucket: 5, nodes: { node0: { cpu: busy, rss } } }
+    );
+    expect(rows.map(r => r.node)).toEqual(['node0', 'node1']);
+    const meter = rows[0].meter as HTMLElement;
+    expect(meter.textContent).toBe('99%');
+    expect(meter.title).toContain('CPU 99% of one core, memory 1.5 GiB');
+    const line = meter.querySelector('svg polyline') as SVGPolylineElement;
+    expect(line.getAttribute('points')?.split(' ')).toHaveLength(3); // the gap is left out
+    expect(rows[1].meter?.textContent).toBe('');
+  });
+
+  it('lists local nodes while a job runs on them, the idle one beside the busy one', async () => {
+    const rows = await shown(
+      { source: null, local: true, nodes: [] },
+      { bucket: 5, nodes: { local1: { cpu: idle, rss }, local0: { cpu: busy, rss } } }
+    );
+    expect(rows.map(r => [r.node, r.meter?.textContent])).toEqual([
+      ['local0', '99%'],
+      ['local1', '1%']
+    ]);
+  });
+});
