@@ -273,7 +273,6 @@ def mpi_launch(ctx: PlanContext) -> MpiLaunch:
     Gloo ranks)."""
     per_node = ctx.spec.distribution.process_count_per_instance
     hosts = ",".join(f"{node.name}:{per_node}" for node in ctx.nodes)
-    folder = posixpath.join(ctx.job_dir(ctx.nodes[0]), "bin")
     # its srun shares the allocation with the other steps, as ours do
     mca = {"plm": "slurm", "ras": "^slurm", "plm_slurm_args": "--overlap"}
     args = (
@@ -283,6 +282,7 @@ def mpi_launch(ctx: PlanContext) -> MpiLaunch:
     )
     if not runs_ssh(ctx):
         return MpiLaunch(args=args, hostfile=False, hosts=hosts)
+    folder = posixpath.join(ctx.job_dir(ctx.nodes[0]), "bin")
     return MpiLaunch(
         args=args,
         files=(PlannedFile(0, posixpath.join(folder, "ssh"), SRUN_AS_SSH, executable=True),),

@@ -532,8 +532,9 @@ class Agent:
         if env.get(PATH_FIRST_VAR):  # the job's own programs (the `ssh` horovodrun calls)
             path.insert(0, env[PATH_FIRST_VAR])
         env["PATH"] = os.pathsep.join(path)
-        hook = os.path.join(env.get("DISTRUN_JOB_DIR", ""), HOOK_FOLDER)
-        if env.get("DISTRUN_JOB_DIR") and os.path.isfile(os.path.join(hook, "sitecustomize.py")):
+        job_dir = env.get("DISTRUN_JOB_DIR")
+        hook = os.path.join(job_dir, HOOK_FOLDER) if job_dir else None
+        if hook and os.path.isfile(os.path.join(hook, "sitecustomize.py")):
             env["PYTHONPATH"] = os.pathsep.join(filter(None, [hook, env.get("PYTHONPATH")]))
         # Check first, then say "started", then start: once the child runs, its output
         # shares our stderr, so the handshake line must already be out.

@@ -82,16 +82,12 @@ def build(ctx: PlanContext, dist: MpiDistribution) -> tuple[list[ProcessPlan], l
     forward += reach.forward
     files = [PlannedFile(0, hosts_path, hostfile(ctx, per_node)), *reach.files]
     own = own_launcher(ctx.command)
+    launcher = own or dist.launcher
     if own is not None:  # it starts the ranks itself: run it once, with the hostfile
-        env.update(reach.ssh_env)
-        env["OMPI_ALLOW_RUN_AS_ROOT"] = "1"
-        env["OMPI_ALLOW_RUN_AS_ROOT_CONFIRM"] = "1"
+        argv = []
         world = _own_world(ctx.command, world)
-        proc = ctx.process(
-            0, own, ctx.shell(ctx.command), env, world, ranks=tuple(range(world)), output="mpi"
-        )
-        return [proc], files
-    if dist.launcher == "horovodrun":
+        env.update(reach.ssh_env)
+    elif launcher == "horovodrun":
         # horovodrun reads the same hostfile; it forwards the whole environment itself (its
         # MPI mode with -x for every variable, its Gloo mode on the ssh command line).
         hosts = ["--hostfile", hosts_path] if reach.hostfile else ["-H", reach.hosts]
@@ -109,5 +105,5 @@ def build(ctx: PlanContext, dist: MpiDistribution) -> tuple[list[ProcessPlan], l
     argv += ctx.shell(ctx.command)
     # Both tag every rank's lines: mpirun --tag-output "[1,R]<stdout>:", horovodrun's Gloo
     # mode "[R]<stdout>:" (its MPI mode runs mpirun --tag-output).
-    proc = ctx.process(0, dist.launcher, argv, env, world, ranks=tuple(range(world)), output="mpi")
+    proc = ctx.process(0, launcher, argv, env, world, ranks=tuple(range(world)), output="mpi")
     return [proc], files
