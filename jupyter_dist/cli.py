@@ -324,6 +324,9 @@ def cmd_plan(args: argparse.Namespace, store: JobStore) -> int:
 
 
 METER_COLUMNS = ("rank", "cpu avg", "cpu peak", "memory avg", "memory peak")
+# A table of its own (80 columns hold neither table's cells whole beside the other's), shown
+# where nvidia-smi read any GPU memory held.
+GPU_METER_COLUMNS = ("rank", "gpu avg", "gpu peak", "gpu memory peak")
 
 
 def meter_rows(plan, samples: list[dict]) -> list[dict]:
@@ -339,8 +342,14 @@ def meter_rows(plan, samples: list[dict]) -> list[dict]:
         rows.append({
             "rank": label, "cpu avg": f"{found.cpu_avg:.0f}%", "cpu peak": f"{found.cpu_peak:.0f}%",
             "memory avg": mib(found.rss_avg), "memory peak": mib(found.rss_peak),
+            "gpu avg": _percent(found.gpu_avg), "gpu peak": _percent(found.gpu_peak),
+            "gpu memory peak": "" if found.gpu_memory_peak is None else mib(found.gpu_memory_peak),
         })  # fmt: skip
     return rows
+
+
+def _percent(share: float | None) -> str:
+    return "" if share is None else f"{share:.0f}%"
 
 
 def _print_checks(plan) -> None:
@@ -498,6 +507,10 @@ def cmd_inspect(args: argparse.Namespace, store: JobStore) -> int:
     if meters:
         print()
         _print_table(meters, METER_COLUMNS, title="What each rank used (sampled every 5 s)")
+    on_gpus = [row for row in meters if row["gpu memory peak"]]
+    if on_gpus:
+        print()
+        _print_table(on_gpus, GPU_METER_COLUMNS, title="What each rank used on GPUs")
     stacks = record.last_stacks()
     if stacks:  # the latest dump, one line per group (all of it: `stacks --last`)
         print()

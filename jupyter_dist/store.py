@@ -159,7 +159,8 @@ class JobRecord:
         return (self.path / "spec.yml").read_text()
 
     def append_usage(self, sample: dict[str, Any]) -> None:
-        """One usage report of a process's agent ({"t", "p", "cpu", "rss", "ranks"}), kept
+        """One usage report of a process's agent ({"t", "p", "cpu", "rss", "ranks"}, and
+        "gpu", "gpus" where GPUs were read), kept
         as a line of usage.jsonl (run/meters.py reads them back)."""
         with open(
             self.path / "usage.jsonl", "a", encoding="utf-8", opener=_private_opener

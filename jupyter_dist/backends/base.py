@@ -85,7 +85,9 @@ class ProcessHandle(Protocol):
     oom: dict[str, Any] | None
 
     #: Called with each usage report of the process's agent (about once a second, from the
-    #: stderr reader): {"cpu": seconds, "rss": bytes, "ranks": {rank: [seconds, bytes]}}.
+    #: stderr reader): {"cpu": seconds, "rss": bytes, "ranks": {rank: [seconds, bytes]}},
+    #: and where nvidia-smi read GPU memory held, "gpu": [percent, bytes] and
+    #: "gpus": {rank: [percent, bytes]} (percent None where the device does not say).
     #: Set before the streams are read.
     on_usage: Callable[[dict[str, Any]], None] | None
 

@@ -25,8 +25,11 @@ stderr: `HANDSHAKE usage {"cpu": SECONDS, "rss": BYTES, "ranks": {"RANK": [SECON
 CPU time used so far and resident memory, of the whole tree and of each rank: the processes
 that carry it (RANK, OMPI_COMM_WORLD_RANK, PMI_RANK or HOROVOD_RANK in their environment: the
 workers of torchrun, the ranks of mpirun or horovodrun on this node, with their shells and
-forked workers) together. Each report is one write of under 4 KiB, so it never interleaves
-with the process's own writes.
+forked workers) together. Where the node has `nvidia-smi` and the tree holds GPU memory, the
+report also has `"gpu": [PERCENT, BYTES]` and `"gpus": {"RANK": [PERCENT, BYTES]}`: the
+utilisation of the devices they use and the memory they hold there (read every
+GPU_EVERY_S). Each report is one write of under 4 KiB, so it never interleaves with the
+process's own writes.
 
 The tree is what the child started, however it tried to leave:
 
@@ -485,6 +488,15 @@ class Usage:
     def __init__(self, tree):
         self.tree = tree
         self.ranks = {}  # pid -> rank or None, read once per process
+        self.gpus = GpuUsage()
+
+    def _rank(self, pid):
+        rank = self.ranks.get(pid, False)
+        if rank is False:
+            rank = _rank_of(pid)
+            if rank is not False:  # known for good; unreadable is asked again
+                self.ranks[pid] = rank
+        return rank if isinstance(rank, int) and rank is not False else None
 
     def report(self):
         with self.tree.lock:
@@ -495,19 +507,107 @@ class Usage:
             if found is None:
                 continue
             cpu, rss = cpu + found[0], rss + found[1]
-            rank = self.ranks.get(pid, False)
-            if rank is False:
-                rank = _rank_of(pid)
-                if rank is not False:  # known for good; unreadable is asked again
-                    self.ranks[pid] = rank
-            if isinstance(rank, int) and rank is not False:  # with its shell and forks
+            rank = self._rank(pid)
+            if rank is not None:  # with its shell and forks
                 before = ranks.get(rank, (0.0, 0))
                 ranks[rank] = (before[0] + found[0], before[1] + found[1])
-        ranks = {str(r): [round(c, 2), m] for r, (c, m) in sorted(ranks.items())}
-        line = json.dumps({"cpu": round(cpu, 2), "rss": rss, "ranks": ranks})
+        report = {
+            "cpu": round(cpu, 2),
+            "rss": rss,
+            "ranks": {str(r): [round(c, 2), m] for r, (c, m) in sorted(ranks.items())},
+        }
+        held = self.gpus.sample(pids)  # {pid: {uuid: bytes}}
+        if held:
+            report["gpu"] = self.gpus.reading(held.values())
+            by_rank = {}
+            for pid, devices in held.items():
+                rank = self._rank(pid)
+                if rank is not None:
+                    by_rank.setdefault(rank, []).append(devices)
+            report["gpus"] = {str(r): self.gpus.reading(d) for r, d in sorted(by_rank.items())}
+        line = json.dumps(report)
         if len(line) > _MAX_REPORT:  # hundreds of ranks under one agent: totals only
-            line = json.dumps({"cpu": round(cpu, 2), "rss": rss, "ranks": {}})
+            report["ranks"] = {}
+            report.pop("gpus", None)
+            line = json.dumps(report)
         return line
+
+
+# nvidia-smi costs tens of milliseconds of CPU a call: GPUs are read less often than /proc.
+GPU_EVERY_S = 5.0
+_GPU_APPS = ("--query-compute-apps=pid,gpu_uuid,used_memory", "--format=csv,noheader,nounits")
+_GPU_UTILISATION = ("--query-gpu=uuid,utilization.gpu", "--format=csv,noheader,nounits")
+
+
+def _nvidia_smi(program, query):
+    """nvidia-smi's CSV rows for `query`, or None when it fails (no driver, a timeout)."""
+    try:
+        done = subprocess.run(
+            [program, *query], stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+            stderr=subprocess.DEVNULL, timeout=10, check=False,
+        )  # fmt: skip
+    except (OSError, subprocess.SubprocessError):
+        return None
+    if done.returncode != 0:
+        return None
+    lines = done.stdout.decode(errors="replace").splitlines()
+    return [[field.strip() for field in line.split(",")] for line in lines if line.strip()]
+
+
+def _number(text):
+    """A number nvidia-smi printed, or None for its "[N/A]" and "[Not Supported]"."""
+    try:
+        return float(text)
+    except ValueError:
+        return None
+
+
+class GpuUsage:
+    """The GPU memory each process of a tree holds and the utilisation of the devices it
+    uses, from nvidia-smi where the node has it (its compute apps, by host PID: in a
+    container with a PID namespace of its own none match, and nothing is reported). Read
+    every GPU_EVERY_S; the last reading stands in between. A failing nvidia-smi is not
+    asked again."""
+
+    def __init__(self):
+        self.program = shutil.which("nvidia-smi")
+        self.next_read = 0.0
+        self.held = {}  # pid -> {device uuid: bytes}
+        self.utilisation = {}  # device uuid -> percent
+
+    def sample(self, pids):
+        """{pid: {device uuid: bytes}} of the processes in `pids` that hold GPU memory."""
+        if self.program and time.monotonic() >= self.next_read:
+            self.next_read = time.monotonic() + GPU_EVERY_S
+            self._read(set(pids))
+        return {pid: devices for pid, devices in self.held.items() if pid in pids}
+
+    def _read(self, pids):
+        apps = _nvidia_smi(self.program, _GPU_APPS)
+        if apps is None:
+            self.program, self.held = None, {}
+            return
+        held = {}
+        for row in apps:
+            if len(row) < 3 or not row[0].isdigit() or int(row[0]) not in pids:
+                continue
+            used = _number(row[2])  # MiB
+            devices = held.setdefault(int(row[0]), {})
+            devices[row[1]] = devices.get(row[1], 0) + int((used or 0) * 2**20)
+        self.held = held
+        if held:  # the devices' utilisation only where the tree uses one
+            rows = _nvidia_smi(self.program, _GPU_UTILISATION) or []
+            self.utilisation = {row[0]: _number(row[1]) for row in rows if len(row) >= 2}
+
+    def reading(self, groups):
+        """[percent, bytes] of processes together: the mean utilisation of the devices
+        they use (None where no device says), and the memory they hold on them."""
+        devices, held = set(), 0
+        for group in groups:
+            devices.update(group)
+            held += sum(group.values())
+        known = [self.utilisation[d] for d in devices if self.utilisation.get(d) is not None]
+        return [round(sum(known) / len(known), 1) if known else None, held]
 
 
 class Agent:

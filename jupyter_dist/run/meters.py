@@ -1,6 +1,7 @@
 """Live resource meters: each rank's CPU share and resident memory, from the usage reports
 of the node agents (node_side/agent.py `--usage`: cumulative CPU seconds and resident bytes,
-per rank, about once a second).
+per rank, about once a second; where the node has nvidia-smi, the utilisation of the GPUs a
+rank uses and the memory it holds on them).
 
 `Meters.update(process, sample)` turns a report into the rank's latest reading (CPU as a
 share of one core since its previous report), keyed by log key (`rank-3`; a process that
@@ -30,19 +31,32 @@ def mib(size: int) -> str:
     return f"{size / 2**20:.0f} MiB"
 
 
+Gpu = tuple[float | None, int]  # (utilisation percent of its devices, bytes held on them)
+
+
 @dataclass(frozen=True)
 class Reading:
     cpu: float  # percent of one core since the previous report
     rss: int  # resident bytes
+    gpu: Gpu | None = None  # None where no GPU memory is held (or no nvidia-smi)
 
 
-def keyed(process: str, sample: dict[str, Any]) -> dict[str, tuple[float, int]]:
-    """A report's (CPU seconds, resident bytes) by key: the process's whole tree under its
-    name (a launcher's row in the inspector), each rank under its log key (its chip)."""
-    found = {process: (float(sample.get("cpu", 0.0)), int(sample.get("rss", 0)))}
+def keyed(process: str, sample: dict[str, Any]) -> dict[str, tuple[float, int, Gpu | None]]:
+    """A report's (CPU seconds, resident bytes, GPU) by key: the process's whole tree under
+    its name (a launcher's row in the inspector), each rank under its log key (its chip)."""
+    gpus = sample.get("gpus") or {}
+    found = {process: (float(sample.get("cpu", 0.0)), int(sample.get("rss", 0)),
+                       _gpu(sample.get("gpu")))}  # fmt: skip
     for rank, (cpu, rss) in (sample.get("ranks") or {}).items():
-        found[rank_key(int(rank))[0]] = (float(cpu), int(rss))
+        found[rank_key(int(rank))[0]] = (float(cpu), int(rss), _gpu(gpus.get(rank)))
     return found
+
+
+def _gpu(reported: list | None) -> Gpu | None:
+    if not reported:
+        return None
+    percent, held = reported
+    return (None if percent is None else float(percent), int(held))
 
 
 class Meters:
@@ -59,13 +73,13 @@ class Meters:
         now = time.monotonic() if now is None else now
         fresh: dict[str, Reading] = {}
         with self._lock:
-            for key, (cpu, rss) in keyed(process, sample).items():
+            for key, (cpu, rss, gpu) in keyed(process, sample).items():
                 before = self._last.get(key)
                 self._last[key] = (now, cpu)
                 if before is None or now <= before[0]:
                     continue  # a first report sets the baseline
                 share = max(0.0, cpu - before[1]) / (now - before[0]) * 100
-                fresh[key] = self.latest[key] = Reading(round(share, 1), rss)
+                fresh[key] = self.latest[key] = Reading(round(share, 1), rss, gpu)
         return fresh
 
     def snapshot(self) -> dict[str, Reading]:
@@ -80,14 +94,22 @@ class Summary:
     cpu_peak: float  # the highest share between two samples
     rss_avg: int
     rss_peak: int
+    # over the samples in which it held GPU memory; None where it never did
+    gpu_avg: float | None = None  # utilisation percent of its devices
+    gpu_peak: float | None = None
+    gpu_memory_peak: int | None = None
 
 
 def summarize(samples: Iterable[dict[str, Any]]) -> list[Summary]:
-    """Each key's averages and peaks over stored samples ({"t", "p", "cpu", "rss", "ranks"})."""
+    """Each key's averages and peaks over stored samples ({"t", "p", "cpu", "rss", "ranks",
+    and where GPUs were read "gpu", "gpus"})."""
     series: dict[str, list[tuple[float, float, int]]] = {}
+    gpu: dict[str, list[Gpu]] = {}
     for sample in samples:
-        for key, (cpu, rss) in keyed(sample["p"], sample).items():
+        for key, (cpu, rss, used) in keyed(sample["p"], sample).items():
             series.setdefault(key, []).append((float(sample["t"]), cpu, rss))
+            if used is not None:
+                gpu.setdefault(key, []).append(used)
     found = []
     for key, points in series.items():
         points.sort()
@@ -99,10 +121,14 @@ def summarize(samples: Iterable[dict[str, Any]]) -> list[Summary]:
         span = points[-1][0] - points[0][0]
         average = max(0.0, points[-1][1] - points[0][1]) / span * 100 if span > 0 else 0.0
         memory = [rss for _, _, rss in points]
+        used = gpu.get(key, [])
+        busy = [percent for percent, _ in used if percent is not None]
         found.append(
             Summary(
                 key, round(average, 1), round(max(shares, default=0.0), 1),
                 sum(memory) // len(memory), max(memory),
+                round(sum(busy) / len(busy), 1) if busy else None, max(busy, default=None),
+                max((held for _, held in used), default=None),
             )
         )  # fmt: skip
     return found

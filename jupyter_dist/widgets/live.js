@@ -417,8 +417,14 @@ function render({ model, el }) {
     bar.style.width = reading ? `${Math.min(100, reading[0])}%` : "0";
     chip.dataset.cpu = reading ? String(Math.round(reading[0])) : "";
     const base = chip.title.split(" · CPU ")[0];
-    chip.title = reading ? `${base} · CPU ${Math.round(reading[0])}% · ${bytes(reading[1])}` : base;
+    const gpu = reading && reading.length > 2
+      ? ` · GPU ${reading[2] === null ? "" : `${Math.round(reading[2])}% · `}${bytes(reading[3])}` : "";
+    chip.title = reading ? `${base} · CPU ${Math.round(reading[0])}% · ${bytes(reading[1])}${gpu}` : base;
   }
+
+  // A GPU column once any reading has one (where the nodes have nvidia-smi): a reading is
+  // [cpu, rss] or [cpu, rss, gpu percent or null, gpu bytes].
+  const withGpu = () => Object.values(held.meters).some((s) => s.some((r) => r.length > 2));
 
   function meterCells(name) {
     const series = held.meters[name] || [];
@@ -431,10 +437,22 @@ function render({ model, el }) {
       cpu.append(sparkline(series.map((r) => r[0]), 100), element("span", "", `${Math.round(share)}%`));
       memory.append(sparkline(series.map((r) => r[1])), element("span", "", bytes(rss)));
     }
-    return [cpu, memory];
+    if (!withGpu()) return [cpu, memory];
+    const gpu = cell("td", "");
+    gpu.className = "distrun-meter distrun-meter-gpu";
+    const last = series.length ? series[series.length - 1] : [];
+    if (last.length > 2) {  // utilisation's line; its share (where known) and memory held
+      const share = last[2] === null ? "" : `${Math.round(last[2])}% · `;
+      gpu.append(sparkline(series.map((r) => r[2] ?? 0), 100),
+        element("span", "", `${share}${bytes(last[3])}`));
+      gpu.title = "utilisation of the GPUs it uses, and the memory it holds on them";
+    }
+    return [cpu, memory, gpu];
   }
 
+  let gpuShown = false;
   function drawMeters() {
+    if (withGpu() !== gpuShown) return drawStatus();  // the GPU column comes in
     for (const chip of rankBar.querySelectorAll(".distrun-rank")) drawChipMeter(chip);
     for (const row of statusTable.querySelectorAll("tr.distrun-process")) {
       const cells = row.querySelectorAll("td.distrun-meter");
@@ -481,7 +499,9 @@ function render({ model, el }) {
     const withTf = processes.some((p) => p.tf_config);
     const head = element("tr");
     for (const [name] of COLUMNS) head.appendChild(cell("th", name));
+    gpuShown = withGpu();
     head.append(cell("th", "cpu"), cell("th", "memory"));
+    if (gpuShown) head.appendChild(cell("th", "gpu"));
     if (withTf) head.appendChild(cell("th", "TF_CONFIG"));
     const rows = processes.map((p) => {
       const tr = element("tr", `distrun-process distrun-${p.state}`);

@@ -136,7 +136,7 @@ class LiveView(anywidget.AnyWidget):
         shown = {row["name"] for row in self.processes}
         keys = {key for name in shown for key in (name, *self._keys.get(name, ()))}
         readings = {
-            key: [reading.cpu, reading.rss]
+            key: [reading.cpu, reading.rss, *(reading.gpu or ())]
             for key, reading in self._job.meters.snapshot().items()
             if key in keys
         }

@@ -454,5 +454,25 @@ describe('meters', () => {
     expect(row.querySelector('.distrun-meter-memory')?.textContent).toBe('3.0 GiB');
     const points = row.querySelector('.distrun-meter-cpu polyline')?.getAttribute('points');
     expect(points?.split(' ').length).toBe(3);
+    expect(el.querySelector('.distrun-meter-gpu')).toBeNull(); // no GPU read, no column
+  });
+
+  it('adds a GPU column once a reading has one: utilisation where known, memory held', () => {
+    const m = model('job-gpu-meters', 5, 0, ranks(2));
+    live.initialize({ model: m });
+    const el = document.createElement('div');
+    live.render({ model: m, el });
+    const send = (readings: any) => m.emit('msg:custom', { type: 'meters', readings });
+    send({ 'rank-0': [90, 2 ** 30], 'rank-1': [3, 2 ** 30] }); // before nvidia-smi's first read
+    expect(el.querySelectorAll('th').length).toBeGreaterThan(0);
+    expect(Array.from(el.querySelectorAll('th')).map(th => th.textContent)).not.toContain('gpu');
+    send({ 'rank-0': [95, 2 ** 30, 88, 10 * 2 ** 30], 'rank-1': [2, 2 ** 30, null, 2 ** 29] });
+    expect(Array.from(el.querySelectorAll('th')).map(th => th.textContent)).toContain('gpu');
+    const gpu = (key: string) =>
+      el.querySelector(`tr[data-process="${key}"] .distrun-meter-gpu`) as HTMLElement;
+    expect(gpu('rank-0').textContent).toBe('88% · 10.0 GiB');
+    expect(gpu('rank-1').textContent).toBe('512 MiB'); // nvidia-smi said [N/A]
+    const chip = el.querySelector('.distrun-rank[data-key="rank-0"]') as HTMLElement;
+    expect(chip.title).toContain('CPU 95% · 1.0 GiB · GPU 88% · 10.0 GiB');
   });
 });
