@@ -130,4 +130,10 @@ def test_suspects_rank_real_failures_before_silent_ones_before_collateral():
     late = [(proc(1), ended(1, code=None, sig="SIGKILL", at=10.5))]
     assert suspects(late, {}, {}, stop_started=5.0, grace=5.0) == []
     assert is_collateral(["torch.distributed.DistBackendError: NCCL communicator was aborted"])
+    assert is_collateral(
+        [
+            "DistBackendError: NCCL error in: ProcessGroupNCCL.cpp:1970, remote "
+            "process exited or there was a network error, NCCL version 2.21.5"
+        ]
+    )
     assert not is_collateral(["ValueError: expected a batch of 32, got 31"])

@@ -381,3 +381,50 @@ def test_an_abort_in_cpp_teardown_gets_its_hint(store, tmp_path):
     hint = cause.format().splitlines()[-1]
     assert hint.startswith("Hint: rank 1 aborted as C++ threads were torn down"), hint
     assert "dist.barrier(), delete the model, then dist.destroy_process_group()" in hint
+
+
+# What torch and NCCL print on GPUs (the test machines have none: the rank prints it, then
+# fails as torch would), and how each hint begins.
+GPU_SIGNATURES = {
+    "cuda-after-fork": (
+        "RuntimeError: Cannot re-initialize CUDA in forked subprocess. To use CUDA with "
+        "multiprocessing, you must use the 'spawn' start method",
+        "Hint: rank 1 used CUDA in a forked process",
+    ),
+    "shared-gpu": (
+        "torch.distributed.DistBackendError: NCCL error in: ProcessGroupNCCL.cpp:1970, "
+        "invalid usage, NCCL version 2.21.5\nncclInvalidUsage: This usually reflects invalid "
+        "usage of NCCL library.\nLast error:\nDuplicate GPU detected : rank 1 and rank 0 "
+        "both on CUDA device 1b000",
+        "Hint: ranks share a GPU on local0",
+    ),
+    "cuda-oom": (
+        "torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB. GPU 0 has a "
+        "total capacity of 79.10 GiB of which 1.23 GiB is free.",
+        "Hint: rank 1 ran out of GPU memory on local0 "
+        '("CUDA out of memory. Tried to allocate 2.00 GiB")',
+    ),
+    "nccl-network": (
+        "torch.distributed.DistBackendError: NCCL error in: ProcessGroupNCCL.cpp:1970, "
+        "unhandled system error (run with NCCL_DEBUG=INFO for details), NCCL version 2.21.5",
+        "Hint: NCCL on rank 1 lost a connection",
+    ),
+}
+
+
+@pytest.mark.parametrize("kind", list(GPU_SIGNATURES))
+def test_gpu_failures_get_their_hints(kind, store, tmp_path):
+    said, begins = GPU_SIGNATURES[kind]
+    script = tmp_path / "gpu.py"
+    script.write_text(
+        "import os, sys\n"
+        "if os.environ['RANK'] == '1':\n"
+        "    sys.stderr.write('Traceback (most recent call last):\\n  File \"train.py\"\\n')\n"
+        f"    sys.stderr.write({said!r} + '\\n')\n"
+        "    sys.exit(1)\n"
+    )
+    result = run(_spec(f"{PY} {script}", nodes=1), store=store)
+    cause = result.root_cause
+    assert cause.rank == 1 and cause.exit_code == 1, cause
+    hint = cause.format().splitlines()[-1]
+    assert hint.startswith(begins), hint

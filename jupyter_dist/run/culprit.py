@@ -31,7 +31,8 @@ COLLATERAL = re.compile(
     r"|Watchdog caught collective operation timeout|NCCL communicator was aborted"
     r"|ProcessGroup\w* .*abort|has been shut down|Timed out waiting \d+\s*ms"
     r"|DistNetworkError|recvValue failed|sendBytes failed|Socket Timeout"
-    r"|failed to recv, got 0 bytes|ECONNRESET|EPIPE",
+    r"|failed to recv, got 0 bytes|ECONNRESET|EPIPE"
+    r"|remote process exited or there was a network error|ncclRemoteError",
     re.IGNORECASE,
 )
 # Signals only the system (or the program itself) sends; ours are SIGTERM, then SIGKILL.

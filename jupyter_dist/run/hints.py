@@ -22,9 +22,26 @@ _TIMED_OUT = re.compile(
 )
 
 
+# GPU signatures, in torch's and NCCL's words (not produced on a GPU in this project's tests:
+# its test machines have none; the jobs there print them).
+_CUDA_AFTER_FORK = re.compile(
+    r"Cannot re-initialize CUDA in forked subprocess|CUDA error: initialization error"
+)
+_CUDA_OOM = re.compile(r"CUDA out of memory\.?(?: Tried to allocate [\d.]+ \w+)?")
+_DUPLICATE_GPU = re.compile(r"Duplicate GPU detected[^\n]*")
+_NCCL_NETWORK = re.compile(
+    r"NCCL error[^\n]*(?:unhandled system error|remote process exited or there was a network "
+    r"error)|ncclSystemError|ncclRemoteError",
+    re.IGNORECASE,
+)
+
+
 def hint_for(cause: RootCause) -> str | None:
     """The advice for `cause`, or None where nothing is recognised."""
     tail = "\n".join(cause.stderr_tail).lower()
+    gpu = _gpu_hint(cause, "\n".join(cause.stderr_tail))
+    if gpu:
+        return gpu
     if "address already in use" in tail or "eaddrinuse" in tail:
         return (
             f'Hint: a port {cause.label} needed on {cause.node} was taken ("address already '
@@ -62,6 +79,45 @@ def hint_for(cause: RootCause) -> str | None:
             f"Hint: {cause.label} got SIGKILL from outside (not from jupyter-dist): on "
             "Linux that is most often the out-of-memory killer (see `dmesg` or `journalctl "
             f"-k` on {cause.node}, or the memory limit of the Slurm job or container)."
+        )
+    return None
+
+
+def _gpu_hint(cause: RootCause, tail: str) -> str | None:
+    """The advice for what CUDA and NCCL say when ranks share a GPU, run out of its memory,
+    touch CUDA before a fork, or cannot reach each other."""
+    found = _CUDA_AFTER_FORK.search(tail)
+    if found:
+        return (
+            f'Hint: {cause.label} used CUDA in a forked process ("{found.group(0)}"): CUDA '
+            "cannot be used in a child forked after its parent initialised it (a DataLoader "
+            "worker or multiprocessing.Process, after the parent touched the GPU). Keep CUDA "
+            "out of the parent until the workers exist, or start them with "
+            "multiprocessing_context='spawn' (torch.multiprocessing.set_start_method('spawn'))."
+        )
+    found = _DUPLICATE_GPU.search(tail)
+    if found:
+        return (
+            f'Hint: ranks share a GPU on {cause.node} ("{found.group(0).strip()}"): NCCL '
+            "needs one device per rank. Call torch.cuda.set_device(int(os.environ['LOCAL_RANK'])) "
+            "before init_process_group (or give each rank its own CUDA_VISIBLE_DEVICES)."
+        )
+    found = _CUDA_OOM.search(tail)
+    if found:
+        return (
+            f'Hint: {cause.label} ran out of GPU memory on {cause.node} ("{found.group(0)}"). '
+            "Where every rank of a node allocates on cuda:0 (no torch.cuda.set_device("
+            "LOCAL_RANK)), they share one GPU's memory; otherwise use a smaller batch per "
+            "rank, and PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True where memory is "
+            "fragmented. `jupyter distrun inspect JOB` shows each rank's GPU memory peak."
+        )
+    found = _NCCL_NETWORK.search(tail)
+    if found:
+        return (
+            f'Hint: NCCL on {cause.label} lost a connection ("{found.group(0)}"): a peer '
+            "died first (see the other ranks), or the nodes reach each other on a different "
+            "interface than NCCL picked. Run with NCCL_DEBUG=INFO, and set NCCL_SOCKET_IFNAME "
+            "to the interface the nodes share (the plan's checks say where nodes differ)."
         )
     return None
 
