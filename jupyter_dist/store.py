@@ -167,16 +167,21 @@ class JobRecord:
         ) as handle:
             handle.write(json.dumps(sample, separators=(",", ":")) + "\n")
 
-    def usage(self) -> list[dict[str, Any]]:
-        """The usage reports kept so far, oldest first."""
+    def usage(self, since: float | None = None) -> list[dict[str, Any]]:
+        """The usage reports kept so far, oldest first; with `since` (a time.time()), only
+        those taken from then on, read from the end of the file back (a long job's file
+        is not read whole every few seconds by the sidebar)."""
         try:
-            text = (self.path / "usage.jsonl").read_text()
+            with open(self.path / "usage.jsonl", "rb") as handle:
+                text = handle.read() if since is None else _tail_since(handle, since)
         except FileNotFoundError:
             return []
         found = []
         for line in text.splitlines():
             with contextlib.suppress(json.JSONDecodeError):  # a line cut by a crash
-                found.append(json.loads(line))
+                sample = json.loads(line)
+                if since is None or float(sample.get("t", 0)) >= since:
+                    found.append(sample)
         return found
 
     def save_stacks(self, dump: dict[str, Any]) -> None:
@@ -418,3 +423,26 @@ class JobStore:
             raise UnknownJob(f"no job {job_id!r} in {self.root} (see: jupyter distrun jobs)")
         names = ", ".join(r.job_id for r in matches[:5])
         raise UnknownJob(f"job id {job_id!r} is ambiguous: it starts {names}")
+
+
+_TAIL_CHUNK = 64 * 1024
+
+
+def _tail_since(handle, since: float) -> bytes:
+    """The end of a usage.jsonl from a line taken before `since` on (or the whole file):
+    chunks read backwards until a whole line in them is older. Lines come in about time
+    order (each process appends its own); the caller drops the older ones."""
+    end = handle.seek(0, os.SEEK_END)
+    start, data = end, b""
+    while start > 0:
+        start = max(0, start - _TAIL_CHUNK)
+        handle.seek(start)
+        data = handle.read(end - start)
+        lines = data.split(b"\n")
+        whole = lines[1:] if start > 0 else lines  # the first may be cut
+        first = next((line for line in whole if line.strip()), None)
+        with contextlib.suppress(ValueError, TypeError, AttributeError):
+            if first is not None and float(json.loads(first).get("t", 0)) < since:
+                break
+    cut = data.find(b"\n") if start > 0 else -1
+    return data[cut + 1 :]  # without a first line cut in two

@@ -85,3 +85,28 @@ def test_an_id_that_cannot_be_one_is_unknown_not_an_error(store, job_id):
     _job(store)
     with pytest.raises(UnknownJob, match="a job id is letters, digits"):
         store.get(job_id)
+
+
+@pytest.mark.parametrize("processes", [1, 60])  # lines under one chunk, and over many
+def test_usage_since_reads_the_end_of_a_long_file_and_gives_what_the_whole_does(
+    store, monkeypatch, processes
+):
+    """The sidebar asks for the last two minutes of a job's usage.jsonl every few seconds:
+    read from the end back, it must give what filtering the whole file gives."""
+    import jupyter_dist.store as store_module
+
+    record = store.create(store.new_job_id(), "command: x\n", {"processes": []})
+    ranks = {str(r): [1.5, 2**20] for r in range(8)}
+    for step in range(200):  # 1000 s of samples, every 5 s per process, a little out of order
+        for p in range(processes):
+            t = 1000.0 + step * 5 + (p % 3) * 0.7
+            record.append_usage({"t": t, "p": f"rank-{p}", "cpu": step, "rss": 1, "ranks": ranks})
+    read = []
+    real_tail = store_module._tail_since
+    monkeypatch.setattr(store_module, "_tail_since", lambda h, s: read.append(
+        len(data := real_tail(h, s))) or data)  # fmt: skip
+    size = (record.path / "usage.jsonl").stat().st_size
+    for since in (1000.0, 1500.0, 1950.0, 1994.5, 5000.0):
+        whole = [s for s in record.usage() if s["t"] >= since]
+        assert record.usage(since=since) == whole, since
+    assert read[-2] < size / 10 or processes == 1  # the last 5 s: not the whole file

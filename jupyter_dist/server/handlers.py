@@ -36,7 +36,7 @@ from jupyter_dist.nodes import load_inventory
 from jupyter_dist.plan import LaunchPlan
 from jupyter_dist.run.control import request_cancel, request_stacks
 from jupyter_dist.run.events import FINAL_STATES
-from jupyter_dist.run.meters import STORE_EVERY_S, node_series
+from jupyter_dist.run.meters import SERIES_POINTS, STORE_EVERY_S, node_series
 from jupyter_dist.run.stacks import StackDump
 from jupyter_dist.spec import dump_yaml
 from jupyter_dist.store import JobStore, UnknownJob
@@ -115,17 +115,19 @@ class NodeUsageHandler(DistrunHandler):
     @web.authenticated
     async def get(self) -> None:
         def usage():
-            jobs = []
+            jobs, now = [], time.time()
+            # the window, and a sample before it (the first bucket's CPU share needs one)
+            since = now - STORE_EVERY_S * (SERIES_POINTS + 2)
             for record in self.store.jobs()[:MAX_RUNNING]:
                 try:
                     if record.status().get("state") != "running":
                         continue
                     plan = record.plan()
                     node_of = {p["name"]: p["node"] for p in plan.get("processes", [])}
-                    jobs.append((record.usage(), node_of))
+                    jobs.append((record.usage(since=since), node_of))
                 except (DistrunError, OSError, ValueError, KeyError, TypeError):
                     continue  # a damaged or vanishing job shows no usage
-            return {"bucket": STORE_EVERY_S, "nodes": node_series(jobs, time.time())}
+            return {"bucket": STORE_EVERY_S, "nodes": node_series(jobs, now)}
 
         self.reply(await self.blocking(usage))
 
