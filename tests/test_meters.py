@@ -19,6 +19,7 @@ from helpers import execute_notebook, run_cli
 
 from jupyter_dist.node_side.agent import GpuUsage
 from jupyter_dist.run.launch import run
+from jupyter_dist.run.meters import node_series
 from jupyter_dist.spec import parse_spec
 
 FAKE_NVIDIA_SMI = """#!{python}
@@ -96,6 +97,11 @@ def test_inspect_prints_what_each_rank_used(store, tmp_path, fake_gpus):
     cells = [[c.strip() for c in line.split("│")[1:-1]] for line in on_gpus if "│ rank " in line]
     # rank, gpu avg, gpu peak, gpu memory peak; rank 1's utilisation read "[N/A]"
     assert cells == [["rank 0", "90%", "90%", "1000 MiB"], ["rank 1", "", "", "2000 MiB"]], shown
+    # the sidebar's node line sums the GPU memory held on the node
+    plan = store.get(result.job_id).plan()
+    node_of = {proc["name"]: proc["node"] for proc in plan["processes"]}
+    nodes = node_series([(samples, node_of)], now=max(s["t"] for s in samples))
+    assert max(v for v in nodes["local0"]["gpu"] if v is not None) == 3000 * 2**20, nodes
     calls = (fake_gpus / "calls").read_text().splitlines()
     apps = [c for c in calls if c.startswith("--query-compute-apps")]
     # read every 5 s, not with every report: a 12 s job's agents ask a few times each

@@ -145,23 +145,26 @@ def node_series(
 ) -> dict[str, dict[str, list]]:
     """Each node's CPU (percent of one core) and resident bytes over the last `points`
     buckets of `bucket` seconds, oldest first, summed over the processes of `jobs` on it:
-    {node: {"cpu": [...], "rss": [...]}}, None in a bucket no report fell in. `jobs`: each
-    job's stored samples ({"t", "p", "cpu", "rss"}: a process's whole tree) with the node
-    of each process name. A node with no report in the window is left out."""
+    {node: {"cpu": [...], "rss": [...]}}, None in a bucket no report fell in, and "gpu"
+    (bytes held on GPUs) where any process held GPU memory. `jobs`: each job's stored
+    samples ({"t", "p", "cpu", "rss", "gpu"}: a process's whole tree) with the node of each
+    process name. A node with no report in the window is left out."""
     start = now - bucket * points
     found: dict[str, dict[str, list]] = {}
     for samples, node_of in jobs:
-        series: dict[str, list[tuple[float, float, int]]] = {}
+        series: dict[str, list[tuple[float, float, int, int | None]]] = {}
         for sample in samples:
-            series.setdefault(sample["p"], []).append(
-                (float(sample["t"]), float(sample.get("cpu", 0.0)), int(sample.get("rss", 0)))
-            )
+            gpu = _gpu(sample.get("gpu"))
+            series.setdefault(sample["p"], []).append((
+                float(sample["t"]), float(sample.get("cpu", 0.0)), int(sample.get("rss", 0)),
+                None if gpu is None else gpu[1],
+            ))  # fmt: skip
         for process, readings in series.items():
             node = node_of.get(process)
             if node is None:
                 continue
             readings.sort()
-            for (t0, c0, _), (t1, c1, rss) in pairwise(readings):
+            for (t0, c0, _, _), (t1, c1, rss, held) in pairwise(readings):
                 if not start < t1 <= now or t1 <= t0:
                     continue
                 at = min(int((t1 - start) // bucket), points - 1)
@@ -169,4 +172,7 @@ def node_series(
                 share = max(0.0, c1 - c0) / (t1 - t0) * 100
                 lines["cpu"][at] = round((lines["cpu"][at] or 0.0) + share, 1)
                 lines["rss"][at] = (lines["rss"][at] or 0) + rss
+                if held is not None:
+                    gpu_line = lines.setdefault("gpu", [None] * points)
+                    gpu_line[at] = (gpu_line[at] or 0) + held
     return found

@@ -63,7 +63,10 @@ export interface INodes {
  * summed over the running jobs' processes on it (null: no report in that interval). */
 export interface INodeUsage {
   bucket: number; // seconds per point
-  nodes: { [node: string]: { cpu: (number | null)[]; rss: (number | null)[] } };
+  // gpu: bytes held on GPUs, where the nodes' nvidia-smi read any
+  nodes: {
+    [node: string]: { cpu: (number | null)[]; rss: (number | null)[]; gpu?: (number | null)[] };
+  };
 }
 
 export interface ILogLine {

@@ -153,15 +153,18 @@ export class DistrunSidebar extends Widget {
       return h('td', { class: 'jp-distrun-meter' });
     }
     const rss = series.rss.filter((v): v is number => v !== null);
+    const gpu = series.gpu?.filter((v): v is number => v !== null) ?? [];
     const now = `${Math.round(cpu[cpu.length - 1])}%`;
     const minutes = Math.round((series.cpu.length * this.usage.bucket) / 60);
+    const onGpus = gpu.length ? `, GPU memory ${memory(gpu[gpu.length - 1])}` : '';
     return h(
       'td',
       {
         class: 'jp-distrun-meter',
         title:
-          `CPU ${now} of one core, memory ${memory(rss[rss.length - 1] ?? 0)}, summed over ` +
-          `the running jobs' processes on ${name} (the line: the last ${minutes} minutes)`
+          `CPU ${now} of one core, memory ${memory(rss[rss.length - 1] ?? 0)}${onGpus}, ` +
+          `summed over the running jobs' processes on ${name} (the line: the last ` +
+          `${minutes} minutes)`
       },
       sparkline(series.cpu, 100),
       h('span', {}, now)

@@ -167,6 +167,15 @@ describe('DistrunSidebar node meters', () => {
     const line = meter.querySelector('svg polyline') as SVGPolylineElement;
     expect(line.getAttribute('points')?.split(' ')).toHaveLength(3); // the gap is left out
     expect(rows[1].meter?.textContent).toBe('');
+    expect(meter.title).not.toContain('GPU');
+  });
+
+  it("adds a node's GPU memory to its meter's title where nvidia-smi read any", async () => {
+    const rows = await shown(
+      { source: null, local: true, nodes: [] },
+      { bucket: 5, nodes: { local0: { cpu: busy, rss, gpu: [null, 2 ** 30, 3 * 2 ** 30] } } }
+    );
+    expect((rows[0].meter as HTMLElement).title).toContain('memory 1.5 GiB, GPU memory 3.0 GiB');
   });
 
   it('lists local nodes while a job runs on them, the idle one beside the busy one', async () => {
