@@ -173,6 +173,17 @@ def test_stall_watch_arithmetic():
     assert events[-1] == ("stall", 11.0)
     watch.output()
     assert events[-1] == "resume"
+    # a rank idle on its CPU while its GPU computes (nvidia-smi's reading) is working
+    now[0] = 60.0
+    watch.check()
+    assert events[-1] == ("stall", 19.0)
+    now[0] = 61.0
+    report("torchrun-0", {"cpu": 10.1, "ranks": {"0": [1.0, 0]}, "gpus": {"0": [97.0, 1]}})
+    assert events[-1] == "resume"
+    now[0] = 80.0
+    report("torchrun-0", {"cpu": 10.1, "ranks": {"0": [1.0, 0]}, "gpus": {"0": [None, 1]}})
+    watch.check()  # a device that does not say its utilisation is not taken as busy
+    assert events[-1] == ("stall", 19.0)
 
 
 def test_a_quiet_cell_says_it_looks_stuck_in_the_notebook(kernel_env):

@@ -4,7 +4,8 @@ computing, or a rank waiting while others compute, is work going on.
 
 `StallWatch` is fed by the job: `output()` for every batch of lines, `usage(process,
 readings)` with the CPU shares each usage report of a process's node agent gave
-(run/meters.py, from node_side/agent.py `--usage`). A thread of its own looks every few
+(run/meters.py, from node_side/agent.py `--usage`; GPU utilisation counts as work too,
+where nvidia-smi reads it). A thread of its own looks every few
 seconds; once the job has been quiet for `timeout` seconds while `watching()` says quiet
 would be a stall (a session between cells, a Dask cluster waiting for work are quiet by
 design), it calls `on_stall(quiet_seconds)` once, and `on_resume()` when activity comes
@@ -24,6 +25,9 @@ ACTIONS = ("warn", "kill")
 # The share of one core a rank must use to count as working: above what an idle Python
 # rank's housekeeping (gloo's keep-alives, a thread polling) costs.
 BUSY_CPU_SHARE = 0.05
+# The utilisation of its GPUs (where nvidia-smi reads it) that counts as working too: a rank
+# that waits for its kernels without spinning a core (blocking sync) is computing.
+BUSY_GPU_PERCENT = 5.0
 
 
 class StallWatch:
@@ -64,7 +68,7 @@ class StallWatch:
         ranks, the share of the process's whole tree."""
         ranks = [r for key, r in readings.items() if key != process]
         shares = ranks or [r for key, r in readings.items() if key == process]
-        if any(r.cpu >= BUSY_CPU_SHARE * 100 for r in shares):
+        if any(r.cpu >= BUSY_CPU_SHARE * 100 or _gpu_busy(r) for r in shares):
             self._activity()
 
     def quiet_for(self) -> float:
@@ -104,3 +108,8 @@ def describe_stall(notice: str | None, summary: list[str]) -> str:
         return "The job moves again.\n"
     groups = "".join(f"  {line}\n" for line in summary)
     return f"The job {notice}. Every rank's stack, now:\n{groups}"
+
+
+def _gpu_busy(reading: Reading) -> bool:
+    percent = reading.gpu[0] if reading.gpu else None
+    return percent is not None and percent >= BUSY_GPU_PERCENT
