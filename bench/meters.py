@@ -5,15 +5,17 @@ same agent not sampling, measured in one run on this machine.
 
 Each agent runs a tree like a node's under torchrun: a launcher process with `--ranks`
 sleeping children that carry RANK. The CPU time the agent itself uses over `--seconds` is
-read from /proc, with `--usage 1` and without. Prints both as a share of one core, the
-sampling's own cost (the difference), and the ratio sampling / baseline. Goal: the
-sampling's cost under 1% of a core.
+read from /proc, with `--usage 1` and without, with what its finished children used (on a
+node with nvidia-smi, the GPU reads every 5 s: this machine has none). Prints both as a
+share of one core, the sampling's own cost (the difference), and the ratio sampling /
+baseline. Goal: the sampling's cost under 1% of a core.
 """
 
 from __future__ import annotations
 
 import argparse
 import os
+import shutil
 import subprocess
 import sys
 import time
@@ -46,9 +48,11 @@ def agent_cpu(ranks: int, seconds: float, usage: float) -> float:
 
 
 def _cpu(pid: int) -> int:
+    """Ticks used by `pid` and its children it has waited for (its nvidia-smi calls; the
+    tree's processes still run, so they are not in it)."""
     with open(f"/proc/{pid}/stat") as handle:
         fields = handle.read().rsplit(")", 1)[1].split()
-    return int(fields[11]) + int(fields[12])
+    return sum(int(field) for field in fields[11:15])
 
 
 def main() -> None:
@@ -64,6 +68,7 @@ def main() -> None:
     print(f"the sampling's own cost: {share(max(0.0, sampled - base)):.2f}% of a core "
           "(goal: under 1%)")  # fmt: skip
     print(f"ratio sampled / baseline: {sampled / base:.2f}" if base else "baseline: 0 ticks")
+    print("GPUs read with nvidia-smi" if shutil.which("nvidia-smi") else "no nvidia-smi here")
 
 
 if __name__ == "__main__":
