@@ -180,7 +180,8 @@ def _use_theme(page, theme: str) -> None:
 
 
 def test_the_live_view_reads_well_in_the_dark_theme(lab_page):
-    """The view uses JupyterLab's variables: in the dark theme its text is light on dark."""
+    """The view uses JupyterLab's variables: in the dark theme its text is light on dark,
+    and the state chips (the job's and each rank's) stay readable in both themes."""
     page = lab_page
     page.locator(".lm-TabBar-tab", has_text="distrun.ipynb").click()
     view = page.locator(".jp-Notebook .jp-Cell").nth(1).locator(".distrun-live")
@@ -189,24 +190,42 @@ def test_the_live_view_reads_well_in_the_dark_theme(lab_page):
         view.scroll_into_view_if_needed()
         _shot(page, "1-ddp-cell-dark")
         view.screenshot(path=str(ARTIFACTS / "live-view-dark.png"))
-        colours = view.locator(".distrun-lines").evaluate(
-            "el => [getComputedStyle(el).color, getComputedStyle(el).backgroundColor]"
-        )
-        text, background = (_luminance(c) for c in colours)
-        assert text > 0.5 > background, colours
+        text, background = _colours(view.locator(".distrun-lines"))
+        assert _luminance(text) > 0.5 > _luminance(background), (text, background)
+        _assert_readable(view.locator(".distrun-job-state"))
+        _assert_readable(view.locator(".distrun-rankbar .distrun-chip").last)
     finally:
         _use_theme(page, "JupyterLab Light")
-    colours = view.locator(".distrun-lines").evaluate(
-        "el => [getComputedStyle(el).color, getComputedStyle(el).backgroundColor]"
+    text, background = _colours(view.locator(".distrun-lines"))
+    assert _luminance(text) < 0.5 < _luminance(background), (text, background)
+    _assert_readable(view.locator(".distrun-job-state"))
+    _assert_readable(view.locator(".distrun-rankbar .distrun-chip").last)
+
+
+def _colours(element) -> tuple[str, str]:
+    """An element's text and background colours, as the browser computed them."""
+    return tuple(
+        element.evaluate("el => [getComputedStyle(el).color, getComputedStyle(el).backgroundColor]")
     )
-    text, background = (_luminance(c) for c in colours)
-    assert text < 0.5 < background, colours
+
+
+def _rgb(css_colour: str) -> tuple[float, float, float]:
+    """0-1 channels of rgb()/rgba() or color(srgb ...) (what a color-mix() computes to)."""
+    numbers = [float(v) for v in re.findall(r"[\d.]+", css_colour.split("srgb")[-1])[:3]]
+    return tuple(numbers) if "srgb" in css_colour else tuple(v / 255 for v in numbers)
 
 
 def _luminance(css_colour: str) -> float:
-    """0 (black) to 1 (white) for an rgb()/rgba() colour."""
-    red, green, blue = (int(v) for v in re.findall(r"[\d.]+", css_colour)[:3])
-    return (0.2126 * red + 0.7152 * green + 0.0722 * blue) / 255
+    """WCAG's relative luminance: 0 (black) to 1 (white)."""
+    linear = [c / 12.92 if c <= 0.04045 else ((c + 0.055) / 1.055) ** 2.4 for c in _rgb(css_colour)]
+    return 0.2126 * linear[0] + 0.7152 * linear[1] + 0.0722 * linear[2]
+
+
+def _assert_readable(element) -> None:
+    """WCAG's contrast ratio of the element's text on its background is at least 4.5."""
+    text, background = sorted((_luminance(c) for c in _colours(element)), reverse=True)
+    ratio = (text + 0.05) / (background + 0.05)
+    assert ratio >= 4.5, (element.inner_text(), _colours(element), round(ratio, 2))
 
 
 def test_the_sidebar_lists_the_job_and_opens_its_logs(lab_page, lab):
@@ -216,6 +235,14 @@ def test_the_sidebar_lists_the_job_and_opens_its_logs(lab_page, lab):
     job.and_(page.locator("[data-state='succeeded']")).wait_for()
     assert "No node inventory" in sidebar.locator(".jp-distrun-nodes").inner_text()
     _shot(page, "2-sidebar")
+    badge = job.locator(".jp-distrun-state")
+    _assert_readable(badge)
+    try:
+        _use_theme(page, "JupyterLab Dark")
+        _shot(page, "2-sidebar-dark")
+        _assert_readable(badge)
+    finally:
+        _use_theme(page, "JupyterLab Light")
     job.get_by_role("button", name="Logs").click()
     viewer = page.locator(".jp-distrun-logviewer").last
     viewer.locator(".jp-distrun-log-tab").nth(3).wait_for()
