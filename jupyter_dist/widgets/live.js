@@ -414,8 +414,10 @@ function render({ model, el }) {
     const reading = latest(chip.dataset.key);
     const bar = chip.querySelector(".distrun-cpu-bar");
     if (!bar) return;
-    bar.style.width = reading ? `${Math.min(100, reading[0])}%` : "0";
-    chip.dataset.cpu = reading ? String(Math.round(reading[0])) : "";
+    // A rank that ended uses nothing now: its last reading stays in the tooltip only.
+    const now = /distrun-state-(pending|starting|running)\b/.test(chip.className) ? reading : null;
+    bar.style.width = now ? `${Math.min(100, now[0])}%` : "0";
+    chip.dataset.cpu = now ? String(Math.round(now[0])) : "";
     const base = chip.title.split(" · CPU ")[0];
     const gpu = reading && reading.length > 2
       ? ` · GPU ${reading[2] === null ? "" : `${Math.round(reading[2])}% · `}${bytes(reading[3])}` : "";

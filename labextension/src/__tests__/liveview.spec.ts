@@ -457,6 +457,25 @@ describe('meters', () => {
     expect(el.querySelector('.distrun-meter-gpu')).toBeNull(); // no GPU read, no column
   });
 
+  it("empties a rank's CPU bar once it ended, keeping its last reading in the tooltip", () => {
+    const m = model('job-meters-ended', 5, 0, ranks(2));
+    live.initialize({ model: m });
+    const el = document.createElement('div');
+    live.render({ model: m, el });
+    m.emit('msg:custom', {
+      type: 'meters',
+      readings: { 'rank-0': [97, 2 ** 20], 'rank-1': [96, 2 ** 20] }
+    });
+    const chip = (key: string) => el.querySelector(`.distrun-rank[data-key="${key}"]`) as HTMLElement;
+    const bar = (key: string) => (chip(key).querySelector('.distrun-cpu-bar') as HTMLElement).style.width;
+    expect([bar('rank-0'), bar('rank-1')]).toEqual(['97%', '96%']);
+    m.set('processes', [{ ...ranks(2)[0], state: 'succeeded' }, ranks(2)[1]]);
+    m.emit('change:processes');
+    expect([bar('rank-0'), bar('rank-1')]).toEqual(['0px', '96%']);
+    expect(chip('rank-0').dataset.cpu).toBe('');
+    expect(chip('rank-0').title).toMatch(/^rank 0: succeeded.* · CPU 97%/);
+  });
+
   it('adds a GPU column once a reading has one: utilisation where known, memory held', () => {
     const m = model('job-gpu-meters', 5, 0, ranks(2));
     live.initialize({ model: m });
