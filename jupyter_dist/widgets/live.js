@@ -16,12 +16,13 @@
 // Looks: JupyterLab's own CSS variables (light and dark themes), with fallbacks where
 // they are missing (VS Code); see live.css.
 
-// Line prefixes in the all-ranks view: JupyterLab's palette where it exists.
+// Line prefixes in the all-ranks view: JupyterLab's palette where it exists, the five hues
+// that differ in its themes (green, red, blue, purple, light blue) first.
 const COLOURS = ["--jp-mirror-editor-keyword-color", "--jp-mirror-editor-string-color",
-  "--jp-mirror-editor-number-color", "--jp-mirror-editor-def-color",
-  "--jp-mirror-editor-variable-2-color", "--jp-mirror-editor-builtin-color",
-  "--jp-mirror-editor-atom-color", "--jp-mirror-editor-meta-color"];
-const FALLBACK = ["#008000", "#ba2121", "#080", "#00f", "#05a", "#a0f", "#88f", "#a2f"];
+  "--jp-mirror-editor-def-color", "--jp-mirror-editor-meta-color",
+  "--jp-mirror-editor-atom-color", "--jp-mirror-editor-number-color",
+  "--jp-mirror-editor-variable-2-color", "--jp-mirror-editor-builtin-color"];
+const FALLBACK = ["#008000", "#ba2121", "#00f", "#a2f", "#88f", "#080", "#05a", "#a0f"];
 const SGR = { 30: "#555", 31: "#c33", 32: "#2a2", 33: "#b80", 34: "#36c", 35: "#a3a",
   36: "#0aa", 37: "#999", 90: "#777", 91: "#e55", 92: "#4c4", 93: "#db2", 94: "#58e",
   95: "#c5c", 96: "#2cc", 97: "#ccc" };
@@ -128,7 +129,9 @@ const byNumber = (a, b) => a.localeCompare(b, undefined, { numeric: true });
 
 // Keyed by job id and session cell: anywidget hands initialize and render different
 // proxies of one model, and each cell of a session has its own lines.
-// "job/cell" -> { buffers: key -> [line], labels: key -> label, total, views: Set<view> }
+// "job/cell" -> { buffers: key -> [line], labels: key -> label, total, meters, views: Set<view>,
+//   ui: { active, inspector }, colours: key -> CSS colour }  (what the user picked, and
+//   each rank's colour, kept when the settled view replaces the live one at the job's end)
 // Held on the page, not in this module: anywidget may load the module once per model, and
 // a job's settled view (a new model, see LiveView.settled) must find the lines its live
 // view received.
@@ -137,7 +140,8 @@ const LINES = globalThis.__jupyterDistLines ??= new Map();
 function linesOf(model) {
   const id = `${model.get("job_id")}/${model.get("cell") || 0}`;
   if (!LINES.has(id)) {
-    LINES.set(id, { buffers: { all: [] }, labels: {}, total: 0, meters: {}, views: new Set() });
+    LINES.set(id, { buffers: { all: [] }, labels: {}, total: 0, meters: {}, views: new Set(),
+      ui: { active: "all", inspector: false }, colours: {} });
   }
   return LINES.get(id);
 }
@@ -225,8 +229,8 @@ function render({ model, el }) {
   const maxLines = () => model.get("max_lines");
   const held = linesOf(model);
   const buffers = held.buffers;          // key -> [{key, label, stream, text}], shared
-  const colourOf = {};
-  let active = "all";
+  const colourOf = held.colours;
+  let active = held.ui.active;
   let drawnKeys = new Set();  // the keys the rank bar has a chip for
 
   const root = element("div", "distrun-live");
@@ -321,6 +325,8 @@ function render({ model, el }) {
   const tableBox = element("div", "distrun-table-box");
   tableBox.appendChild(statusTable);
   inspector.append(inspectorSummary, tableBox);
+  inspector.open = held.ui.inspector;
+  inspector.addEventListener("toggle", () => { held.ui.inspector = inspector.open; });
   root.append(header, rankBar, pane, cause, stacks, checks, inspector);
   el.appendChild(root);
 
@@ -351,7 +357,7 @@ function render({ model, el }) {
   }
 
   function select(key) {
-    active = key;
+    active = held.ui.active = key;
     drawRankBar();
     drawPane();
   }
@@ -558,7 +564,7 @@ function render({ model, el }) {
   }
 
   function redraw() {  // the buffers were replaced (lines this page had missed)
-    if (!(active in buffers)) active = "all";
+    if (!(active in buffers)) active = held.ui.active = "all";
     drawRankBar();
     drawPane();
   }

@@ -287,6 +287,47 @@ describe('session cells, settled views and plan checks', () => {
     expect(lost.sent).toEqual([{ type: 'history' }]);
   });
 
+  it('keeps the rank the user picked and an open inspector when the settled view comes', () => {
+    const liveModel = model('job-settled-ui', 5, 0, ranks(2));
+    live.initialize({ model: liveModel });
+    const first = document.createElement('div');
+    live.render({ model: liveModel, el: first });
+    (first.querySelector('.distrun-rank[data-key="rank-1"]') as HTMLElement).click();
+    const inspector = first.querySelector('.distrun-inspector') as HTMLDetailsElement;
+    inspector.open = true;
+    inspector.dispatchEvent(new Event('toggle'));
+    const settled = model('job-settled-ui', 5, 0, ranks(2));
+    live.initialize({ model: settled });
+    const el = document.createElement('div');
+    live.render({ model: settled, el });
+    expect(el.querySelector('.distrun-active')?.textContent).toBe('rank 1');
+    expect((el.querySelector('.distrun-inspector') as HTMLDetailsElement).open).toBe(true);
+    const other = model('job-other', 5, 0, ranks(2)); // another job starts as usual
+    live.initialize({ model: other });
+    const fresh = document.createElement('div');
+    live.render({ model: other, el: fresh });
+    expect(fresh.querySelector('.distrun-active')?.textContent).toBe('All ranks');
+    expect((fresh.querySelector('.distrun-inspector') as HTMLDetailsElement).open).toBe(false);
+  });
+
+  it("gives each rank the same colour in the settled view as in the live one", () => {
+    const liveModel = model('job-settled-colours', 2, 0, ranks(2));
+    live.initialize({ model: liveModel });
+    live.render({ model: liveModel, el: document.createElement('div') });
+    liveModel.emit('msg:custom', lines(0, 1, 'rank-1')); // rank 1 speaks first
+    liveModel.emit('msg:custom', lines(1, 2, 'rank-0')); // and drops out of the last 2 lines
+    // jsdom drops a colour written as var(...), so the page's per-job record is read.
+    const held = (globalThis as any).__jupyterDistLines.get('job-settled-colours/0');
+    const before = { ...held.colours };
+    expect(Object.keys(before)).toEqual(['rank-1', 'rank-0']);
+    const settled = model('job-settled-colours', 2, 3, ranks(2));
+    live.initialize({ model: settled });
+    const el = document.createElement('div');
+    live.render({ model: settled, el });
+    expect(shown(el)).toEqual(['[rank 0] line 1', '[rank 0] line 2']);
+    expect(held.colours).toEqual(before);
+  });
+
   it('shows what stands out in the plan, and nothing when all is well', () => {
     const m = model('job-checks', 5, 0, ranks(2));
     live.initialize({ model: m });
