@@ -151,7 +151,7 @@ def test_a_cell_shows_every_rank_and_the_inspector(lab_page):
     assert {c[6] for c in cells} == {"4"} and {c[8] for c in cells} == {"succeeded"}
     assert re.fullmatch(r"127\.0\.0\.1:\d+", cells[0][7])
     _shot(page, "1-ddp-cell-inspector")
-    view.screenshot(path=str(ARTIFACTS / "live-view.png"))  # the README's picture
+    view.screenshot(path=str(ARTIFACTS / "live-view.png"))
     # A rank's chip shows that rank's output alone.
     chips.nth(2).click()
     assert "rank 2 says" in view.locator(".distrun-lines").inner_text()
