@@ -377,6 +377,7 @@ function render({ model, el }) {
       button.setAttribute("role", "tab");
       button.setAttribute("aria-selected", key === active ? "true" : "false");
       button.dataset.key = key;
+      button.dataset.state = state;
       button.title = `${label(key)}: ${state}` + (key in buffers ? "" : " (no output yet)");
       button.onclick = () => select(key);
       button.appendChild(element("span", "distrun-cpu-bar"));
@@ -421,7 +422,7 @@ function render({ model, el }) {
     const bar = chip.querySelector(".distrun-cpu-bar");
     if (!bar) return;
     // A rank that ended uses nothing now: its last reading stays in the tooltip only.
-    const now = /distrun-state-(pending|starting|running)\b/.test(chip.className) ? reading : null;
+    const now = ["pending", "starting", "running"].includes(chip.dataset.state) ? reading : null;
     bar.style.width = now ? `${Math.min(100, now[0])}%` : "0";
     chip.dataset.cpu = now ? String(Math.round(now[0])) : "";
     const base = chip.title.split(" · CPU ")[0];
