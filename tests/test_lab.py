@@ -6,6 +6,8 @@ Screenshots of each step are kept in test-artifacts/lab/."""
 from __future__ import annotations
 
 import re
+from collections.abc import Iterator
+from contextlib import contextmanager
 
 import labserver
 import pytest
@@ -179,25 +181,32 @@ def _use_theme(page, theme: str) -> None:
     page.wait_for_timeout(500)  # the theme's stylesheet applies
 
 
+@contextmanager
+def _dark_theme(page) -> Iterator[None]:
+    """JupyterLab's dark theme for the block, its light theme again after it."""
+    _use_theme(page, "JupyterLab Dark")
+    try:
+        yield
+    finally:
+        _use_theme(page, "JupyterLab Light")
+
+
 def test_the_live_view_reads_well_in_the_dark_theme(lab_page):
     """The view uses JupyterLab's variables: in the dark theme its text is light on dark,
     and the state chips (the job's and each rank's) stay readable in both themes."""
     page = lab_page
     page.locator(".lm-TabBar-tab", has_text="distrun.ipynb").click()
     view = page.locator(".jp-Notebook .jp-Cell").nth(1).locator(".distrun-live")
-    try:
-        _use_theme(page, "JupyterLab Dark")
+    with _dark_theme(page):
         view.scroll_into_view_if_needed()
         _shot(page, "1-ddp-cell-dark")
         view.screenshot(path=str(ARTIFACTS / "live-view-dark.png"))
         text, background = _colours(view.locator(".distrun-lines"))
-        assert _luminance(text) > 0.5 > _luminance(background), (text, background)
+        assert _brightness(text) > 0.5 > _brightness(background), (text, background)
         _assert_readable(view.locator(".distrun-job-state"))
         _assert_readable(view.locator(".distrun-rankbar .distrun-chip").last)
-    finally:
-        _use_theme(page, "JupyterLab Light")
     text, background = _colours(view.locator(".distrun-lines"))
-    assert _luminance(text) < 0.5 < _luminance(background), (text, background)
+    assert _brightness(text) < 0.5 < _brightness(background), (text, background)
     _assert_readable(view.locator(".distrun-job-state"))
     _assert_readable(view.locator(".distrun-rankbar .distrun-chip").last)
 
@@ -213,6 +222,12 @@ def _rgb(css_colour: str) -> tuple[float, float, float]:
     """0-1 channels of rgb()/rgba() or color(srgb ...) (what a color-mix() computes to)."""
     numbers = [float(v) for v in re.findall(r"[\d.]+", css_colour.split("srgb")[-1])[:3]]
     return tuple(numbers) if "srgb" in css_colour else tuple(v / 255 for v in numbers)
+
+
+def _brightness(css_colour: str) -> float:
+    """0 (black) to 1 (white): the channels weighted as they are encoded."""
+    red, green, blue = _rgb(css_colour)
+    return 0.2126 * red + 0.7152 * green + 0.0722 * blue
 
 
 def _luminance(css_colour: str) -> float:
@@ -237,12 +252,9 @@ def test_the_sidebar_lists_the_job_and_opens_its_logs(lab_page, lab):
     _shot(page, "2-sidebar")
     badge = job.locator(".jp-distrun-state")
     _assert_readable(badge)
-    try:
-        _use_theme(page, "JupyterLab Dark")
+    with _dark_theme(page):
         _shot(page, "2-sidebar-dark")
         _assert_readable(badge)
-    finally:
-        _use_theme(page, "JupyterLab Light")
     job.get_by_role("button", name="Logs").click()
     viewer = page.locator(".jp-distrun-logviewer").last
     viewer.locator(".jp-distrun-log-tab").nth(3).wait_for()
