@@ -18,11 +18,12 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
-from jupyter_dist.describe import counted, format_table
+from jupyter_dist.describe import format_table
 from jupyter_dist.errors import DistrunError
+from jupyter_dist.events import JobResult
 from jupyter_dist.node_side.dask_wait import missing_workers
 from jupyter_dist.plan.dask import READY_TIMEOUT_S, worker_name
-from jupyter_dist.run.events import JobResult
+from jupyter_dist.plan.summary import counted
 from jupyter_dist.run.job import Job
 from jupyter_dist.run.launch import interrupts_deferred
 

@@ -5,10 +5,11 @@ from __future__ import annotations
 import json
 from typing import Any
 
+from jupyter_dist.events import RootCause
 from jupyter_dist.masking import mask_text, secret_values
 from jupyter_dist.plan.model import LaunchPlan
-from jupyter_dist.run.control import effective_state
-from jupyter_dist.run.events import RootCause
+from jupyter_dist.plan.summary import counted
+from jupyter_dist.run.requests import effective_state
 
 PLAN_COLUMNS = (
     "process", "role", "node", "host", "node_rank", "local_rank", "rank", "world_size",
@@ -77,7 +78,7 @@ def job_summary(status: dict[str, Any]) -> dict[str, Any]:
         "ended": status.get("ended"),
         "root_cause": RootCause(**cause).summary() if cause else None,
         "message": status.get("message"),
-        # "looks stuck: ..." while a running job is quiet (run/stall.py), else None
+        # "looks stuck: ..." while a running job is quiet (diagnose/stall.py), else None
         "stalled": status.get("stalled") if state == "running" else None,
     }
 
@@ -102,38 +103,6 @@ def format_commands(plan: LaunchPlan, commands: dict[str, str]) -> str:
 def masked_command(plan: LaunchPlan, command: str) -> str:
     """A command line of `plan` with the values of its secret variables masked."""
     return mask_text(command, secret_values(p.env for p in plan.processes))
-
-
-def counted(number: int, noun: str) -> str:
-    """`counted(1, "rank")` is "1 rank", `counted(4, "rank")` "4 ranks"."""
-    plural = noun + ("es" if noun.endswith(("s", "sh", "ch")) else "s")
-    return f"{number} {noun if number == 1 else plural}"
-
-
-# Processes that start the ranks themselves: one of them carries several ranks.
-_LAUNCHER_ROLES = ("torchrun", "mpirun", "horovodrun")
-_DASK_ROLES = (("scheduler", "scheduler"), ("dask-worker", "worker"), ("client", "client"))
-
-
-def launch_summary(plan: LaunchPlan) -> str:
-    """What a job starts, in words: "4 ranks on 2 nodes", "4 ranks in 2 torchrun processes
-    on 2 nodes", "4 tasks (1 chief, 2 workers, 1 ps) on 2 nodes", "1 scheduler and 4
-    workers on 2 nodes"."""
-    procs = plan.processes
-    where = "on " + counted(len(plan.nodes), "node")
-    roles = [p.role for p in procs]
-    if plan.job_type == "tensorflow":
-        kinds = ", ".join(counted(roles.count(r), r) for r in dict.fromkeys(roles))
-        return f"{counted(len(procs), 'task')} ({kinds}) {where}"
-    if plan.job_type == "dask":
-        parts = [counted(roles.count(r), noun) for r, noun in _DASK_ROLES if r in roles]
-        listed = " and ".join([", ".join(parts[:-1]), parts[-1]] if len(parts) > 1 else parts)
-        return f"{listed} {where}"
-    ranks = counted(plan.world_size, "rank")
-    launchers = [r for r in roles if r in _LAUNCHER_ROLES]
-    if not launchers:
-        return f"{ranks} {where}"
-    return f"{ranks} in {counted(len(launchers), launchers[0] + ' process')} {where}"
 
 
 def tf_configs(plan: LaunchPlan) -> str:

@@ -13,7 +13,6 @@ interrupt cancels every process on every node.
 
 from __future__ import annotations
 
-import base64
 import contextlib
 import os
 import shlex
@@ -32,18 +31,19 @@ from jupyter_dist.describe import (
     PLAN_COLUMNS,
     format_commands,
     format_table,
-    launch_summary,
     plan_rows,
 )
+from jupyter_dist.diagnose.stall import DEFAULT_STALL_TIMEOUT_S, describe_stall
 from jupyter_dist.errors import DistrunError, SpecError
+from jupyter_dist.events import JobListener, JobResult, OutputLine
 from jupyter_dist.export import FORMATS, ExportTarget, export, write
 from jupyter_dist.masking import masked_spec
 from jupyter_dist.nodes import load_inventory
-from jupyter_dist.options import LaunchOptions, has_code
-from jupyter_dist.run.events import JobListener, JobResult, OutputLine
+from jupyter_dist.options import MAGIC, LaunchOptions, has_code, offered
+from jupyter_dist.plan.summary import launch_summary
+from jupyter_dist.run.cell_values import pack, unpack
 from jupyter_dist.run.job import Job
 from jupyter_dist.run.session import Session, SessionEnded, names_of
-from jupyter_dist.run.stall import DEFAULT_STALL_TIMEOUT_S, describe_stall
 from jupyter_dist.spec import JobSpec, dump_yaml, load_spec, script_command, spec_from_dict
 from jupyter_dist.store import JobStore
 
@@ -129,50 +129,16 @@ class QueuedPrinter(JobListener):
 
 
 def _options(func: Callable) -> Callable:
-    decorators = [
-        argument("-t", "--type", default=None,
-                 help="pytorch (default), tensorflow, mpi or dask"),
-        argument("-n", "--nodes", type=int, default=None, help="number of nodes"),
-        argument("-p", "--procs-per-node", type=int, default=None,
-                 help="processes per node (pytorch, mpi, dask)"),
-        argument("--launcher", help="pytorch: per_process or torchrun; mpi: mpirun or horovodrun"),
-        argument("--worker-count", type=int, help="tensorflow workers"),
-        argument("--ps-count", type=int, help="tensorflow parameter servers"),
-        argument("--chief", action="store_true", help="tensorflow: add a chief"),
-        argument("--evaluator", action="store_true", help="tensorflow: add an evaluator"),
-        argument("--threads", type=int, help="dask: threads per worker process"),
-        argument("--scheduler-port", type=int, help="dask: the scheduler's port (default: free)"),
-        argument("--dashboard-port", type=int, help="dask: the dashboard's port (default: free)"),
+    """The magic's arguments: every launch option declared in options.OPTIONS that the
+    magic offers, then the notebook's own (what moves values in and out of a cell, dry runs,
+    sessions, exports)."""
+    decorators = [argument(*o.flags(), **o.argparse_kwargs()) for o in offered(MAGIC)]
+    decorators += [
         argument("--client-name", metavar="NAME",
                  help="interactive dask cluster: the notebook variable for its Client "
                       "(default: client)"),
         argument("--start-timeout", type=float, metavar="SECONDS",
                  help="interactive dask cluster: how long to wait for every worker (default: 60)"),
-        argument("-e", "--env", action="append", metavar="NAME=VALUE",
-                 help="environment variable for every process (repeatable)"),
-        argument("--code", metavar="DIR", help="folder shipped to every node; the cwd"),
-        argument("--nodes-file", metavar="FILE", help="node inventory"),
-        argument("--backend", metavar="NAME",
-                 help="where the processes run: local, ssh, slurm; default: slurm where "
-                      "SLURM_JOB_ID is set, ssh with an inventory, else local"),
-        argument("--slurm-job", metavar="ID",
-                 help="slurm: run in this allocation (default: SLURM_JOB_ID's, else a new one)"),
-        argument("--partition", metavar="NAME", help="slurm: the partition to allocate in"),
-        argument("--time", metavar="LIMIT", help="slurm: the allocation's time limit"),
-        argument("--gpus-per-node", type=int, metavar="N", help="slurm: GPUs per node"),
-        argument("--account", metavar="NAME", help="slurm: the account to charge"),
-        argument("--qos", metavar="NAME", help="slurm: quality of service"),
-        argument("--constraint", metavar="FEATURES", help="slurm: node features"),
-        argument("--timeout", type=int, metavar="SECONDS", help="stop the job after this"),
-        argument("--stall-timeout", type=int, metavar="SECONDS",
-                 help="flag the job as stuck, with every rank's stack, once no rank printed or "
-                      "used CPU for this long (default 300; 0: never)"),
-        argument("--grace-period", type=int, metavar="SECONDS",
-                 help="how long a stopped rank has between SIGTERM and SIGKILL, to save its "
-                      "work (default 5)"),
-        argument("--on-stall", choices=("warn", "kill"),
-                 help="what a stall does: warn (the default) or kill (stop the job too)"),
-        argument("--name", help="job name (shown in job lists)"),
         argument("-i", "--push", metavar="NAMES",
                  help="notebook variables sent to every process (comma-separated)"),
         argument("-o", "--out", metavar="NAMES",
@@ -277,7 +243,7 @@ class DistrunMagics(Magics):
             elif args.push or args.out:
                 raise SpecError("--push and --out need code in the cell (this cell is empty)")
             outs = _outs(args)
-            pushed = self._pushed(_names(args.push, "--push"))
+            pushed = pack(self.shell.user_ns, _names(args.push, "--push"))
             spec = LaunchOptions.take(args).to_spec(cell, base_dir=os.getcwd())
             extra: dict[str, str] = {}
             if outs:  # the runner that runs the cell also saves the values asked for
@@ -298,7 +264,7 @@ class DistrunMagics(Magics):
                 return
             job = self._run(spec, inventory, extra)
             if outs:
-                self._bring_back(job, outs, args.out_all)
+                self.shell.user_ns.update(unpack(job, outs, args.out_all))
 
     def _parse(self, line: str) -> Any:
         """The options of a %%distrun line (or of `%distrun session start`)."""
@@ -403,7 +369,7 @@ class DistrunMagics(Magics):
             except ValueError:
                 raise SpecError(f"--ranks: {args.ranks!r} is not rank numbers (e.g. 0,2)") from None
         chosen = session.chosen(ranks)  # a rank it does not have: one line, nothing runs
-        pushed = self._pushed(_names(args.push, "--push"))
+        pushed = pack(self.shell.user_ns, _names(args.push, "--push"))
         if self._view_mode() == "widget":
             from jupyter_dist.widgets.session_view import run_cell_with_view
 
@@ -420,7 +386,9 @@ class DistrunMagics(Magics):
         if not result.ok:
             raise CellFailed(result.describe())
         if outs:
-            self._bring_back(session.job, outs, args.out_all, Session.out_folder(result))
+            self.shell.user_ns.update(
+                unpack(session.job, outs, args.out_all, Session.out_folder(result))
+            )
 
     def _run(self, spec: JobSpec, inventory, extra: dict[str, str]) -> Job:
         """Run the job in the cell; JobFailed unless it succeeded."""
@@ -493,43 +461,6 @@ class DistrunMagics(Magics):
             print(f"Dask cluster {result.job_id} stopped: "
                   f"{launch_summary(cluster.job.plan)} ended.")  # fmt: skip
 
-    def _pushed(self, names: list[str]) -> str | None:
-        """The named notebook variables, pickled for the ranks (base64 text), or None."""
-        if not names:
-            return None
-        import cloudpickle
-
-        values = {}
-        for name in names:
-            if name not in self.shell.user_ns:
-                raise DistrunError(f"--push: {name!r} is not defined in the notebook")
-            try:
-                cloudpickle.dumps(self.shell.user_ns[name])
-            except Exception as exc:
-                kind = type(self.shell.user_ns[name]).__name__
-                raise DistrunError(
-                    f"--push: {name!r} ({kind}) cannot be sent to the ranks: "
-                    f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"
-                ) from None
-            values[name] = self.shell.user_ns[name]
-        return base64.b64encode(cloudpickle.dumps(values)).decode()
-
-    def _bring_back(self, job, names: list[str], every_rank: bool, folder: str = "out") -> None:
-        import cloudpickle
-
-        reports = [cloudpickle.loads(data) for _, data in sorted(job.collect(folder).items())]
-        if not reports:
-            raise DistrunError("--out: no rank saved its values (did the cell run to the end?)")
-        for name in names:
-            lacking = [i for i, r in enumerate(reports) if name in r["missing"]]
-            if lacking:
-                raise DistrunError(
-                    f"--out: {name!r} is not defined after the cell on {len(lacking)} of "
-                    f"{len(reports)} processes"
-                )
-            values = [r["values"][name] for r in reports]
-            self.shell.user_ns[name] = values if every_rank else values[0]
-
     def _line_command(self, line: str) -> None:
         words = _words(line, "%distrun")
         if not words or words[0] not in LINE_COMMANDS:
@@ -558,7 +489,7 @@ class DistrunMagics(Magics):
             with _one_line_errors():
                 self._run(load_spec(words[1]), load_inventory(self.nodes_file or None), {})
             return
-        from jupyter_dist import cli  # the same commands as the terminal, printed here
+        from jupyter_dist import job_commands  # the same commands as the terminal's
 
         if words[0] in JOB_COMMANDS and (len(words) == 1 or words[1].startswith("-")):
             if not self.last_job_id:  # no JOB given: the latest job of this kernel
@@ -568,12 +499,12 @@ class DistrunMagics(Magics):
                 )
             words.insert(1, self.last_job_id)
         try:
-            code = cli.main(words)
+            code = job_commands.main(words)
         except SystemExit as exc:  # argparse: --help (0), or a bad option, said above (2)
             if exc.code in (0, None):
                 return
             raise _user_error(f"%distrun {words[0]}: bad arguments (see above)") from None
-        if code == cli.EXIT_USAGE:
+        if code == job_commands.EXIT_USAGE:
             raise _user_error(f"%distrun {words[0]} failed (see above)")
 
     def _export(self, cell: str, args: Any) -> None:

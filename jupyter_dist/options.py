@@ -1,6 +1,11 @@
-"""The launch options of a `%%distrun` cell, as one typed model that every view shares (the
-magic parses them from its line, the form reads them from its controls), and how they become
-a job spec.
+"""Every launch option, declared once, and the typed model of what a cell (or the form, or a
+command line) asks for.
+
+`OPTIONS` is the one declaration: each `Option` has its flag, short flag, type, help, the
+job types or backend it applies to, its bounds (the spec's own caps) and the fronts that
+offer it. The magic's arguments, the CLI's parsers and the form's controls are all built
+from it (`add_to`, `argparse_kwargs`), and `LaunchOptions.to_spec` checks against it, so
+an option is added, or its help changed, in one place:
 
     options = LaunchOptions(type="pytorch", nodes=2, procs_per_node=2, env=["A=1"])
     spec = options.to_spec("import torch ...", base_dir=".")
@@ -11,28 +16,187 @@ names the option as the user wrote it (`--ps-count applies to tensorflow jobs on
 
 from __future__ import annotations
 
+import argparse
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
 from jupyter_dist.errors import SpecError
-from jupyter_dist.spec import SALLOC_KEYS, JobSpec, spec_from_dict
+from jupyter_dist.spec import (
+    JOB_TYPES,
+    MAX_NODES,
+    MAX_PROCS_PER_NODE,
+    MAX_SECONDS,
+    SALLOC_KEYS,
+    JobSpec,
+    spec_from_dict,
+)
 
-# Distribution keys set by options that only one job type has: key -> (type, flag).
-_TYPE_FLAGS = {
-    "worker_count": ("tensorflow", "--worker-count"),
-    "parameter_server_count": ("tensorflow", "--ps-count"),
-    "chief_count": ("tensorflow", "--chief"),
-    "evaluator_count": ("tensorflow", "--evaluator"),
-    "threads_per_process": ("dask", "--threads"),
-    "scheduler_port": ("dask", "--scheduler-port"),
-    "dashboard_port": ("dask", "--dashboard-port"),
+# The fronts an option can appear in: the magic's line, the CLI's commands that read a spec
+# (plan, export, run), the CLI's `run` alone, the form.
+MAGIC, CLI_SPEC, CLI_RUN, FORM = "magic", "cli", "cli-run", "form"
+_EVERYWHERE = frozenset({MAGIC, CLI_SPEC, FORM})
+_NOTEBOOK = frozenset({MAGIC, FORM})  # what a spec file says (the CLI reads one)
+_RUN = frozenset({MAGIC, CLI_RUN, FORM})  # what only running needs
+
+
+@dataclass(frozen=True)
+class Option:
+    """One option as every front shows it.
+
+    `kind` is how a value is written: "str", "int", "float", "flag" (present or not) or
+    "list" (repeatable). `bounds` (low, high) are the spec's own caps for a number.
+    `job_types` empty means every type; `backend` names the backend whose option it is.
+    """
+
+    name: str  # the LaunchOptions field and argparse dest: "procs_per_node"
+    help: str
+    kind: str = "str"
+    short: str | None = None
+    metavar: str | None = None
+    choices: tuple[str, ...] = ()
+    bounds: tuple[int, int] | None = None
+    job_types: tuple[str, ...] = ()
+    backend: str | None = None
+    fronts: frozenset[str] = _EVERYWHERE
+
+    @property
+    def flag(self) -> str:
+        return "--" + self.name.replace("_", "-")
+
+    @property
+    def full_help(self) -> str:
+        """The help every front prints: what it applies to, then what it does."""
+        where = ", ".join(self.job_types) if self.job_types else self.backend
+        return f"{where}: {self.help}" if where else self.help
+
+    def argparse_kwargs(self) -> dict[str, Any]:
+        """What argparse's add_argument takes for it (besides the flags)."""
+        kwargs: dict[str, Any] = {"dest": self.name, "help": self.full_help}
+        if self.kind == "flag":
+            kwargs["action"] = "store_true"
+            return kwargs
+        if self.kind == "list":
+            kwargs["action"] = "append"
+        elif self.kind in ("int", "float"):
+            kwargs["type"] = int if self.kind == "int" else float
+        if self.choices:
+            kwargs["choices"] = self.choices
+        if self.metavar:
+            kwargs["metavar"] = self.metavar
+        return kwargs
+
+    def flags(self) -> list[str]:
+        return [self.short, self.flag] if self.short else [self.flag]
+
+
+# The slurm backend's options for an allocation it asks for (the spec's `backend:` keys).
+_SLURM_HELP = {
+    "partition": ("NAME", "the partition to allocate in"),
+    "time": ("LIMIT", "the allocation's time limit, e.g. 01:00:00"),
+    "gpus_per_node": ("N", "GPUs per node"),
+    "account": ("NAME", "the account to charge"),
+    "qos": ("NAME", "quality of service"),
+    "constraint": ("FEATURES", "node features, e.g. a100"),
 }
 
+OPTIONS: tuple[Option, ...] = (
+    Option("type", f"the job type: {', '.join(JOB_TYPES)} (default: pytorch)", short="-t",
+           metavar="TYPE", fronts=_NOTEBOOK),
+    Option("nodes", "number of nodes (the spec's resources.instance_count)", kind="int",
+           short="-n", metavar="N", bounds=(1, MAX_NODES)),
+    Option("procs_per_node", "processes per node", kind="int", short="-p", metavar="P",
+           bounds=(1, MAX_PROCS_PER_NODE), job_types=("pytorch", "mpi", "dask")),
+    Option("launcher", "per_process or torchrun (pytorch); mpirun or horovodrun (mpi)",
+           metavar="NAME", job_types=("pytorch", "mpi"), fronts=_NOTEBOOK),
+    Option("worker_count", "workers (default: one per node)", kind="int", metavar="N",
+           bounds=(1, MAX_NODES), job_types=("tensorflow",),
+           fronts=_NOTEBOOK),
+    Option("ps_count", "parameter servers", kind="int", metavar="N",
+           bounds=(0, MAX_PROCS_PER_NODE), job_types=("tensorflow",),
+           fronts=_NOTEBOOK),
+    Option("chief", "add a chief", kind="flag", job_types=("tensorflow",),
+           fronts=_NOTEBOOK),
+    Option("evaluator", "add an evaluator", kind="flag", job_types=("tensorflow",),
+           fronts=_NOTEBOOK),
+    Option("threads", "threads per worker process", kind="int", metavar="N",
+           bounds=(1, MAX_PROCS_PER_NODE), job_types=("dask",),
+           fronts=_NOTEBOOK),
+    Option("scheduler_port", "the scheduler's port (default: a free one)", kind="int",
+           metavar="PORT", bounds=(1, 65535), job_types=("dask",),
+           fronts=_NOTEBOOK),
+    Option("dashboard_port", "the dashboard's port (default: a free one)", kind="int",
+           metavar="PORT", bounds=(1, 65535), job_types=("dask",),
+           fronts=_NOTEBOOK),
+    Option("env", "an environment variable for every process (repeatable)", kind="list",
+           short="-e", metavar="NAME=VALUE", fronts=_NOTEBOOK),
+    Option("code", "a folder shipped to every node; the processes' working directory",
+           metavar="DIR", fronts=_NOTEBOOK),
+    Option("name", "the job's name (shown in job lists)", fronts=_NOTEBOOK),
+    Option("nodes_file", "node inventory (default: $DISTRUN_NODES_FILE, else the Jupyter "
+           "config dir's distrun/nodes.yml; none means local nodes)", metavar="FILE",
+           fronts=frozenset({MAGIC, CLI_SPEC})),
+    Option("backend", "where the processes run: local, ssh, slurm or an installed one; "
+           "default: the spec's backend, else slurm where SLURM_JOB_ID is set, ssh with a "
+           "node inventory, local without", metavar="NAME"),
+    Option("slurm_job", "run in this allocation (its job id; default: SLURM_JOB_ID's, "
+           "else a new one)", metavar="ID", backend="slurm"),
+    *(
+        Option(key, text, kind="int" if key == "gpus_per_node" else "str", metavar=metavar,
+               backend="slurm", bounds=(0, MAX_PROCS_PER_NODE)
+               if key == "gpus_per_node" else None)
+        for key, (metavar, text) in _SLURM_HELP.items()
+    ),
+    Option("timeout", "stop the job after this many seconds", kind="int", metavar="SECONDS",
+           bounds=(1, MAX_SECONDS), fronts=_RUN),
+    Option("stall_timeout", "flag the job as stuck, with every rank's stack, once no rank "
+           "printed or used CPU for this long (default 300; 0: never)", kind="int",
+           metavar="SECONDS", bounds=(0, MAX_SECONDS),
+           fronts=_RUN),
+    Option("on_stall", "what a stall does: warn (the default: say so, with the stacks) or "
+           "kill (stop the job too)", choices=("warn", "kill"),
+           fronts=_RUN),
+    Option("grace_period", "how long a stopped process has between SIGTERM and SIGKILL, to "
+           "save its work (default 5)", kind="int", metavar="SECONDS", bounds=(0, 3600),
+           fronts=_RUN),
+)  # fmt: skip
+
+BY_NAME = {option.name: option for option in OPTIONS}
+# Where an option's spec key is not its name.
+_SPEC_KEY = {"slurm_job": "job"}
 
 # Options of an allocation the slurm backend asks for: the spec's `backend:` keys (flags
 # --partition, --time, ...). `--slurm-job ID` (the key `job`) names an existing one instead.
 SLURM_OPTIONS = SALLOC_KEYS
+
+
+def offered(front: str) -> list[Option]:
+    """The options `front` offers, in declaration order."""
+    return [option for option in OPTIONS if front in option.fronts]
+
+
+def add_to(
+    parser: argparse.ArgumentParser | argparse._ArgumentGroup,
+    front: str,
+    add: Callable[..., Any] | None = None,
+) -> None:
+    """Add `front`'s options to an argparse parser (or call `add(*flags, **kwargs)` for
+    each, as IPython's magic_arguments wants)."""
+    for option in offered(front):
+        (add or parser.add_argument)(*option.flags(), **option.argparse_kwargs())
+
+
+def markdown_table(options: Iterable[Option] = OPTIONS) -> str:
+    """The options as a Markdown table (docs/options.md is this, written out)."""
+    where = {MAGIC: "%%distrun", CLI_SPEC: "CLI", CLI_RUN: "CLI run", FORM: "form"}
+    rows = ["| option | applies to | help | offered by |", "|---|---|---|---|"]
+    for option in options:
+        flags = ", ".join(f"`{flag}`" for flag in option.flags())
+        applies = ", ".join(option.job_types) or option.backend or "every job"
+        fronts = ", ".join(where[f] for f in where if f in option.fronts)
+        rows.append(f"| {flags} | {applies} | {option.help} | {fronts} |")
+    return "\n".join(rows) + "\n"
 
 
 @dataclass
@@ -90,12 +254,8 @@ class LaunchOptions:
             "threads_per_process": self.threads, "scheduler_port": self.scheduler_port,
             "dashboard_port": self.dashboard_port,
         }  # fmt: skip
-        for key, value in typed_options.items():
-            if value is not None:
-                job_type, flag = _TYPE_FLAGS[key]
-                if self.type != job_type:
-                    raise SpecError(f"{flag} applies to {job_type} jobs only (this is {self.type})")
-                dist[key] = value
+        self.check_applies()
+        dist.update({key: value for key, value in typed_options.items() if value is not None})
         data: dict[str, Any] = {"resources": {"instance_count": self.nodes}, "distribution": dist}
         if has_code(script) or self.type != "dask":  # an empty dask cell: an interactive cluster
             data["script"] = script
@@ -119,17 +279,31 @@ class LaunchOptions:
             data["backend"] = backend
         return spec_from_dict(data, base_dir=base_dir, source=source)
 
+    def check_applies(self) -> None:
+        """SpecError for the first option given that this job type does not have (as
+        declared in OPTIONS)."""
+        for option in OPTIONS:
+            if option.job_types and self.type not in option.job_types and self._given(option):
+                types = " and ".join(option.job_types)
+                raise SpecError(f"{option.flag} applies to {types} jobs only (this is {self.type})")
+
+    def _given(self, option: Option) -> bool:
+        return getattr(self, option.name, None) not in (None, False, [])
+
     def backend_section(self) -> dict[str, Any]:
         """The spec's `backend:` keys these options set ({} when none): the backend's name
-        and its options (a Slurm option without --backend means --backend slurm)."""
-        options = {key: getattr(self, key) for key in SLURM_OPTIONS if getattr(self, key)}
-        if self.slurm_job:
-            options = {"job": self.slurm_job, **options}
-        if options and self.backend not in (None, "slurm"):
-            flag = "--" + next(iter(options)).replace("_", "-").replace("job", "slurm-job")
-            raise SpecError(f"{flag} applies to the slurm backend only (this is {self.backend})")
+        and its options (a backend's option without --backend means that backend)."""
+        own = [o for o in OPTIONS if o.backend and self._given(o)]
+        for option in own:
+            if self.backend not in (None, option.backend):
+                raise SpecError(
+                    f"{option.flag} applies to the {option.backend} backend only (this is "
+                    f"{self.backend})"
+                )
+        # the spec's key for --slurm-job is `job`: the backend section is the backend's own
+        options = {_SPEC_KEY.get(o.name, o.name): getattr(self, o.name) for o in own}
         if options or self.backend:
-            return {"type": self.backend or "slurm", **options}
+            return {"type": self.backend or own[0].backend, **options}
         return {}
 
 

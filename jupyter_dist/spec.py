@@ -87,6 +87,18 @@ class TensorFlowDistribution(StrictSection):
     evaluator_count: count(0, 1) = 0
     base_port: Port | None = None
 
+    def tasks(self, instance_count: int) -> list[tuple[str, int]]:
+        """Every task of the job as (kind, index), in order: chief?, workers (one per node
+        unless worker_count says), ps, evaluator?. The one home of this rule: the spec caps
+        their number, the planner places them, Slurm makes room for them."""
+        workers = self.worker_count if self.worker_count is not None else instance_count
+        return (
+            [("chief", i) for i in range(self.chief_count)]
+            + [("worker", i) for i in range(workers)]
+            + [("ps", i) for i in range(self.parameter_server_count)]
+            + [("evaluator", i) for i in range(self.evaluator_count)]
+        )
+
 
 class MpiDistribution(StrictSection):
     type: Literal["mpi"]
@@ -347,11 +359,7 @@ class JobSpec(StrictSection):
                 self.resources = Resources(instance_count=len(self.nodes))
         dist = self.distribution
         if isinstance(dist, TensorFlowDistribution):
-            workers = dist.worker_count or self.resources.instance_count
-            if dist.chief_count == 0 and workers == 0:
-                raise fail("tf", "distribution: a TensorFlow job needs a chief or a worker")
-            processes = workers + dist.parameter_server_count + dist.chief_count
-            processes += dist.evaluator_count
+            processes = len(dist.tasks(self.resources.instance_count))
         else:
             processes = self.resources.instance_count * dist.process_count_per_instance
         if processes > MAX_PROCESSES:

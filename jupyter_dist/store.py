@@ -161,7 +161,7 @@ class JobRecord:
     def append_usage(self, sample: dict[str, Any]) -> None:
         """One usage report of a process's agent ({"t", "p", "cpu", "rss", "ranks"}, and
         "gpu", "gpus" where GPUs were read), kept
-        as a line of usage.jsonl (run/meters.py reads them back)."""
+        as a line of usage.jsonl (diagnose/meters.py reads them back)."""
         with open(
             self.path / "usage.jsonl", "a", encoding="utf-8", opener=_private_opener
         ) as handle:

@@ -10,13 +10,30 @@ from pathlib import Path
 from helpers import ROOT
 
 PACKAGE = ROOT / "jupyter_dist"
-VIEWS = ("jupyter_dist.magics", "jupyter_dist.cli", "jupyter_dist.widgets", "jupyter_dist.server")
-ENGINE = (
-    "jupyter_dist.spec", "jupyter_dist.validation", "jupyter_dist.errors", "jupyter_dist.nodes",
-    "jupyter_dist.options", "jupyter_dist.plan", "jupyter_dist.run", "jupyter_dist.store",
-    "jupyter_dist.describe", "jupyter_dist.backends", "jupyter_dist.node_side",
-    "jupyter_dist.export", "jupyter_dist.masking",
-)  # fmt: skip
+
+# Every module's layer, lowest first: a module may import its own layer and those below,
+# never one above. The engine is everything below "views"; views import the engine and the
+# shared words of "presentation", never each other.
+LAYERS = {
+    "base": ("jupyter_dist.errors", "jupyter_dist.validation", "jupyter_dist.masking",
+             "jupyter_dist.node_side"),
+    "model": ("jupyter_dist.spec", "jupyter_dist.nodes", "jupyter_dist.options"),
+    "plan": ("jupyter_dist.plan",),
+    "record": ("jupyter_dist.store", "jupyter_dist.events"),
+    "diagnose": ("jupyter_dist.diagnose",),
+    "backends": ("jupyter_dist.backends",),
+    "run": ("jupyter_dist.run",),
+    "export": ("jupyter_dist.export",),
+    "presentation": ("jupyter_dist.describe", "jupyter_dist.dask_cluster",
+                     "jupyter_dist.job_commands"),
+    "views": ("jupyter_dist.magics", "jupyter_dist.cli", "jupyter_dist.widgets",
+              "jupyter_dist.server"),
+}  # fmt: skip
+ORDER = list(LAYERS)
+VIEWS = LAYERS["views"]
+# The package's own __init__ is the entry point Jupyter loads (%load_ext, the server
+# extension): it names the magic's loader, above every layer.
+ENTRY = "jupyter_dist"
 
 
 def _module(path: Path) -> str:
@@ -42,27 +59,93 @@ def _under(name: str, prefixes: tuple[str, ...]) -> bool:
 MODULES = {_module(path): _imports(path) for path in PACKAGE.rglob("*.py")}
 
 
-def test_the_engine_never_imports_a_view():
-    wrong = {
-        (module, name)
-        for module, names in MODULES.items()
-        if _under(module, ENGINE)
-        for name in names
-        if _under(name, VIEWS)
-    }
-    assert wrong == set()
+def _layer(module: str) -> str:
+    found = [
+        (len(prefix), name)
+        for name, prefixes in LAYERS.items()
+        for prefix in prefixes
+        if _under(module, (prefix,))
+    ]
+    assert found, f"{module} is in no layer: add it to LAYERS"
+    return max(found)[1]
 
 
-def test_widgets_do_not_import_the_magic_or_the_cli():
-    wrong = {
-        (module, name)
+def _ours(name: str) -> str | None:
+    """The module an imported name refers to (`jupyter_dist.plan.model.ProcessPlan` is
+    jupyter_dist.plan.model), or None for a name of no module of ours."""
+    while name and name not in MODULES:
+        name = name.rpartition(".")[0]
+    return name or None
+
+
+def _edges() -> set[tuple[str, str]]:
+    return {
+        (module, target)
         for module, names in MODULES.items()
-        if _under(module, ("jupyter_dist.widgets",))
-        for name in names
-        if _under(name, ("jupyter_dist.magics", "jupyter_dist.cli"))
+        if module != ENTRY
+        for target in filter(None, map(_ours, names))
+        if target != module and target != ENTRY
     }
-    assert wrong == set()
-    assert len(MODULES) > 20  # the sources were found
+
+
+def test_every_module_has_a_layer():
+    assert len(MODULES) > 40  # the sources were found
+    assert {module: _layer(module) for module in MODULES if module != ENTRY}
+
+
+def test_no_import_runs_back_up_a_layer():
+    upward = {
+        (module, target)
+        for module, target in _edges()
+        if ORDER.index(_layer(target)) > ORDER.index(_layer(module))
+    }
+    assert upward == set()
+
+
+# The one view that draws with another's pieces: the magic displays the widgets.
+VIEW_USES = {("jupyter_dist.magics", "jupyter_dist.widgets")}
+
+
+def test_views_do_not_import_each_other():
+    """The magic, the CLI, the widgets and the server share the engine and the
+    presentation layer, never one another's modules (the magic shows the widgets)."""
+
+    def view(module: str) -> str:
+        return next(v for v in VIEWS if _under(module, (v,)))
+
+    crossing = {
+        (module, target)
+        for module, target in _edges()
+        if _layer(module) == _layer(target) == "views"
+        and view(module) != view(target)
+        and (view(module), view(target)) not in VIEW_USES
+    }
+    assert crossing == set()
+
+
+def test_no_import_circle():
+    """Between modules, function-level imports included: a circle means two modules that
+    are one, or a piece that belongs lower."""
+    graph: dict[str, set[str]] = {}
+    for module, target in _edges():
+        graph.setdefault(module, set()).add(target)
+    circles, done, path = [], set(), []
+
+    def visit(module: str) -> None:
+        if module in path:
+            circles.append([*path[path.index(module) :], module])
+            return
+        if module in done:
+            return
+        path.append(module)
+        for target in sorted(graph.get(module, ())):
+            visit(target)
+        path.pop()
+        done.add(module)
+
+    for module in sorted(graph):
+        visit(module)
+    assert circles == []
 
 
 def test_node_side_scripts_import_nothing_of_ours():
@@ -75,3 +158,24 @@ def test_node_side_scripts_import_nothing_of_ours():
     assert {name: MODULES[f"jupyter_dist.node_side.{name[:-3]}"] for name in scripts} == {
         name: set() for name in scripts
     }
+
+
+# What the repository's root holds; anything else there is a stray (a shell's redirect, a
+# tool's output) committed by accident.
+ROOT_ENTRIES = {
+    ".ci", ".gitignore", "LICENSE", "README.md", "bench", "docs", "examples", "install.json",
+    "jupyter-config", "jupyter_dist", "labextension", "mkdocs.yml", "package-lock.json",
+    "package.json",
+    "pyproject.toml", "scripts", "style", "tests", "tsconfig.json", "tsconfig.test.json",
+}  # fmt: skip
+
+
+def test_the_repository_root_holds_only_what_it_should():
+    import subprocess
+
+    tracked = subprocess.run(
+        ["git", "ls-files", "-z"], cwd=ROOT, capture_output=True, text=True, check=True
+    ).stdout
+    entries = {path.split("/", 1)[0] for path in tracked.split("\0") if path}
+    assert entries - ROOT_ENTRIES == set(), "unexpected files at the repository root"
+    assert "jupyter_dist" in entries  # git answered for this checkout

@@ -2,11 +2,11 @@
 
 from __future__ import annotations
 
+from jupyter_dist.diagnose.attribute import attributor, failed_rank
 from jupyter_dist.plan.model import ProcessPlan
-from jupyter_dist.run.attribute import attributor, failed_rank
 
 
-def _proc(output: str, ranks=(0, 1, 2, 3)) -> ProcessPlan:
+def _proc(line_tags: str, ranks=(0, 1, 2, 3)) -> ProcessPlan:
     return ProcessPlan(
         name="launcher-0",
         label="node 0",
@@ -19,7 +19,7 @@ def _proc(output: str, ranks=(0, 1, 2, 3)) -> ProcessPlan:
         cwd="/",
         world_size=4,
         ranks=tuple(ranks),
-        output=output,
+        line_tags=line_tags,
     )
 
 

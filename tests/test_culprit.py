@@ -14,8 +14,8 @@ import pytest
 import yaml
 from helpers import job_processes
 
-from jupyter_dist.run.culprit import is_collateral, suspects
-from jupyter_dist.run.events import ProcessState
+from jupyter_dist.diagnose.culprit import is_collateral, suspects
+from jupyter_dist.events import ProcessState
 from jupyter_dist.run.launch import run
 from jupyter_dist.spec import parse_spec
 

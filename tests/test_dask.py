@@ -20,10 +20,10 @@ from jupyter_client.manager import start_new_kernel
 
 from jupyter_dist.dask_cluster import DaskCluster, running_clusters
 from jupyter_dist.errors import DistrunError
+from jupyter_dist.events import JobListener
 from jupyter_dist.nodes import load_inventory
-from jupyter_dist.run.control import wait_until_ended
-from jupyter_dist.run.events import JobListener
 from jupyter_dist.run.launch import prepare_job, run
+from jupyter_dist.run.requests import wait_until_ended
 from jupyter_dist.spec import parse_spec
 from jupyter_dist.store import JobStore
 

@@ -251,7 +251,7 @@ def test_the_kernel_gets_one_line_for_each_bad_line(kernel_env, tmp_path):
     assert "--save" in errors[0].evalue and "cannot write the spec" in errors[1].evalue
     assert "No closing quotation" in errors[2].evalue
     assert errors[3] is None  # --help: the usage, printed; no error
-    assert "usage: jupyter distrun jobs" in "".join(o.get("text", "") for o in nb.cells[4].outputs)
+    assert "usage: %distrun jobs" in "".join(o.get("text", "") for o in nb.cells[4].outputs)
     assert errors[5] is None
     shown = "".join(o.get("text", "") for o in nb.cells[6].outputs)
     assert "GREETING: hello world" in shown  # the space travelled inside its quotes

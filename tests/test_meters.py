@@ -17,9 +17,9 @@ import sys
 import pytest
 from helpers import execute_notebook, run_cli
 
+from jupyter_dist.diagnose.meters import node_series
 from jupyter_dist.node_side.agent import GpuUsage
 from jupyter_dist.run.launch import run
-from jupyter_dist.run.meters import node_series
 from jupyter_dist.spec import parse_spec
 
 FAKE_NVIDIA_SMI = """#!{python}

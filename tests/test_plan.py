@@ -119,7 +119,7 @@ def test_pytorch_torchrun_table():
         assert proc.env["MASTER_PORT"] == "40000"
         assert "RANK" not in proc.env and "WORLD_SIZE" not in proc.env
         assert proc.ranks == tuple(range(n * 4, n * 4 + 4))
-        assert proc.output == "torchrun"
+        assert proc.line_tags == "torchrun"
     assert p.world_size == 12
 
 
@@ -264,7 +264,7 @@ def test_a_command_that_is_a_launcher_runs_once_on_node_0(command, launcher, wor
     )
     (proc,) = p.processes
     assert (proc.name, proc.node_rank, proc.ranks) == (launcher, 0, tuple(range(world)))
-    assert proc.argv == ["/bin/sh", "-c", command] and proc.output == "mpi"
+    assert proc.argv == ["/bin/sh", "-c", command] and proc.line_tags == "mpi"
     assert proc.env["AZUREML_MPI_HOSTFILE"] == "/scratch/distrun/job1/hostfile"
     assert p.files[0].content == "10.0.0.5 slots=2\n10.0.0.6 slots=2\n"
     # It calls `ssh` itself: the job's own, which uses the job's ssh_config, comes first.
@@ -432,7 +432,7 @@ def test_planning_128_nodes_is_fast():
     ],
 )
 def test_launch_summary_counts_ranks_and_processes(distribution, nodes, said):
-    from jupyter_dist.describe import launch_summary
+    from jupyter_dist.plan.summary import launch_summary
 
     p = _plan(f"command: x\nresources: {{instance_count: {nodes}}}\ndistribution: {distribution}")
     assert launch_summary(p) == said

@@ -16,7 +16,7 @@ import pytest
 from helpers import job_processes, run_cli
 
 from jupyter_dist.errors import DistrunError
-from jupyter_dist.run.events import JobListener
+from jupyter_dist.events import JobListener
 from jupyter_dist.run.launch import launch, run
 from jupyter_dist.spec import parse_spec
 
@@ -129,7 +129,7 @@ def test_a_command_that_is_not_found_is_named_as_such(store):
 
 
 def test_the_stopped_ranks_are_told_in_ranges():
-    from jupyter_dist.run.events import ranges
+    from jupyter_dist.events import ranges
 
     assert ranges([f"rank {r}" for r in range(64) if r != 41]) == "ranks 0-40, 42-63"
     assert ranges(["rank 3"]) == "rank 3"

@@ -19,10 +19,10 @@ import pytest
 import yaml
 from helpers import HANG_SCRIPT, execute_notebook, job_processes, run_cli, stream_text
 
+from jupyter_dist.diagnose.stacks import STACKS_SOURCE, StackDump
 from jupyter_dist.errors import DistrunError
 from jupyter_dist.run.launch import launch
 from jupyter_dist.run.session import Session, SessionEnded
-from jupyter_dist.run.stacks import STACKS_SOURCE, StackDump
 from jupyter_dist.spec import parse_spec
 
 pytestmark = pytest.mark.torch
@@ -298,7 +298,7 @@ def test_the_collector_never_signals_a_process_without_the_handler(tmp_path):
 
 
 def test_an_unknown_method_is_one_line(store):
-    from jupyter_dist.run.stacks import take_stacks
+    from jupyter_dist.diagnose.stacks import take_stacks
 
     with pytest.raises(DistrunError, match="unknown stack method 'gdb'; use one of auto, py-spy"):
         take_stacks(lambda *a: (0, "", ""), [], "x", "gdb")

@@ -14,10 +14,10 @@ import pytest
 import yaml
 from helpers import HANG_SCRIPT, job_processes
 
+from jupyter_dist.diagnose.meters import Meters
+from jupyter_dist.diagnose.stall import StallWatch
 from jupyter_dist.run.launch import launch, run
-from jupyter_dist.run.meters import Meters
 from jupyter_dist.run.session import Session
-from jupyter_dist.run.stall import StallWatch
 from jupyter_dist.spec import parse_spec
 
 

@@ -10,6 +10,7 @@ import threading
 import time
 from pathlib import Path
 
+from jupyter_dist.backends.agent_client import AGENT_SOURCE, AgentProcess, agent_argv
 from jupyter_dist.backends.base import Backend
 from jupyter_dist.errors import DistrunError
 from jupyter_dist.node_side import agent
@@ -17,7 +18,6 @@ from jupyter_dist.node_side.ports import free_ports, why_taken
 from jupyter_dist.nodes import Inventory, Node
 from jupyter_dist.plan.context import PortRequest
 from jupyter_dist.plan.model import LaunchPlan, ProcessPlan
-from jupyter_dist.run.agent_client import AGENT_SOURCE, AgentProcess, agent_argv
 from jupyter_dist.spec import JobSpec
 from jupyter_dist.store import private_dir
 

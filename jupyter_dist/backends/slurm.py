@@ -27,9 +27,9 @@ import time
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 
+from jupyter_dist.backends.agent_client import AGENT_SOURCE, agent_argv
 from jupyter_dist.backends.local import LocalBackend, LocalProcess
 from jupyter_dist.backends.node_ports import ports_on_nodes
-from jupyter_dist.describe import counted
 from jupyter_dist.errors import DistrunError, NodeError
 from jupyter_dist.node_side.agent import PATH_FIRST_VAR
 from jupyter_dist.nodes import Inventory, Node
@@ -37,7 +37,7 @@ from jupyter_dist.options import SLURM_OPTIONS
 from jupyter_dist.plan.context import PlanContext, PortRequest
 from jupyter_dist.plan.model import MpiLaunch, PlannedFile, ProcessPlan
 from jupyter_dist.plan.mpi import runs_ssh
-from jupyter_dist.run.agent_client import AGENT_SOURCE, agent_argv
+from jupyter_dist.plan.summary import counted
 from jupyter_dist.spec import JobSpec
 
 COMMAND_TIMEOUT_S = 60
@@ -319,9 +319,7 @@ def tasks_per_node(spec: JobSpec) -> int:
     dist = spec.distribution
     per_node = getattr(dist, "process_count_per_instance", None)
     if spec.job_type == "tensorflow":  # its tasks, spread over the nodes
-        tasks = (dist.worker_count or spec.instance_count) + dist.parameter_server_count
-        tasks += dist.chief_count + dist.evaluator_count
-        per_node = -(-tasks // spec.instance_count)
+        per_node = -(-len(dist.tasks(spec.instance_count)) // spec.instance_count)
     return per_node or 1
 
 

@@ -25,6 +25,7 @@ from typing import Any
 
 import paramiko
 
+from jupyter_dist.backends.agent_client import AGENT_SOURCE, AgentProcess, agent_argv
 from jupyter_dist.backends.base import Backend, NodeHealth
 from jupyter_dist.backends.node_ports import ports_on_nodes
 from jupyter_dist.errors import DistrunError, NodeError
@@ -33,7 +34,6 @@ from jupyter_dist.nodes import Inventory, Node, SshAccess
 from jupyter_dist.plan.context import PlanContext, PortRequest
 from jupyter_dist.plan.model import LaunchPlan, MpiLaunch, PlannedFile, ProcessPlan
 from jupyter_dist.plan.mpi import runs_ssh
-from jupyter_dist.run.agent_client import AGENT_SOURCE, AgentProcess, agent_argv
 from jupyter_dist.spec import JobSpec
 from jupyter_dist.store import PRIVATE_DIR
 
@@ -115,11 +115,6 @@ def address(node: Node) -> str:
 
 def known_hosts_path(node: Node) -> str:
     return os.path.expanduser(access(node).known_hosts or "~/.ssh/known_hosts")
-
-
-def _host_key_name(node: Node) -> str:
-    port = access(node).port
-    return node.host if port == 22 else f"[{node.host}]:{port}"
 
 
 def connect(node: Node, policy: str | None = None) -> paramiko.SSHClient:

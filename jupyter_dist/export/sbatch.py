@@ -18,11 +18,11 @@ import re
 import shlex
 
 from jupyter_dist.backends.slurm import allocation_options, mpi_launch
-from jupyter_dist.describe import launch_summary
 from jupyter_dist.export.symbolic import placeholders_in, shell_word, symbolic_plan
 from jupyter_dist.export.target import MARKER, ExportTarget, path_from, unsupported
 from jupyter_dist.node_side.agent import PATH_FIRST_VAR
 from jupyter_dist.plan.model import LaunchPlan, ProcessPlan
+from jupyter_dist.plan.summary import launch_summary
 from jupyter_dist.spec import JobSpec
 
 SUFFIX = ".sbatch"

@@ -1,7 +1,7 @@
 """Every Python stack of a job's processes on this machine, as JSON on stdout.
 
 Standard library only, Python 3.8+: run on a node as `python -c SOURCE JOB_ID [METHOD]`
-(run/stacks.py does that through the backend). METHOD is `auto` (the default), `py-spy` or
+(diagnose/stacks.py does that through the backend). METHOD is `auto` (the default), `py-spy` or
 `faulthandler`:
 
 - py-spy (`py-spy dump --json`, found beside the node's Python or on PATH) reads any

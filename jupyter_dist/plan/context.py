@@ -98,7 +98,7 @@ class PlanContext:
     ) -> ProcessPlan:
         """One process on the node of rank `node_rank`: where it runs (node, host, working
         folder) comes from that node; `label` and `role` default to `name`; `details` are
-        the rest of ProcessPlan's fields (rank, local_rank, ranks, output, service, ...)."""
+        the rest of ProcessPlan's fields (rank, local_rank, ranks, line_tags, service, ...)."""
         node = self.nodes[node_rank]
         return ProcessPlan(
             name=name, label=label or name, role=role or name, node=node.name,

@@ -10,7 +10,7 @@ from jupyter_dist.errors import DamagedJob
 
 # How a process's output lines map to ranks: `plain` lines belong to the process itself;
 # `torchrun` lines carry "[default<local rank>]:", `mpi` lines "[<job>,<rank>]<stdout>:".
-OUTPUT_TAGS = ("plain", "torchrun", "mpi")
+LINE_TAGS = ("plain", "torchrun", "mpi")
 
 
 def rank_key(rank: int) -> tuple[str, str]:
@@ -66,7 +66,7 @@ class ProcessPlan:
     rank: int | None = None
     local_rank: int | None = None
     ranks: tuple[int, ...] = ()  # ranks whose output comes through this process
-    output: str = "plain"
+    line_tags: str = "plain"  # one of LINE_TAGS: how its lines name their ranks
     # Runs until the job's other processes finish, then is stopped (Dask scheduler and
     # workers, TensorFlow parameter servers): its SIGTERM then is no failure.
     service: bool = False
@@ -77,7 +77,7 @@ class ProcessPlan:
     @property
     def log_keys(self) -> list[str]:
         """The logs its lines go to: its own, and those of the ranks a launcher carries."""
-        if self.output == "plain":
+        if self.line_tags == "plain":
             return [self.name]
         return [self.name, *(rank_key(rank)[0] for rank in self.ranks)]
 
@@ -131,9 +131,7 @@ class LaunchPlan:
 
     @classmethod
     def _from_dict(cls, data: dict[str, Any]) -> LaunchPlan:
-        procs = [
-            ProcessPlan(**{**p, "ranks": tuple(p.get("ranks", ()))}) for p in data["processes"]
-        ]
+        procs = [ProcessPlan(**_process_fields(p)) for p in data["processes"]]
         files = [PlannedFile(**f) for f in data.get("files", [])]
         return cls(
             job_id=data["job_id"],
@@ -146,3 +144,12 @@ class LaunchPlan:
             files=files,
             code_dir=data.get("code_dir"),
         )
+
+
+def _process_fields(stored: dict[str, Any]) -> dict[str, Any]:
+    """A stored process's fields as ProcessPlan takes them; plans stored before the rename
+    of `output` to `line_tags` name it the old way."""
+    fields = {**stored, "ranks": tuple(stored.get("ranks", ()))}
+    if "output" in fields:
+        fields["line_tags"] = fields.pop("output")
+    return fields

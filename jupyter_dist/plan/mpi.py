@@ -105,5 +105,5 @@ def build(ctx: PlanContext, dist: MpiDistribution) -> tuple[list[ProcessPlan], l
     argv += ctx.shell(ctx.command)
     # Both tag every rank's lines: mpirun --tag-output "[1,R]<stdout>:", horovodrun's Gloo
     # mode "[R]<stdout>:" (its MPI mode runs mpirun --tag-output).
-    proc = ctx.process(0, launcher, argv, env, world, ranks=tuple(range(world)), output="mpi")
+    proc = ctx.process(0, launcher, argv, env, world, ranks=tuple(range(world)), line_tags="mpi")
     return [proc], files

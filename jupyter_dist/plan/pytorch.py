@@ -91,5 +91,5 @@ def _torchrun(ctx: PlanContext, node, n: int, per_node: int, port: int) -> Proce
         label=f"node {n}",
         role="torchrun",
         ranks=tuple(range(first, first + per_node)),
-        output="torchrun",
+        line_tags="torchrun",
     )

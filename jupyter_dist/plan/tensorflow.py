@@ -29,16 +29,9 @@ def tasks(dist: TensorFlowDistribution, hosts: list[str]) -> list[Task]:
     """chief?, workers, ps, evaluator?, in that order, round-robin over the nodes (`hosts`,
     one per node). Slots count per host: local nodes share one machine and its ports."""
     num_nodes = len(hosts)
-    workers = dist.worker_count if dist.worker_count is not None else num_nodes
-    kinds = (
-        [("chief", i) for i in range(dist.chief_count)]
-        + [("worker", i) for i in range(workers)]
-        + [("ps", i) for i in range(dist.parameter_server_count)]
-        + [("evaluator", i) for i in range(dist.evaluator_count)]
-    )
     placed: Counter[str] = Counter()
     out = []
-    for k, (kind, index) in enumerate(kinds):
+    for k, (kind, index) in enumerate(dist.tasks(num_nodes)):
         node_rank = k % num_nodes
         out.append(Task(kind, index, node_rank, placed[hosts[node_rank]]))
         placed[hosts[node_rank]] += 1

@@ -24,8 +24,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from jupyter_dist.errors import DistrunError
-from jupyter_dist.run.control import effective_state
-from jupyter_dist.run.events import FINAL_STATES, JobListener, JobResult
+from jupyter_dist.events import FINAL_STATES, JobListener, JobResult
+from jupyter_dist.run.requests import effective_state
 from jupyter_dist.store import JobStore, UnknownJob, private_dir
 
 

@@ -1,6 +1,6 @@
 """A running job's state machine: start all-or-nothing, watch every process, fail fast,
 cancel, time out, and leave nothing running. Its helpers each do one job: run/output.py
-(lines to the store and listeners), run/root_cause.py (why it failed), run/stopping.py
+(lines to the store and listeners), diagnose/root_cause.py (why it failed), run/stopping.py
 (SIGTERM to SIGKILL, cancel requests from elsewhere)."""
 
 from __future__ import annotations
@@ -13,12 +13,13 @@ from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 
 from jupyter_dist.backends.base import Backend, ProcessHandle
-from jupyter_dist.describe import launch_summary
+from jupyter_dist.diagnose.hints import hint_for
+from jupyter_dist.diagnose.meters import STORE_EVERY_S, Meters
+from jupyter_dist.diagnose.root_cause import StderrEvidence
+from jupyter_dist.diagnose.stacks import StackDump, take_stacks
+from jupyter_dist.diagnose.stall import DEFAULT_STALL_TIMEOUT_S, StallWatch
 from jupyter_dist.errors import DistrunError
-from jupyter_dist.nodes import Node
-from jupyter_dist.plan.model import LaunchPlan, ProcessPlan
-from jupyter_dist.run.control import owner_fields
-from jupyter_dist.run.events import (
+from jupyter_dist.events import (
     FINAL_STATES,
     JobListener,
     JobResult,
@@ -27,11 +28,11 @@ from jupyter_dist.run.events import (
     RootCause,
     describe_exit,
 )
-from jupyter_dist.run.meters import STORE_EVERY_S, Meters
+from jupyter_dist.nodes import Node
+from jupyter_dist.plan.model import LaunchPlan, ProcessPlan
+from jupyter_dist.plan.summary import launch_summary
 from jupyter_dist.run.output import OutputPipeline
-from jupyter_dist.run.root_cause import StderrEvidence
-from jupyter_dist.run.stacks import StackDump, take_stacks
-from jupyter_dist.run.stall import DEFAULT_STALL_TIMEOUT_S, StallWatch
+from jupyter_dist.run.requests import owner_fields
 from jupyter_dist.run.stopping import escalate, watch_requests
 from jupyter_dist.store import JobRecord
 
@@ -50,13 +51,13 @@ class Job:
         name: str = "",
         timeout: float | None = None,
         grace_period: float = GRACE_PERIOD_S,
-        control: tuple[str, Callable[[ProcessPlan, str], None]] | None = None,
+        messages: tuple[str, Callable[[ProcessPlan, str], None]] | None = None,
         stall_timeout: float = DEFAULT_STALL_TIMEOUT_S,
         on_stall: str = "warn",
     ):
-        """`control`: (mark, handler) for messages the processes print among their output
+        """`messages`: (mark, handler) for messages the processes print among their output
         (run/output.py); a warm session reads its ranks' cell reports so. A job quiet for
-        `stall_timeout` seconds (0: never) looks stuck (run/stall.py): its stacks are
+        `stall_timeout` seconds (0: never) looks stuck (diagnose/stall.py): its stacks are
         taken and its listeners told; with `on_stall="kill"` it is also stopped."""
         self.plan = plan
         self.job_id = plan.job_id
@@ -73,7 +74,7 @@ class Job:
         self._handles: dict[str, ProcessHandle] = {}
         self._readers: dict[str, list[threading.Thread]] = {}
         self._evidence = StderrEvidence()
-        self._output = OutputPipeline(record, self._evidence, self._emit_lines, control)
+        self._output = OutputPipeline(record, self._evidence, self._emit_lines, messages)
         self.processes = {
             p.name: ProcessState(
                 name=p.name, label=p.label, node=p.node, host=p.host, role=p.role, rank=p.rank
@@ -151,7 +152,7 @@ class Job:
         threading.Thread(
             target=watch_requests,
             args=(self.record, self._done, self.cancel, self._stacks_for_request),
-            daemon=True, name=f"distrun-{self.job_id}-control",
+            daemon=True, name=f"distrun-{self.job_id}-requests",
         ).start()  # fmt: skip
         return self
 
@@ -208,7 +209,7 @@ class Job:
     def stacks(
         self, method: str = "auto", reason: str = "asked", request: str | None = None
     ) -> StackDump:
-        """Every Python stack of the running job, read on its nodes (run/stacks.py) and
+        """Every Python stack of the running job, read on its nodes (diagnose/stacks.py) and
         stored with it (tagged with the `request` it answers); DistrunError once the job
         ended."""
         if self.state != "running":
@@ -222,7 +223,7 @@ class Job:
         return dump
 
     def _stacks_for_request(self, method: str, request_id: str) -> None:
-        """Answer another process's request (run/control.request_stacks) in the store."""
+        """Answer another process's request (run/requests.request_stacks) in the store."""
         try:
             self.stacks(method, request=request_id)
         except Exception as exc:  # the asker gets the reason, not a silent timeout
@@ -452,6 +453,7 @@ class Job:
                     p.label for p in self.processes.values()
                     if p.stopped_by_us and p.label not in blamed
                 ]  # fmt: skip
+                self._root_cause.hint = hint_for(self._root_cause)
             self.state = final
             self.ended = time.time()
         if self._stall is not None:

@@ -12,13 +12,13 @@ from pathlib import Path
 
 from jupyter_dist import node_side
 from jupyter_dist.backends import Backend, choose_backend
+from jupyter_dist.diagnose.stall import DEFAULT_STALL_TIMEOUT_S
+from jupyter_dist.events import JobListener, JobResult
 from jupyter_dist.node_side.agent import HOOK_FOLDER
 from jupyter_dist.nodes import Inventory, Node
 from jupyter_dist.plan import LaunchPlan, plan, port_requests
 from jupyter_dist.run.claims import PortClaims, ReleaseClaims, Wanted
-from jupyter_dist.run.events import JobListener, JobResult
 from jupyter_dist.run.job import GRACE_PERIOD_S, Job
-from jupyter_dist.run.stall import DEFAULT_STALL_TIMEOUT_S
 from jupyter_dist.spec import JobSpec
 from jupyter_dist.store import JobStore
 
@@ -105,9 +105,9 @@ def prepare_job(
     cwd: Path | str | None = None,
     grace_period: float | None = None,
     extra_files: Mapping[str, str] | None = None,
-    control: tuple[str, Callable] | None = None,
+    messages: tuple[str, Callable] | None = None,
 ) -> Job:
-    """Plan the job and record it in the store; nothing is started yet. With `control`
+    """Plan the job and record it in the store; nothing is started yet. With `messages`
     (mark, handler), every process reads stdin and its marked lines go to the handler
     (a warm session: run/session.py)."""
     store = store or JobStore()
@@ -116,7 +116,7 @@ def prepare_job(
     try:  # its fixed ports are held until it ends: no other job of ours can join it
         launch_plan, nodes, chosen = make_plan(
             spec, inventory=inventory, store=store, job_id=job_id, cwd=cwd,
-            extra_files=extra_files, stdin=control is not None, hold_ports=claims.claim,
+            extra_files=extra_files, stdin=messages is not None, hold_ports=claims.claim,
         )  # fmt: skip
     except BaseException:
         claims.release(job_id)
@@ -131,7 +131,7 @@ def prepare_job(
         launch_plan, nodes, chosen, record,
         name=spec.display_name_or_default(), timeout=spec.timeout,
         grace_period=_first(grace_period, spec.grace_period, GRACE_PERIOD_S),
-        control=control, on_stall=spec.on_stall or "warn",
+        messages=messages, on_stall=spec.on_stall or "warn",
         stall_timeout=_first(spec.stall_timeout, DEFAULT_STALL_TIMEOUT_S),
     )  # fmt: skip
     job.add_listener(ReleaseClaims(claims, job.job_id))

@@ -10,10 +10,10 @@ from collections.abc import Callable
 from typing import IO
 
 from jupyter_dist.backends.base import ProcessHandle
+from jupyter_dist.diagnose.attribute import attributor
+from jupyter_dist.diagnose.root_cause import StderrEvidence
+from jupyter_dist.events import OutputLine
 from jupyter_dist.plan.model import ProcessPlan
-from jupyter_dist.run.attribute import attributor
-from jupyter_dist.run.events import OutputLine
-from jupyter_dist.run.root_cause import StderrEvidence
 from jupyter_dist.store import JobRecord, timestamp
 
 MAX_LINE = 1 << 20  # a "line" longer than this is cut into pieces
@@ -28,19 +28,19 @@ class OutputPipeline:
         record: JobRecord,
         evidence: StderrEvidence,
         emit: Callable[[list[OutputLine]], None],
-        control: tuple[str, Callable[[ProcessPlan, str], None]] | None = None,
+        messages: tuple[str, Callable[[ProcessPlan, str], None]] | None = None,
     ) -> None:
         self.record = record
         self.evidence = evidence
         self.emit = emit
         # (mark, handler): a line holding `mark` is a message to the launcher (a session's
         # rank reporting a cell), not output; the text before it still is.
-        self.control = control
+        self.messages = messages
 
     def read(self, proc: ProcessPlan, handle: ProcessHandle, stream: str) -> None:
         """Every line of `proc`'s `stream` until it ends (or breaks: the process watcher
         reports a dropped connection, not this)."""
-        attribute = None if proc.output == "plain" else attributor(proc)
+        attribute = None if proc.line_tags == "plain" else attributor(proc)
         files: dict[str, IO[str]] = {}
         partial = b""
         try:
@@ -76,8 +76,8 @@ class OutputPipeline:
 
     def _deliver(self, proc, stream, texts: list[str], attribute, files) -> None:
         messages = []
-        if self.control and any(self.control[0] in t for t in texts):
-            mark, kept = self.control[0], []
+        if self.messages and any(self.messages[0] in t for t in texts):
+            mark, kept = self.messages[0], []
             for text in texts:
                 before, found, message = text.partition(mark)
                 if found:
@@ -89,7 +89,7 @@ class OutputPipeline:
         if texts:
             self._store_and_emit(proc, stream, texts, attribute, files)
         for message in messages:  # after the lines before it are stored and shown
-            self.control[1](proc, message)
+            self.messages[1](proc, message)
 
     def _store_and_emit(self, proc, stream, texts: list[str], attribute, files) -> None:
         now = time.time()

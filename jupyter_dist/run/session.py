@@ -24,12 +24,12 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 
 from jupyter_dist import node_side
+from jupyter_dist.diagnose.meters import mib
 from jupyter_dist.errors import DistrunError, SpecError
+from jupyter_dist.events import JobResult, ranges
 from jupyter_dist.node_side.session_worker import MARK
 from jupyter_dist.plan.model import ProcessPlan
-from jupyter_dist.run.events import JobResult, ranges
 from jupyter_dist.run.job import Job
-from jupyter_dist.run.meters import mib
 from jupyter_dist.spec import JobSpec, spec_from_dict
 from jupyter_dist.store import cell_marker
 
@@ -107,7 +107,7 @@ class Session:
         files = {name: node_side.source(name) for name in (WORKER, CELL_RUNNER)}
         job = prepare_job(
             session_spec(spec), extra_files=files,
-            control=(MARK, session._on_message), **job_options,
+            messages=(MARK, session._on_message), **job_options,
         )  # fmt: skip
         session.job = job
         job.stall_watching = lambda: session._running_cell is not None  # not between cells

@@ -10,7 +10,7 @@ import time
 from collections.abc import Callable
 
 from jupyter_dist.backends.base import ProcessHandle
-from jupyter_dist.run.control import POLL_SECONDS, cancel_requested, stacks_requested
+from jupyter_dist.run.requests import POLL_SECONDS, cancel_requested, stacks_requested
 from jupyter_dist.store import JobRecord
 
 
@@ -36,7 +36,7 @@ def watch_requests(
     cancel: Callable[[str], None],
     stacks: Callable[[str, str], None],
 ) -> None:
-    """Until `done`, act on what other processes ask (run/control.py): `cancel(reason)` once,
+    """Until `done`, act on what other processes ask (run/requests.py): `cancel(reason)` once,
     `stacks(method, request_id)` for each stacks request (in a thread of its own, so that a
     slow node does not hold up a cancel)."""
     while not done.wait(POLL_SECONDS):

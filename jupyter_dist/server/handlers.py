@@ -10,7 +10,7 @@ the CLI, and do their file and network work in a thread pool, never on the event
          &offset=CURSOR&limit=N&tail=N     `offset` is the `next` of the previous reply
     POST /distrun/jobs/{id}/cancel         ask the job's owner to stop it
     POST /distrun/jobs/{id}/stacks         every rank's stack, read now by the job's owner
-         ?method=auto|py-spy|faulthandler  (run/stacks.py); the dump, with its text
+         ?method=auto|py-spy|faulthandler  (diagnose/stacks.py); the dump, with its text
     GET  /distrun/jobs/{id}/stacks         the last stacks taken
 """
 
@@ -30,14 +30,14 @@ from tornado import web
 
 from jupyter_dist.backends import inventory_backend
 from jupyter_dist.describe import inspect_rows, job_summary
+from jupyter_dist.diagnose.meters import SERIES_POINTS, STORE_EVERY_S, node_series
+from jupyter_dist.diagnose.stacks import StackDump
 from jupyter_dist.errors import DistrunError
+from jupyter_dist.events import FINAL_STATES
 from jupyter_dist.masking import masked_plan, masked_spec
 from jupyter_dist.nodes import load_inventory
 from jupyter_dist.plan import LaunchPlan
-from jupyter_dist.run.control import request_cancel, request_stacks
-from jupyter_dist.run.events import FINAL_STATES
-from jupyter_dist.run.meters import SERIES_POINTS, STORE_EVERY_S, node_series
-from jupyter_dist.run.stacks import StackDump
+from jupyter_dist.run.requests import request_cancel, request_stacks
 from jupyter_dist.spec import dump_yaml
 from jupyter_dist.store import JobStore, UnknownJob
 

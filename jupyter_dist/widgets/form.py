@@ -10,25 +10,88 @@ from __future__ import annotations
 import html
 import os
 from pathlib import Path
+from typing import Any
 
 import ipywidgets as w
 from IPython.display import display
 
 from jupyter_dist.backends import available
+from jupyter_dist.diagnose.stall import DEFAULT_STALL_TIMEOUT_S
 from jupyter_dist.errors import DistrunError, SpecError
 from jupyter_dist.export import FORMATS, Exported, ExportTarget, export, write
 from jupyter_dist.nodes import Inventory, load_inventory
-from jupyter_dist.options import SLURM_OPTIONS, LaunchOptions
+from jupyter_dist.options import BY_NAME, FORM, SLURM_OPTIONS, LaunchOptions, Option, offered
+from jupyter_dist.run.job import GRACE_PERIOD_S
 from jupyter_dist.spec import JOB_TYPES, JobSpec, spec_from_dict
 from jupyter_dist.widgets.live import run_with_view
 
 _LAUNCHERS = {"pytorch": ["per_process", "torchrun"], "mpi": ["mpirun", "horovodrun"]}
-# The Slurm backend's options, as the form asks for them (empty: the cluster's default).
-_SLURM_HINTS = {
+
+# How the form shows a declared option (options.OPTIONS) where the declaration alone does not
+# say: the value a control starts at, the value that means "the spec's default" (not written
+# into the spec), a caption and a placeholder. Every other option is a plain control of its
+# kind, captioned by its name, with its help as the tooltip.
+_START = {"nodes": 1, "procs_per_node": 1, "stall_timeout": DEFAULT_STALL_TIMEOUT_S,
+          "grace_period": int(GRACE_PERIOD_S)}  # fmt: skip
+_UNSET = {
+    "worker_count": 0, "ps_count": 0, "threads": 0, "scheduler_port": 0, "dashboard_port": 0,
+    "timeout": 0, "gpus_per_node": 0, "stall_timeout": DEFAULT_STALL_TIMEOUT_S,
+    "grace_period": int(GRACE_PERIOD_S), "on_stall": "warn",
+}  # fmt: skip
+_CAPTIONS = {
+    "procs_per_node": "procs per node", "worker_count": "workers (0: nodes)",
+    "threads": "threads (0: default)", "scheduler_port": "scheduler port (0: free)",
+    "dashboard_port": "dashboard port (0: free)", "gpus_per_node": "GPUs per node (0: none)",
+    "stall_timeout": "stall timeout (s)", "grace_period": "grace period (s)",
+    "timeout": "timeout (s)", "ps_count": "parameter servers", "name": "job name",
+    "code": "code folder", "env": "environment", "slurm_job": "allocation",
+}  # fmt: skip
+_PLACEHOLDERS = {
+    "env": "NAME=VALUE, one a line", "code": "folder shipped to every node (optional)",
+    "slurm_job": "a job id to run in (else a new allocation)",
     "partition": "the cluster's default", "time": "e.g. 01:00:00 (the partition's default)",
     "account": "your default account", "qos": "the default QOS",
     "constraint": "node features, e.g. a100",
 }  # fmt: skip
+# Where each declared option sits: the first column, the second, and the Slurm box.
+_DISTRIBUTION = ("type", "nodes", "procs_per_node", "launcher")
+_TENSORFLOW = ("worker_count", "ps_count", "chief", "evaluator")
+_DASK = ("threads", "scheduler_port", "dashboard_port")
+_JOB = ("name", "timeout", "stall_timeout", "on_stall", "grace_period", "code", "env")
+
+
+def _control(option: Option, style: dict) -> w.Widget:
+    """The control of a declared option: a dropdown for choices, a checkbox for a flag, a
+    bounded number (the spec's own caps; 0 where 0 means the default), a text area for a
+    repeatable one, else a text box."""
+    common = {"description": _CAPTIONS.get(option.name, option.name.replace("_", " ")),
+              "tooltip": option.full_help}  # fmt: skip
+    if option.kind == "flag":
+        return w.Checkbox(value=False, **common)
+    common["style"] = style
+    if option.choices:
+        start = _UNSET.get(option.name, option.choices[0])
+        return w.Dropdown(options=option.choices, value=start, **common)
+    if option.kind == "int":
+        low, high = option.bounds or (0, 10**7)
+        start = _START.get(option.name, _UNSET.get(option.name, low))
+        return w.BoundedIntText(value=start, min=min(low, 0), max=high, **common)
+    placeholder = _PLACEHOLDERS.get(option.name, "")
+    if option.kind == "list":
+        return w.Textarea(placeholder=placeholder, **common)
+    return w.Text(placeholder=placeholder, **common)
+
+
+def _value(option: Option, control: w.Widget) -> Any:
+    """What a control holds, as LaunchOptions takes it; None for "the spec's default"."""
+    value = control.value
+    if option.kind == "list":
+        return [line.strip() for line in value.splitlines() if line.strip()]
+    if isinstance(value, str):
+        value = value.strip()
+    if value == "" or (option.name in _UNSET and value == _UNSET[option.name]):
+        return None
+    return value
 
 
 class SubmitForm(w.VBox):
@@ -43,53 +106,39 @@ class SubmitForm(w.VBox):
         else:
             inventory_problem = ""
         style = {"description_width": "140px"}
-        self.type = w.Dropdown(options=JOB_TYPES, value="pytorch", description="type", style=style)
-        self.nodes = w.BoundedIntText(value=1, min=0, max=4096, description="nodes", style=style)
-        self.procs_per_node = w.BoundedIntText(
-            value=1, min=0, max=1024, description="procs per node", style=style
-        )
-        self.launcher = w.Dropdown(options=_LAUNCHERS["pytorch"], description="launcher",
-                                   style=style)  # fmt: skip
-        self.worker_count = w.BoundedIntText(value=0, min=0, max=4096, style=style,
-                                             description="workers (0: nodes)")  # fmt: skip
-        self.ps_count = w.BoundedIntText(value=0, min=0, max=1024, description="parameter servers",
-                                         style=style)  # fmt: skip
-        self.chief = w.Checkbox(value=False, description="chief")
-        self.evaluator = w.Checkbox(value=False, description="evaluator")
-        self.env = w.Textarea(placeholder="NAME=VALUE, one a line", description="environment",
-                              style=style)  # fmt: skip
-        self.code = w.Text(placeholder="folder shipped to every node (optional)",
-                           description="code folder", style=style)  # fmt: skip
+        # Every option the form offers, declared once (options.OPTIONS); the type, the
+        # launcher and the backend have controls of their own (choices from elsewhere).
+        self.controls: dict[str, w.Widget] = {
+            "type": w.Dropdown(options=JOB_TYPES, value="pytorch", description="type",
+                               style=style, tooltip=BY_NAME["type"].full_help),
+            "launcher": w.Dropdown(options=_LAUNCHERS["pytorch"], description="launcher",
+                                   style=style, tooltip=BY_NAME["launcher"].full_help),
+            "backend": w.Dropdown(
+                # "" (not None, which a Dropdown shows as no choice at all): automatic
+                options=[("automatic", "")] + [(name, name) for name in sorted(available())],
+                value="", description="backend", style=style,
+                tooltip=BY_NAME["backend"].full_help,
+            ),
+        }  # fmt: skip
+        for option in offered(FORM):
+            self.controls.setdefault(option.name, _control(option, style))
+        c = self.controls
+        self.type, self.launcher, self.backend = c["type"], c["launcher"], c["backend"]
+        self.nodes, self.procs_per_node, self.env = c["nodes"], c["procs_per_node"], c["env"]
+        self.worker_count, self.ps_count = c["worker_count"], c["ps_count"]
+        self.chief, self.evaluator, self.code = c["chief"], c["evaluator"], c["code"]
+        self.timeout, self.name, self.slurm_job = c["timeout"], c["name"], c["slurm_job"]
+        self.gpus_per_node = c["gpus_per_node"]
+        self.slurm = {name: c[name] for name in SLURM_OPTIONS}
         self.node_names = w.SelectMultiple(
             options=[n.name for n in self.inventory.nodes], description="nodes to use",
             style=style, disabled=self.inventory.is_local,
         )  # fmt: skip
-        self.timeout = w.BoundedIntText(value=0, min=0, max=10**7, description="timeout (s)",
-                                        style=style)  # fmt: skip
-        self.name = w.Text(description="job name", style=style)
         self.script = w.Textarea(placeholder="Python code every process runs",
                                  description="code", style=style,
                                  layout=w.Layout(width="95%", height="10em"))  # fmt: skip
         self.script_path = w.Text(placeholder="or a script file to run (python FILE)",
                                   description="script file", style=style)  # fmt: skip
-        self.backend = w.Dropdown(
-            # "" (not None, which a Dropdown shows as no choice at all): automatic
-            options=[("automatic", "")]
-            + [(name, name) for name in sorted(available())],
-            value="", description="backend", style=style,
-        )  # fmt: skip
-        self.gpus_per_node = w.BoundedIntText(value=0, min=0, max=1024, style=style,
-                                              description="GPUs per node (0: none)")  # fmt: skip
-        self.slurm = {
-            name: self.gpus_per_node if name == "gpus_per_node" else
-            w.Text(description=name, placeholder=_SLURM_HINTS.get(name, ""), style=style)
-            for name in SLURM_OPTIONS
-        }  # fmt: skip
-        self.slurm_job = w.Text(
-            description="allocation",
-            style=style,
-            placeholder="a job id to run in (else a new allocation)",
-        )
         self.slurm_box = w.VBox([self.slurm_job, *self.slurm.values()])
         self.preview = w.HTML(layout=w.Layout(width="95%"))
         self.problem = w.HTML(_problem_html(inventory_problem))
@@ -113,20 +162,15 @@ class SubmitForm(w.VBox):
         self.last_result = None
         self.submit_button.on_click(lambda _: self.submit())
         self.export_button.on_click(lambda _: self.export())
-        self._controls = [
-            self.type, self.nodes, self.procs_per_node, self.launcher, self.worker_count,
-            self.ps_count, self.chief, self.evaluator, self.env, self.code, self.node_names,
-            self.timeout, self.name, self.script, self.script_path, self.backend,
-            self.slurm_job, *self.slurm.values(),
-        ]  # fmt: skip
-        for control in self._controls:
+        for control in [*self.controls.values(), self.node_names, self.script, self.script_path]:
             control.observe(lambda _: self.refresh(), names="value")
-        self.tf_box = w.VBox([self.worker_count, self.ps_count, self.chief, self.evaluator])
+        self.tf_box = w.VBox([c[name] for name in _TENSORFLOW])
+        self.dask_box = w.VBox([c[name] for name in _DASK])
         columns = w.GridBox(
             [
-                w.VBox([_heading("Distribution"), self.type, self.nodes, self.procs_per_node,
-                        self.launcher, self.tf_box, self.node_names]),
-                w.VBox([_heading("Job"), self.name, self.timeout, self.code, self.env,
+                w.VBox([_heading("Distribution"), *(c[name] for name in _DISTRIBUTION),
+                        self.tf_box, self.dask_box, self.node_names]),
+                w.VBox([_heading("Job"), *(c[name] for name in _JOB),
                         _heading("Where it runs"), self.backend, self.slurm_box]),
             ],
             layout=w.Layout(grid_template_columns="repeat(auto-fit, minmax(380px, 1fr))",
@@ -149,31 +193,22 @@ class SubmitForm(w.VBox):
         self.refresh()
 
     def options(self) -> LaunchOptions:
-        """The controls as the magic's options (one model, the same meaning)."""
-        job_type = self.type.value
-        tf = job_type == "tensorflow"
-        env = [line.strip() for line in self.env.value.splitlines() if line.strip()]
-        slurm = {}
-        if self.backend.value == "slurm":  # hidden otherwise: what they hold does not count
-            slurm = {name: control.value for name, control in self.slurm.items()}
-            slurm = {
-                name: value.strip() if isinstance(value, str) else value
-                for name, value in slurm.items()
-            }
-        return LaunchOptions(
-            type=job_type,
-            nodes=len(self.node_names.value) or self.nodes.value,
-            procs_per_node=None if tf else self.procs_per_node.value,
-            launcher=self.launcher.value if job_type in _LAUNCHERS else None,
-            worker_count=(self.worker_count.value or None) if tf else None,
-            ps_count=(self.ps_count.value or None) if tf else None,
-            chief=tf and self.chief.value, evaluator=tf and self.evaluator.value,
-            env=env, code=self.code.value.strip() or None, timeout=self.timeout.value or None,
-            name=self.name.value.strip() or None,  # dask's threads and ports: the defaults
-            backend=self.backend.value or None,
-            slurm_job=(self.backend.value == "slurm" and self.slurm_job.value.strip()) or None,
-            **{name: value or None for name, value in slurm.items()},
-        )  # fmt: skip
+        """The controls as the magic's options (one model, the same meaning): each declared
+        option whose control holds a value, where it applies (this job type, the backend
+        chosen: a hidden control's value does not count)."""
+        job_type, backend = self.type.value, self.backend.value or None
+        values: dict[str, Any] = {}
+        for option in offered(FORM):
+            if option.job_types and job_type not in option.job_types:
+                continue
+            if option.backend and backend != option.backend:
+                continue
+            value = _value(option, self.controls[option.name])
+            if value is not None:
+                values[option.name] = value
+        if self.node_names.value:
+            values["nodes"] = len(self.node_names.value)
+        return LaunchOptions(**values)
 
     def spec(self) -> JobSpec:
         """The job these controls describe, validated like a YAML file (SpecError if not)."""
@@ -194,6 +229,7 @@ class SubmitForm(w.VBox):
         """Show the YAML, or what is wrong; returns the spec when it is valid."""
         job_type = self.type.value
         self.tf_box.layout.display = None if job_type == "tensorflow" else "none"
+        self.dask_box.layout.display = None if job_type == "dask" else "none"
         self.procs_per_node.disabled = job_type == "tensorflow"
         launchers = _LAUNCHERS.get(job_type, [])
         if list(self.launcher.options) != launchers:

@@ -23,9 +23,9 @@ import anywidget
 from traitlets import Dict, Float, Int, List, Unicode
 
 from jupyter_dist.describe import plan_rows
+from jupyter_dist.diagnose.stall import describe_stall
+from jupyter_dist.events import JobListener, JobResult, OutputLine, ProcessState
 from jupyter_dist.plan.parity import describe, parity_notes
-from jupyter_dist.run.events import JobListener, JobResult, OutputLine, ProcessState
-from jupyter_dist.run.stall import describe_stall
 from jupyter_dist.spec import JobSpec
 from jupyter_dist.store import JobStore
 
@@ -131,7 +131,7 @@ class LiveView(anywidget.AnyWidget):
                 self.root_cause = result.describe()
 
     def _send_meters(self) -> None:
-        """Each shown process's and rank's latest CPU share and memory (run/meters.py); the
+        """Each shown process's and rank's latest CPU share and memory (diagnose/meters.py); the
         browser keeps the last minute of them for its sparklines."""
         shown = {row["name"] for row in self.processes}
         keys = {key for name in shown for key in (name, *self._keys.get(name, ()))}

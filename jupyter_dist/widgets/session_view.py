@@ -9,8 +9,8 @@ from __future__ import annotations
 
 import time
 
+from jupyter_dist.events import ProcessState, ranges
 from jupyter_dist.plan.model import ProcessPlan
-from jupyter_dist.run.events import ProcessState, ranges
 from jupyter_dist.run.session import CellResult, Session
 from jupyter_dist.widgets.live import LiveView
 

@@ -82,7 +82,7 @@ export interface ILogRange {
   state: string;
 }
 
-/** Every rank's Python stack, grouped (run/stacks.py): a line per group, odd ones first. */
+/** Every rank's Python stack, grouped (diagnose/stacks.py): a line per group, odd ones first. */
 export interface IStacks {
   job_id: string;
   taken: number;

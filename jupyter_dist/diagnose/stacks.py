@@ -22,8 +22,8 @@ from typing import Any
 
 from jupyter_dist import node_side
 from jupyter_dist.errors import DistrunError
+from jupyter_dist.events import ranges
 from jupyter_dist.nodes import Node
-from jupyter_dist.run.events import ranges
 from jupyter_dist.store import timestamp
 
 STACKS_SOURCE = node_side.source("stacks.py")  # run as it is on the nodes
@@ -96,7 +96,7 @@ class StackDump:
     others: list[str] = field(default_factory=list)  # "mpirun (node0, pid 12)": not Python
     problems: list[str] = field(default_factory=list)  # nodes that could not be asked
     reason: str = "asked"  # or "stalled"
-    request: str | None = None  # the id of the request it answers (run/control.py)
+    request: str | None = None  # the id of the request it answers (run/requests.py)
 
     def groups(self) -> list[StackGroup]:
         """Processes with identical stacks together; the smallest groups (the odd ones) first,

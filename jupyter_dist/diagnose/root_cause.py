@@ -6,10 +6,10 @@ from __future__ import annotations
 
 from collections import deque
 
+from jupyter_dist.diagnose.attribute import failed_rank, starts_traceback
+from jupyter_dist.diagnose.culprit import suspects
+from jupyter_dist.events import ProcessState, RootCause
 from jupyter_dist.plan.model import ProcessPlan, rank_key
-from jupyter_dist.run.attribute import failed_rank, starts_traceback
-from jupyter_dist.run.culprit import suspects
-from jupyter_dist.run.events import ProcessState, RootCause
 from jupyter_dist.store import JobRecord
 
 TAIL_LINES = 40  # stderr lines kept per log key for the root-cause report
@@ -30,7 +30,7 @@ class StderrEvidence:
         self._tails.setdefault(key, deque(maxlen=TAIL_LINES)).append(text)
         when, traceback = self._first.get(key, (now, False))
         self._first[key] = (when, traceback or starts_traceback(text))
-        if key == proc.name and proc.output != "plain":
+        if key == proc.name and proc.line_tags != "plain":
             self._launcher.setdefault(key, deque(maxlen=_LAUNCHER_LINES)).append(text)
 
     def root_cause(
@@ -59,7 +59,7 @@ class StderrEvidence:
         stop_started: float | None,
         grace: float,
     ) -> RootCause:
-        """The root cause once every process ended: the best suspect (run/culprit.py) in
+        """The root cause once every process ended: the best suspect (diagnose/culprit.py) in
         place of the first failure seen, where they differ, with the ranks that failed of
         communication errors after it listed as collateral."""
         found = suspects(

@@ -4,7 +4,7 @@ computing, or a rank waiting while others compute, is work going on.
 
 `StallWatch` is fed by the job: `output()` for every batch of lines, `usage(process,
 readings)` with the CPU shares each usage report of a process's node agent gave
-(run/meters.py, from node_side/agent.py `--usage`; GPU utilisation counts as work too,
+(diagnose/meters.py, from node_side/agent.py `--usage`; GPU utilisation counts as work too,
 where nvidia-smi reads it). A thread of its own looks every few
 seconds; once the job has been quiet for `timeout` seconds while `watching()` says quiet
 would be a stall (a session between cells, a Dask cluster waiting for work are quiet by
@@ -18,7 +18,7 @@ import threading
 import time
 from collections.abc import Callable, Mapping
 
-from jupyter_dist.run.meters import Reading
+from jupyter_dist.diagnose.meters import Reading
 
 DEFAULT_STALL_TIMEOUT_S = 300
 ACTIONS = ("warn", "kill")

@@ -6,8 +6,6 @@ import signal
 from dataclasses import asdict, dataclass, field
 from typing import Any, NamedTuple
 
-from jupyter_dist.run.hints import hint_for
-
 # Job states: pending -> running -> succeeded | failed | cancelled | timed_out
 FINAL_STATES = ("succeeded", "failed", "cancelled", "timed_out")
 
@@ -120,6 +118,7 @@ class RootCause:
     note: str | None = None
     collateral: list[str] = field(default_factory=list)  # failed after it, of comm errors
     oom: dict[str, Any] | None = None  # the OOM killer's doing, as its agent saw it
+    hint: str | None = None  # one line of advice (diagnose/hints.py), set once it is final
 
     @property
     def how(self) -> str:
@@ -145,9 +144,8 @@ class RootCause:
             lines.append("Stopped by jupyter-dist after this failure: " + ranges(self.stopped))
         if self.log_path:
             lines.append(f"Full log: {self.log_path}")
-        hint = hint_for(self)
-        if hint:
-            lines.append(hint)
+        if self.hint:
+            lines.append(self.hint)
         return "\n".join(lines)
 
     def to_dict(self) -> dict[str, Any]:
@@ -195,4 +193,4 @@ class JobListener:
     def on_stall(self, notice: str | None, summary: list[str]) -> None:
         """The job looks stuck (`notice`, one line; `summary`: its grouped stacks, one line
         per group, the odd ones first, taken as it was flagged), or, with None, it moves
-        again (run/stall.py)."""
+        again (diagnose/stall.py)."""

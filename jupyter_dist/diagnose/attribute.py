@@ -22,7 +22,7 @@ def attributor(proc: ProcessPlan) -> Callable[[str], list[Attribution]]:
     Make one per output stream: the MPI one keeps state between lines."""
     own = (proc.name, proc.label)
 
-    if proc.output == "torchrun":
+    if proc.line_tags == "torchrun":
         first = proc.ranks[0]
 
         def torchrun_line(text: str) -> list[Attribution]:
@@ -34,7 +34,7 @@ def attributor(proc: ProcessPlan) -> Callable[[str], list[Attribution]]:
 
         return torchrun_line
 
-    if proc.output == "mpi":
+    if proc.line_tags == "mpi":
         return _MpiDemux(own)
 
     return lambda text: [(*own, text)]
@@ -96,10 +96,10 @@ def failed_rank(
     The launcher's own report wins where it gives one; else the rank that printed a
     traceback first; else the rank that wrote to stderr first. `first_stderr` maps a log
     key to (time of its first stderr line, whether its stderr holds a traceback)."""
-    pattern = {"torchrun": _TORCHRUN_FAILED, "mpi": _MPI_FAILED}.get(proc.output)
+    pattern = {"torchrun": _TORCHRUN_FAILED, "mpi": _MPI_FAILED}.get(proc.line_tags)
     if pattern is None:
         return proc.rank
-    if proc.output == "torchrun":  # its report lists every failure; the cause comes last
+    if proc.line_tags == "torchrun":  # its report lists every failure; the cause comes last
         marks = [i for i, line in enumerate(launcher_lines) if "Root Cause" in line]
         launcher_lines = launcher_lines[marks[-1] :] if marks else []
     for line in launcher_lines:

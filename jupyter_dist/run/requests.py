@@ -6,7 +6,7 @@ connections to its ranks, so the others ask it: they write a request file into t
 folder in the store, and the owner, which looks for them a few times a second, acts on it:
 `cancel.json` cancels the job the usual way (SIGTERM to every rank, SIGKILL after the grace
 period, a sweep); `stacks-request.json` reads every rank's stack and stores the dump, tagged
-with the request's id, as `stacks.json` (run/stacks.py). A file works wherever the store is
+with the request's id, as `stacks.json` (diagnose/stacks.py). A file works wherever the store is
 shared and needs no port, socket or signal to the owner.
 """
 
@@ -19,9 +19,9 @@ import time
 import uuid
 from typing import Any
 
+from jupyter_dist.diagnose.stacks import check_method
 from jupyter_dist.errors import DistrunError
-from jupyter_dist.run.events import FINAL_STATES
-from jupyter_dist.run.stacks import check_method
+from jupyter_dist.events import FINAL_STATES
 from jupyter_dist.store import JobRecord, write_atomic
 
 CANCEL_FILE = "cancel.json"

@@ -9,10 +9,8 @@ Each hint names the evidence it matched, so a wrong guess is easy to see through
 from __future__ import annotations
 
 import re
-from typing import TYPE_CHECKING
 
-if TYPE_CHECKING:  # events.py imports this module
-    from jupyter_dist.run.events import RootCause
+from jupyter_dist.events import RootCause, ranges
 
 # A collective that gave up waiting: gloo's and NCCL's words for it.
 _TIMED_OUT = re.compile(
@@ -51,8 +49,6 @@ def hint_for(cause: RootCause) -> str | None:
         )
     timed_out = _TIMED_OUT.search("\n".join(cause.stderr_tail))  # its own words, as printed
     if timed_out:
-        from jupyter_dist.run.events import ranges
-
         waited = (
             f"; {ranges(cause.stopped)} still ran when it gave up: the likely one(s) that never "
             "arrived"

@@ -22,8 +22,8 @@ import signal
 from collections.abc import Iterable
 from dataclasses import dataclass
 
+from jupyter_dist.events import ProcessState
 from jupyter_dist.plan.model import ProcessPlan, rank_key
-from jupyter_dist.run.events import ProcessState
 
 # What a rank prints when a peer, not itself, went wrong.
 COLLATERAL = re.compile(

@@ -1,0 +1,353 @@
+"""The commands over the job store that both the terminal (`jupyter distrun COMMAND`) and
+the notebook (`%distrun COMMAND`) offer: nodes, jobs, inspect, cancel, stacks, logs. Each
+reads the store (and, for nodes, the inventory's backend) and prints; neither front owns
+them, so neither calls the other.
+
+    code = job_commands.main(["logs", "JOB", "--rank", "0"])   # as %distrun logs does
+
+Exit codes: 0 done, 1 the job or a node is not well, 2 bad input, 130 interrupted.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from collections.abc import Sequence
+
+from jupyter_dist.backends import inventory_backend
+from jupyter_dist.describe import (
+    INSPECT_COLUMNS,
+    duration,
+    inspect_rows,
+    job_size,
+    job_summary,
+    tf_configs,
+)
+from jupyter_dist.diagnose.meters import mib, summarize
+from jupyter_dist.diagnose.stacks import METHODS as STACK_METHODS
+from jupyter_dist.diagnose.stacks import StackDump
+from jupyter_dist.errors import DistrunError
+from jupyter_dist.events import FINAL_STATES
+from jupyter_dist.nodes import load_inventory
+from jupyter_dist.options import BY_NAME
+from jupyter_dist.run.requests import (
+    effective_state,
+    request_cancel,
+    request_stacks,
+    wait_until_ended,
+)
+from jupyter_dist.store import JobStore, natural_order
+
+EXIT_OK, EXIT_FAILED, EXIT_USAGE, EXIT_INTERRUPTED = 0, 1, 2, 130
+
+
+def add_parsers(sub: argparse._SubParsersAction, common: argparse.ArgumentParser) -> None:
+    """The job commands' parsers, under `sub`; `common` holds the options every command
+    takes (--store)."""
+    nodes = sub.add_parser("nodes", parents=[common], help="attached nodes and their health")
+    nodes_file = BY_NAME["nodes_file"]
+    nodes.add_argument(*nodes_file.flags(), **nodes_file.argparse_kwargs())
+    nodes.add_argument("--trust", metavar="NAME", help="record NAME's host key in known_hosts")
+
+    jobs = sub.add_parser("jobs", parents=[common], help="list jobs in the store, newest first")
+    jobs.add_argument("--json", action="store_true", help="a JSON list of every job's status")
+
+    inspect = sub.add_parser("inspect", parents=[common], help="who is who in a job")
+    inspect.add_argument("job", help="job id (or a unique prefix)")
+
+    cancel = sub.add_parser(
+        "cancel", parents=[common], help="stop a running job on every node (from anywhere)"
+    )
+    cancel.add_argument("job", help="job id (or a unique prefix)")
+    cancel.add_argument(
+        "--wait", type=float, default=30.0, metavar="SECONDS",
+        help="how long to wait for every process to stop (default 30; 0: do not wait)",
+    )  # fmt: skip
+
+    stacks = sub.add_parser(
+        "stacks", parents=[common], help="every rank's Python stack, grouped (a hung job)"
+    )
+    stacks.add_argument("job", help="job id (or a unique prefix)")
+    stacks.add_argument(
+        "--method", choices=STACK_METHODS, default="auto",
+        help="how stacks are read: py-spy where a node has it, else faulthandler (default: auto)",
+    )  # fmt: skip
+    stacks.add_argument(
+        "--last", action="store_true", help="print the last stacks taken; ask nobody"
+    )
+    stacks.add_argument("--brief", action="store_true", help="one line per group of ranks")
+    stacks.add_argument("--json", action="store_true", help="the dump as JSON")
+    stacks.add_argument(
+        "--timeout", type=float, default=60.0, metavar="SECONDS",
+        help="how long to wait for the job's owner to answer (default 60)",
+    )  # fmt: skip
+
+    logs = sub.add_parser("logs", parents=[common], help="print a job's stored output")
+    logs.add_argument("job", help="job id (or a unique prefix)")
+    logs.add_argument("--rank", type=int, help="only this rank")
+    logs.add_argument("--process", help="only this process or log key (worker-1, mpirun)")
+    logs.add_argument("--stream", choices=("stdout", "stderr", "both"), default="both")
+    logs.add_argument("--timestamps", action="store_true", help="show each line's time")
+    logs.add_argument("--cell", type=int, help="a session's job: only this cell's output")
+
+
+METER_COLUMNS = ("rank", "cpu avg", "cpu peak", "memory avg", "memory peak")
+# A table of its own (80 columns hold neither table's cells whole beside the other's), shown
+# where nvidia-smi read any GPU memory held.
+GPU_METER_COLUMNS = ("rank", "gpu avg", "gpu peak", "gpu memory peak")
+
+
+def meter_rows(plan, samples: list[dict]) -> list[dict]:
+    """The inspect table of what each rank used (diagnose/meters.py), in rank order; processes
+    that carry no rank (TensorFlow tasks, a Dask scheduler) by their own label."""
+    labels = {p.name: p.label for p in plan.processes}
+    launchers = {p.name for p in plan.processes if len(p.ranks) > 1}
+    rows = []
+    for found in sorted(summarize(samples), key=lambda f: natural_order(f.key)):
+        if found.key in launchers:
+            continue  # its ranks have rows of their own
+        label = labels.get(found.key) or found.key.replace("-", " ")
+        rows.append({
+            "rank": label, "cpu avg": f"{found.cpu_avg:.0f}%", "cpu peak": f"{found.cpu_peak:.0f}%",
+            "memory avg": mib(found.rss_avg), "memory peak": mib(found.rss_peak),
+            "gpu avg": _percent(found.gpu_avg), "gpu peak": _percent(found.gpu_peak),
+            "gpu memory peak": "" if found.gpu_memory_peak is None else mib(found.gpu_memory_peak),
+        })  # fmt: skip
+    return rows
+
+
+def _percent(share: float | None) -> str:
+    return "" if share is None else f"{share:.0f}%"
+
+
+def print_checks(plan) -> None:
+    """What stands out in the plan (plan/parity.py), one line each."""
+    from jupyter_dist.plan.parity import describe, parity_notes
+
+    checks = describe(parity_notes(plan))
+    if checks:
+        print(checks)
+
+
+def print_table(
+    rows: list[dict],
+    columns: Sequence[str],
+    title: str = "",
+    whole: Sequence[str] = (),
+    console=None,
+) -> None:
+    """A table of the columns that have a value. Columns in `whole` are never wrapped (ids
+    that must stay copyable); with them, the last column takes the width that is left and
+    is cut short with an ellipsis. Other columns fold."""
+    from rich.console import Console
+    from rich.table import Table
+
+    shown = [c for c in columns if any(str(r.get(c, "")) for r in rows)]
+    table = Table(title=title or None, expand=bool(whole))
+    for column in shown:
+        name = column.replace("_", " ")
+        if column in whole:
+            width = max(len(str(r.get(column, ""))) for r in rows)
+            table.add_column(name, no_wrap=True, min_width=width)
+        elif whole and column == shown[-1]:
+            table.add_column(name, no_wrap=True, overflow="ellipsis", ratio=1, min_width=8)
+        elif whole:
+            table.add_column(name, no_wrap=True, overflow="ellipsis")
+        else:
+            table.add_column(name, overflow="fold")
+    for row in rows:
+        table.add_row(*(str(row.get(c, "")) for c in shown))
+    (console or Console()).print(table)
+
+
+def cmd_nodes(args: argparse.Namespace, store: JobStore) -> int:
+    inventory = load_inventory(args.nodes_file)
+    if inventory.is_local:
+        print("no node inventory: jobs run on local nodes (this machine)", file=sys.stderr)
+        return EXIT_OK
+    backend = inventory_backend(inventory)
+    if args.trust:
+        (node,) = inventory.select(1, [args.trust], workdir="")
+        print(f"trusted {node.name} ({node.host}): {backend.trust(node)}")
+        return EXIT_OK
+    rows = [
+        {
+            "node": h.name, "host": h.host if h.port is None else f"{h.host}:{h.port}",
+            "status": h.status,
+            "latency": "" if h.latency_ms is None else f"{h.latency_ms:.0f} ms",
+            "python": h.python or "", "hostname": h.hostname or "",
+            "gpus": "" if h.gpus is None else str(h.gpus), "problem": h.problem or "",
+        }
+        for h in backend.health(list(inventory.nodes))
+    ]  # fmt: skip
+    print_table(rows, list(rows[0]), title=f"nodes in {inventory.source}")
+    return EXIT_OK if all(r["status"] == "ok" for r in rows) else EXIT_FAILED
+
+
+def cmd_jobs(args: argparse.Namespace, store: JobStore) -> int:
+    statuses = [record.status() for record in store.jobs()]
+    if args.json:
+        for st in statuses:
+            st["state"] = effective_state(st)
+        print(json.dumps(statuses, indent=1))
+        return EXIT_OK
+    from rich.console import Console
+
+    console = Console()
+    # Narrow terminals get the columns that matter most; ids are never wrapped.
+    medium, wide = console.width >= 120, console.width >= 160
+    now = time.time()
+    rows = []
+    for job in map(job_summary, statuses):
+        started = job["started"]
+        row = {"job": job["job_id"], "name": job["name"], "state": job["state"]}
+        if medium:
+            row |= {"type": job["type"], "size": job_size(job)}
+        if wide:
+            row |= {
+                "nodes": ",".join(job["nodes"]),
+                "started": time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(started))
+                if started
+                else "",
+            }
+        row |= {"took": duration(started, job["ended"], now), "root cause": job["root_cause"] or ""}
+        rows.append(row)
+    if not rows:
+        print(f"no jobs in {store.root}", file=sys.stderr)
+        return EXIT_OK
+    print_table(rows, list(rows[0]), whole=("job",), console=console)
+    return EXIT_OK
+
+
+def cmd_inspect(args: argparse.Namespace, store: JobStore) -> int:
+    from jupyter_dist.plan import LaunchPlan
+
+    record = store.get(args.job)
+    plan = LaunchPlan.from_dict(record.plan())
+    status = record.status()
+    title = f"job {record.job_id} ({plan.job_type}, {effective_state(status)})"
+    print_table(inspect_rows(plan, status), INSPECT_COLUMNS, title=title)
+    configs = tf_configs(plan)
+    if configs:
+        print(configs)
+    print_checks(plan)
+    meters = meter_rows(plan, record.usage())
+    if meters:
+        print()
+        print_table(meters, METER_COLUMNS, title="What each rank used (sampled every 5 s)")
+    on_gpus = [row for row in meters if row["gpu memory peak"]]
+    if on_gpus:
+        print()
+        print_table(on_gpus, GPU_METER_COLUMNS, title="What each rank used on GPUs")
+    stacks = record.last_stacks()
+    if stacks:  # the latest dump, one line per group (all of it: `stacks --last`)
+        print()
+        print(StackDump.from_dict(stacks).format(detail=False))
+    return EXIT_OK
+
+
+def cmd_cancel(args: argparse.Namespace, store: JobStore) -> int:
+    record = store.get(args.job)
+    state = request_cancel(record, reason="cancelled from the command line")
+    if state in FINAL_STATES:
+        print(f"job {record.job_id} already ended: {state}", file=sys.stderr)
+        return EXIT_OK
+    if args.wait <= 0:
+        print(f"asked job {record.job_id} to stop", file=sys.stderr)
+        return EXIT_OK
+    state = wait_until_ended(record, args.wait)
+    if state not in FINAL_STATES:
+        print(
+            f"job {record.job_id} is still {state} after {args.wait:g} s; "
+            "its owner has been asked to stop it",
+            file=sys.stderr,
+        )
+        return EXIT_FAILED
+    print(f"job {record.job_id}: {state}", file=sys.stderr)
+    return EXIT_OK
+
+
+def cmd_stacks(args: argparse.Namespace, store: JobStore) -> int:
+    record = store.get(args.job)
+    if args.last:
+        dump = record.last_stacks()
+        if dump is None:
+            raise DistrunError(f"no stacks were taken of job {record.job_id}")
+    else:
+        dump = request_stacks(record, args.method, args.timeout)
+    if args.json:
+        print(json.dumps(dump, indent=1))
+    else:
+        print(StackDump.from_dict(dump).format(detail=not args.brief))
+    return EXIT_OK
+
+
+def cmd_logs(args: argparse.Namespace, store: JobStore) -> int:
+    record = store.get(args.job)
+    keys = record.log_keys()
+    if args.rank is not None:
+        wanted = [f"rank-{args.rank}"]
+    elif args.process:
+        wanted = [args.process]
+    else:
+        wanted = keys
+    unknown = [k for k in wanted if k not in keys]
+    if unknown:
+        raise DistrunError(
+            f"job {record.job_id} has no log for {unknown[0]!r} (logs: {', '.join(keys) or 'none'})"
+        )
+    if args.cell is not None:
+        cells = sorted({cell for key in wanted for cell in record.cells(key)})
+        if args.cell not in cells:
+            raise DistrunError(
+                f"job {record.job_id} has no cell {args.cell} ("
+                + (f"its cells: {cells[0]}-{cells[-1]})" if cells else "it is not a session)")
+            )
+    streams = ("stdout", "stderr") if args.stream == "both" else (args.stream,)
+    prefix_each = len(wanted) > 1
+    out = []
+    for ts, key, _stream, text in record.read_logs(wanted, streams, cell=args.cell):
+        stamp = f"{ts} " if args.timestamps else ""
+        label = f"[{key}] " if prefix_each else ""
+        if "\r" in text:  # a progress bar: its last state, as a terminal shows it
+            text = text.rstrip("\r").rsplit("\r", 1)[-1]
+        out.append(f"{stamp}{label}{text}\n")
+    sys.stdout.write("".join(out))
+    return EXIT_OK
+
+
+COMMANDS = {
+    "nodes": cmd_nodes, "jobs": cmd_jobs, "logs": cmd_logs, "inspect": cmd_inspect,
+    "cancel": cmd_cancel, "stacks": cmd_stacks,
+}  # fmt: skip
+
+
+def run_command(args: argparse.Namespace) -> int:
+    """Run the parsed command `args.command` on the store `args.store` names (else the
+    default one): its exit code, with a DistrunError printed as one line (2)."""
+    store = JobStore(args.store) if args.store else JobStore()
+    try:
+        return COMMANDS[args.command](args, store)
+    except DistrunError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return EXIT_USAGE
+    except KeyboardInterrupt:
+        return EXIT_INTERRUPTED
+    except BrokenPipeError:
+        return EXIT_OK
+
+
+def main(argv: Sequence[str], prog: str = "%distrun") -> int:
+    """One job command, parsed from `argv` (argparse's SystemExit on --help or bad
+    arguments, as a terminal's would)."""
+    parser = argparse.ArgumentParser(prog=prog, add_help=True)
+    common = argparse.ArgumentParser(add_help=False)
+    common.add_argument(
+        "--store", metavar="DIR", help="job store folder (default: $DISTRUN_HOME/jobs)"
+    )
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+    sub.required = True
+    add_parsers(sub, common)
+    return run_command(parser.parse_args(argv))
