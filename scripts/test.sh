@@ -1,12 +1,28 @@
 #!/usr/bin/env bash
-# The whole test suite, on a fresh machine: installs what it needs, lints, runs pytest.
-# Extra arguments go to pytest (e.g. scripts/test.sh -k spec).
+# The whole test suite, on a fresh machine: installs what it needs, lints, runs Jest
+# and pytest. Extra arguments go to pytest (e.g. scripts/test.sh -k spec).
+#   scripts/test.sh            everything, as CI runs it
+#   scripts/test.sh --quick    lint, Jest and every test that needs no test cluster (sshd
+#                              nodes, Slurm), browser or Horovod build and is not marked slow:
+#                              the loop while you work (about a minute on 2 cores)
 set -euo pipefail
 cd "$(dirname "$0")/.."
-scripts/setup.sh --test
+quick=0
+if [[ "${1:-}" == "--quick" ]]; then
+    quick=1
+    shift
+fi
+# The quick loop sets up only on a machine that has never been (the set-up checks a lot).
+if [[ $quick -eq 0 ]] || ! .venv/bin/python -c "import jupyter_dist, pytest" 2>/dev/null; then
+    scripts/setup.sh --test
+fi
 .venv/bin/ruff check .
 .venv/bin/ruff format --check .
 # The lab extension's TypeScript units (Jest); node_modules came with the extension build.
 [[ -d node_modules ]] || npm ci --no-audit --no-fund
 npx --no-install jest --silent
+if [[ $quick -eq 1 ]]; then
+    # The marks come from the fixtures a test uses, and `slow` (tests/conftest.py).
+    exec .venv/bin/python -m pytest -m "not (ssh or slurm or browser or horovod or slow)" "$@"
+fi
 exec .venv/bin/python -m pytest "$@"

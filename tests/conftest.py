@@ -1,4 +1,4 @@
-"""Shared fixtures."""
+"""Shared fixtures, and the marks every test gets from what it uses."""
 
 from __future__ import annotations
 
@@ -7,6 +7,55 @@ from pathlib import Path
 import pytest
 
 from jupyter_dist.store import JobStore
+
+# A test that uses one of these fixtures (directly or through another fixture) gets the
+# mark, so `-m "not ssh"` leaves it out without anyone remembering to mark it by hand.
+MARK_BY_FIXTURE = {
+    "ssh_cluster": "ssh",
+    "slurm_cluster": "slurm",
+    "lab": "browser",
+}
+# Whole modules that need what no fixture names: a browser, Horovod's build.
+MARK_BY_MODULE = {
+    "test_lab": "browser",
+    "test_notebook7": "browser",
+    "test_horovod": "horovod",
+}
+# What `scripts/test.sh --quick` leaves out: the test clusters, the browser, Horovod, and
+# the tests marked `slow` by hand (each takes 1.5 s or more here: real framework jobs, kernels
+# that wait on purpose, wheel builds).
+QUICK_LEAVES_OUT = ("ssh", "slurm", "browser", "horovod", "slow")
+QUICK_EXPRESSION = "not (" + " or ".join(QUICK_LEAVES_OUT) + ")"
+SLOW_S = 1.5
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    for item in items:
+        fixtures = set(getattr(item, "fixturenames", ()))
+        marks = {mark for name, mark in MARK_BY_FIXTURE.items() if name in fixtures}
+        module = item.module.__name__ if getattr(item, "module", None) else ""
+        if module in MARK_BY_MODULE:
+            marks.add(MARK_BY_MODULE[module])
+        for mark in sorted(marks - {m.name for m in item.iter_markers()}):
+            item.add_marker(mark)
+
+
+_unmarked_slow: list[tuple[str, float]] = []
+
+
+def pytest_runtest_logreport(report: pytest.TestReport) -> None:
+    """In the quick loop, note each test that took SLOW_S or more: it belongs in the full
+    run only (mark it slow), or the loop stops being quick."""
+    if report.when == "call" and report.duration >= SLOW_S and report.passed:
+        _unmarked_slow.append((report.nodeid, report.duration))
+
+
+def pytest_terminal_summary(terminalreporter, exitstatus: int, config: pytest.Config) -> None:
+    if config.getoption("markexpr", "") != QUICK_EXPRESSION or not _unmarked_slow:
+        return
+    terminalreporter.section("slow tests in the quick loop")
+    for nodeid, seconds in sorted(_unmarked_slow, key=lambda found: -found[1]):
+        terminalreporter.write_line(f"{seconds:5.1f} s  {nodeid}: mark it @pytest.mark.slow")
 
 
 @pytest.fixture

@@ -179,3 +179,10 @@ def test_the_repository_root_holds_only_what_it_should():
     entries = {path.split("/", 1)[0] for path in tracked.split("\0") if path}
     assert entries - ROOT_ENTRIES == set(), "unexpected files at the repository root"
     assert "jupyter_dist" in entries  # git answered for this checkout
+
+
+def test_the_quick_loop_leaves_out_what_conftest_says():
+    """scripts/test.sh --quick selects with the expression the quick loop's report knows."""
+    from conftest import QUICK_EXPRESSION
+
+    assert f'-m "{QUICK_EXPRESSION}"' in (ROOT / "scripts" / "test.sh").read_text()

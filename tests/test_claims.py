@@ -12,6 +12,8 @@ import sys
 import threading
 import time
 
+import pytest
+
 from jupyter_dist.errors import DistrunError
 from jupyter_dist.run.claims import PortClaims, Wanted
 from jupyter_dist.run.launch import launch
@@ -49,6 +51,7 @@ def _start(store, port: int, outcomes: list, i: int) -> None:
         outcomes[i] = exc
 
 
+@pytest.mark.slow
 def test_ten_rounds_of_two_jobs_on_one_fixed_port_one_runs_one_is_refused(store):
     for _ in range(10):  # both jobs start at once
         port = _free_port()

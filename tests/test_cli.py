@@ -11,6 +11,7 @@ import textwrap
 import time
 from pathlib import Path
 
+import pytest
 from helpers import LONG_JOB, job_processes, run_cli, run_command_line, start_cli_run
 
 
@@ -102,6 +103,7 @@ def test_run_a_tensorflow_job_prefixes_lines_by_role(tmp_path: Path, store):
     ]
 
 
+@pytest.mark.slow
 def test_jobs_and_logs_read_the_store(tmp_path: Path, store):
     spec = _write(
         tmp_path,
@@ -213,6 +215,7 @@ def test_inspect_shows_every_process_with_status_and_tf_config(tmp_path: Path, s
     assert '"type": "ps"' in shown.stdout
 
 
+@pytest.mark.slow
 def test_plan_and_inspect_say_what_would_make_ranks_collide(tmp_path: Path, store):
     """Environment parity before launch: unset OMP_NUM_THREADS under mpirun, ranks sharing
     the one visible GPU (a node's GPU count: test_plan); a plain pytorch job says nothing."""

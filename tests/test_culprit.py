@@ -56,6 +56,7 @@ def _spec(kind: str, **extra):
     }))  # fmt: skip
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("kind", ["raise", "sigkill", "torchrun", "mpirun"])
 def test_the_root_cause_names_the_rank_that_failed_every_time(kind, store):
     named = []
@@ -77,6 +78,7 @@ def test_the_root_cause_names_the_rank_that_failed_every_time(kind, store):
     assert named == [1] * RUNS
 
 
+@pytest.mark.slow
 def test_a_victim_seen_failing_first_is_not_the_culprit(store, tmp_path):
     """Rank 1 raises, but its shell holds its exit back 3 s: its peers' "Connection closed
     by peer" failures are seen first and start the stop. The culprit is still rank 1, and

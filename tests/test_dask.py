@@ -134,6 +134,7 @@ def test_a_scheduler_port_in_use_is_a_clear_error(store):
     assert store.jobs() == []  # nothing was recorded, nothing started
 
 
+@pytest.mark.slow
 def test_a_dask_job_with_code_runs_it_against_the_cluster_then_stops_it(store):
     """The command runs on node 0 with DASK_SCHEDULER_ADDRESS once every worker is there;
     when it ends the cluster is stopped and the job has succeeded."""
@@ -178,6 +179,7 @@ def _start_cluster_in_kernel(kc) -> str:
     return text.split("(job ")[1].split(")")[0]
 
 
+@pytest.mark.slow
 def test_kernel_shutdown_stops_the_cluster(kernel_env):
     km, kc = start_new_kernel(kernel_name="python3")
     try:
@@ -191,6 +193,7 @@ def test_kernel_shutdown_stops_the_cluster(kernel_env):
     assert status["state"] == "succeeded" and status["message"] == "the kernel exited"
 
 
+@pytest.mark.slow
 def test_a_cluster_whose_scheduler_dies_closes_its_client(kernel_env):
     """The scheduler killed (as the OOM killer would): the job fails and stops the workers;
     the kernel's client gives up within seconds (it was made with a short connect timeout,
@@ -245,6 +248,7 @@ def test_magic_errors_are_one_line(kernel_env):
     assert stream_text(nb.cells[5]).startswith("No Dask cluster is running")
 
 
+@pytest.mark.slow
 def test_a_dask_cell_with_code_runs_on_node_0_against_the_cluster(kernel_env):
     nb = execute_notebook(
         "%%distrun --type dask --nodes 2 --threads 1\n"

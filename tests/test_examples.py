@@ -15,6 +15,7 @@ from nbclient import NotebookClient
 from jupyter_dist.store import JobStore
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(
     "name",
     [
@@ -64,6 +65,7 @@ def test_example_notebook_runs(name, tmp_path, monkeypatch):
         assert text.count("allreduce gives 10") == 4 and "127.0.0.1 slots=4" in text
 
 
+@pytest.mark.slow
 def test_the_demo_runs_the_notebook_and_prints_no_warning(tmp_path):
     """The README's main command runs scripts/demo.py after the set-up: every rank's lines,
     the job's outcome, and nothing the user did not cause (no warning, no traceback)."""

@@ -506,6 +506,7 @@ def _assert_ranks(ranks: list[dict], nodes: int, per_node: int, port: int) -> No
         assert env["MASTER_ADDR"] == "127.0.0.1" and env["MASTER_PORT"] == str(port)
 
 
+@pytest.mark.slow
 @pytest.mark.torch
 @pytest.mark.parametrize("launcher", ["per_process", "torchrun"])
 def test_a_pytorchjob_gives_every_rank_our_variables_from_what_the_operator_sets(
@@ -539,6 +540,7 @@ def test_a_pytorchjob_gives_every_rank_our_variables_from_what_the_operator_sets
     _assert_ranks(ranks, nodes=2, per_node=2, port=port)
 
 
+@pytest.mark.slow
 @pytest.mark.torch
 def test_a_jobset_runs_one_indexed_pod_per_node_reaching_node_0_by_its_dns_name(tmp_path):
     port = _free_port()
@@ -666,6 +668,7 @@ def _sky_check(path: Path) -> subprocess.CompletedProcess:
     )  # fmt: skip
 
 
+@pytest.mark.slow
 @pytest.mark.torch
 def test_a_skypilot_task_passes_skypilots_loader_and_its_run_gives_every_rank_our_variables(
     tmp_path,
@@ -688,6 +691,7 @@ def test_a_skypilot_task_passes_skypilots_loader_and_its_run_gives_every_rank_ou
     _assert_ranks(_run_pods(nodes, tmp_path), nodes=2, per_node=2, port=port)
 
 
+@pytest.mark.slow
 def test_skypilots_loader_refuses_a_typo_and_takes_gpus_and_an_image(tmp_path):
     spec = parse_spec(
         "command: python train.py\nresources: {instance_count: 2}\n"

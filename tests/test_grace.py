@@ -62,6 +62,7 @@ def _saved_once(folder: Path, ranks: list[int]) -> None:
         assert (folder / f"rank-{rank}.txt").read_text() == "term\nsaved\n", rank
 
 
+@pytest.mark.slow
 def test_a_cancelled_rank_under_a_shell_saves_its_work_in_the_grace_period(saver, store):
     job = launch(_spec(f"{sys.executable} saver.py {saver}"), store=store, cwd=saver)
     _wait_for([saver / "ready-0", saver / "ready-1"])
@@ -72,6 +73,7 @@ def test_a_cancelled_rank_under_a_shell_saves_its_work_in_the_grace_period(saver
     assert job_processes(job.job_id) == []
 
 
+@pytest.mark.slow
 def test_when_a_peer_fails_the_others_still_save_their_work(saver, store):
     command = (
         f'if [ "$RANK" = 1 ]; then while [ ! -e {saver}/ready-0 ]; do sleep 0.1; done; '
@@ -84,6 +86,7 @@ def test_when_a_peer_fails_the_others_still_save_their_work(saver, store):
     _saved_once(saver, [0])
 
 
+@pytest.mark.slow
 def test_a_rank_that_ignores_sigterm_is_killed_when_the_grace_period_ends(store):
     job = launch(_spec("trap '' TERM; echo READY; while true; do sleep 0.1; done", grace=2,
                        ranks=1), store=store)  # fmt: skip
@@ -101,6 +104,7 @@ def test_a_rank_that_ignores_sigterm_is_killed_when_the_grace_period_ends(store)
     assert job_processes(job.job_id) == []
 
 
+@pytest.mark.slow
 def test_an_interrupted_cell_gives_its_ranks_the_grace_period(saver):
     with running_kernel() as (km, kc):
         msg_id = kc.execute(

@@ -85,6 +85,7 @@ def test_a_cell_runs_as_python_would_run_it_as_a_script(kernel_env):
     assert "squares [1, 4, 9]" in text
 
 
+@pytest.mark.slow
 def test_real_ddp_in_a_cell(kernel_env):
     nb = execute_notebook(
         "%%distrun --nodes 2 --procs-per-node 2 --env OMP_NUM_THREADS=1\n"
@@ -130,6 +131,7 @@ def test_dry_run_shows_spec_plan_and_tf_config(kernel_env):
     assert not kernel_env.exists() or os.listdir(kernel_env) == []
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(
     ("line", "message"),
     [
@@ -149,6 +151,7 @@ def test_bad_options_give_one_line(kernel_env, line, message):
     assert message in info.value.evalue and "\n" not in info.value.evalue.strip()
 
 
+@pytest.mark.slow
 def test_line_commands(kernel_env, tmp_path):
     spec = tmp_path / "job.yml"
     spec.write_text("command: echo from $RANK\nresources: {instance_count: 2}\n")

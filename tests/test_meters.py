@@ -73,6 +73,7 @@ WORK = (
 )
 
 
+@pytest.mark.slow
 def test_inspect_prints_what_each_rank_used(store, tmp_path, fake_gpus):
     (tmp_path / "work.py").write_text(WORK)
     spec = parse_spec(
@@ -120,6 +121,7 @@ def test_a_failing_nvidia_smi_is_asked_once_and_reports_nothing(fake_gpus):
     assert gpus.program is None  # given up for this agent
 
 
+@pytest.mark.slow
 def test_the_live_view_sends_each_ranks_cpu_and_memory(kernel_env, fake_gpus):
     nb = execute_notebook(
         "%config DistrunMagics.view = 'widget'",

@@ -30,6 +30,7 @@ def test_mpi_allreduce_with_azure_variables(store):
     assert job_processes(record.job_id) == []
 
 
+@pytest.mark.slow
 def test_a_failing_mpi_rank_is_the_root_cause(store):
     script = (
         "import os, sys, time\n"

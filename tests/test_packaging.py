@@ -32,6 +32,7 @@ def dist(tmp_path_factory) -> Path:
     return out
 
 
+@pytest.mark.slow
 def test_wheel_and_sdist_carry_the_built_lab_extension_and_the_license(dist: Path):
     (wheel,) = dist.glob("jupyter_dist-*.whl")
     with zipfile.ZipFile(wheel) as archive:
@@ -56,6 +57,7 @@ def test_wheel_and_sdist_carry_the_built_lab_extension_and_the_license(dist: Pat
     assert not any("/node_modules/" in m for m in members)
 
 
+@pytest.mark.slow
 def test_the_wheel_installs_into_a_fresh_jupyterlab_without_node(dist: Path, tmp_path: Path):
     (wheel,) = dist.glob("jupyter_dist-*.whl")
     venv = tmp_path / "venv"
@@ -83,6 +85,7 @@ def test_the_wheel_installs_into_a_fresh_jupyterlab_without_node(dist: Path, tmp
     assert (venv / "share/jupyter/labextensions/jupyter-dist/static/style.js").is_file()
 
 
+@pytest.mark.slow
 def test_both_extensions_are_enabled_in_the_environment():
     lab = subprocess.run(
         [str(BIN / "jupyter"), "labextension", "list"], capture_output=True, text=True

@@ -334,6 +334,7 @@ def test_a_serving_task_that_ends_cleanly_does_not_end_the_job(store):
     }  # fmt: skip
 
 
+@pytest.mark.slow
 def test_usage_reports_never_touch_the_output_and_carry_each_ranks_memory(store, tmp_path):
     """Each node agent reports its tree's usage on stderr once a second, in the middle of
     the ranks' own unfinished lines: the stored output is byte for byte what the ranks

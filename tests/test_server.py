@@ -293,6 +293,7 @@ async def test_the_job_detail_masks_secret_values(jp_fetch, home, tmp_path):
     assert "HF_TOKEN: '****'" in job["spec"] and "visible" in text
 
 
+@pytest.mark.slow
 async def test_nodes_usage_sums_the_running_jobs_processes_per_node(jp_fetch, home, tmp_path):
     """The sidebar's sparklines: node 0's rank spins, node 1's sleeps; a node's CPU and
     memory come from its agents' stored reports, and an ended job's are not shown."""

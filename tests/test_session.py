@@ -41,6 +41,7 @@ CELL_3 = (
 )
 
 
+@pytest.mark.slow
 def test_state_persists_across_cells_and_a_failing_rank_fails_only_its_cell(kernel_env):
     home = str(kernel_env.parent)
     nb = execute_notebook(
@@ -172,6 +173,7 @@ def test_a_session_across_ssh_nodes_keeps_its_process_group(ssh_nodes, kernel_en
         assert f"[rank {rank}] {rank} node{rank // 2} 6.0" in text, text
 
 
+@pytest.mark.slow
 def test_values_in_and_out_and_a_cell_on_some_ranks(kernel_env):
     nb = execute_notebook(
         "%distrun session start --nodes 2 --procs-per-node 2",
@@ -215,6 +217,7 @@ def test_a_killed_kernel_leaves_no_rank_behind(kernel_env):
             time.sleep(0.2)
 
 
+@pytest.mark.slow
 def test_an_interrupt_while_ranks_hang_in_a_collective_breaks_the_session(kernel_env):
     """Ranks 1-3 wait in an all_reduce rank 0 never joins: SIGINT cannot reach them inside
     gloo, so after the grace period the session is broken, and nothing is left."""

@@ -36,6 +36,7 @@ def _assert_clean(outcome) -> None:
     assert dict(outcome.left) == {}, f"left running: {dict(outcome.left)}"
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(
     "scenario", ["ctrl-c", "launcher-sigkill", "cancel", "kernel-sigkill", "fail-fast"]
 )
@@ -43,6 +44,7 @@ def test_nothing_is_left_on_local_nodes(scenario, tmp_path):
     _assert_clean(soak.run_trial(scenario, LOCAL, tmp_path, _env(tmp_path)))
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("scenario", ["launcher-sigkill", "cancel"])
 def test_without_a_cgroup_the_agent_adopts_what_daemonizes(scenario, tmp_path):
     """The fallback: the agent is its tree's child subreaper, so even a daemon with a

@@ -75,6 +75,7 @@ def _assert_hang_grouped(dump: StackDump, method: str, nodes: tuple[str, str]) -
     assert f"read with {method}" in text.splitlines()[0] or "and" in text.splitlines()[0]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(
     ("launcher", "method"),
     [("per_process", "faulthandler"), ("per_process", "py-spy"), ("torchrun", "auto")],
@@ -104,6 +105,7 @@ def test_stacks_of_a_hung_job_on_local_nodes(launcher, method, store):
     assert "Traceback" not in ended.stderr
 
 
+@pytest.mark.slow
 def test_the_cli_asks_the_jobs_owner_from_another_process(store):
     """`jupyter distrun stacks JOB` in a terminal: the owner (this process) reads the stacks
     and hands them over through the store, all of it, with source lines."""
@@ -123,6 +125,7 @@ def test_the_cli_asks_the_jobs_owner_from_another_process(store):
         job.wait(60)
 
 
+@pytest.mark.slow
 def test_a_command_jobs_own_python_answers_the_fallback_too(store, tmp_path):
     """`python script.py` under torchrun, not a cell: the startup hook every Python of the
     job imports (its sitecustomize) registered the stack signal, so faulthandler reads
@@ -183,6 +186,7 @@ def test_a_process_jupyter_dist_did_not_wrap_is_reported_and_left_alive(store, t
         job.wait(60)
 
 
+@pytest.mark.slow
 def test_stacks_of_ranks_under_mpirun(store):
     """mpirun's ranks (found by the job id mpirun forwards), labelled by their MPI rank;
     mpirun itself is named as not Python."""
@@ -304,6 +308,7 @@ def test_an_unknown_method_is_one_line(store):
         take_stacks(lambda *a: (0, "", ""), [], "x", "gdb")
 
 
+@pytest.mark.slow
 def test_percent_distrun_stacks_from_another_kernel(kernel_env):
     """`%distrun stacks JOB` in a notebook whose kernel did not start the job (a second
     notebook beside the hung one): its owner answers through the store."""

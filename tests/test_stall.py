@@ -33,6 +33,7 @@ def _spec_file(tmp_path, script: str, **limits) -> str:
     return str(path)
 
 
+@pytest.mark.slow
 @pytest.mark.torch
 def test_a_hung_job_is_flagged_with_its_stacks_and_left_running(store, tmp_path):
     """`jupyter distrun run --stall-timeout 10`: the notice comes within 20 s of the ranks
@@ -73,6 +74,7 @@ def test_a_hung_job_is_flagged_with_its_stacks_and_left_running(store, tmp_path)
     assert job_processes(record.job_id) == []
 
 
+@pytest.mark.slow
 @pytest.mark.torch
 def test_computing_is_not_a_stall_even_while_other_ranks_wait(store):
     """Rank 0 computes for 22 s without printing; the others sleep meanwhile (waiting for
@@ -99,6 +101,7 @@ def test_computing_is_not_a_stall_even_while_other_ranks_wait(store):
     assert set(seen) == {None} and job.record.last_stacks() is None
 
 
+@pytest.mark.slow
 @pytest.mark.torch
 def test_on_stall_kill_stops_the_job_with_the_stall_as_its_cause(store):
     spec = parse_spec(yaml.safe_dump({
@@ -115,6 +118,7 @@ def test_on_stall_kill_stops_the_job_with_the_stall_as_its_cause(store):
     assert job_processes(result.job_id) == []
 
 
+@pytest.mark.slow
 def test_a_session_between_cells_is_not_stalled_but_a_quiet_cell_is(store):
     spec = parse_spec(
         "command: unused\nresources: {instance_count: 1}\nlimits: {stall_timeout: 2}\n"
@@ -186,6 +190,7 @@ def test_stall_watch_arithmetic():
     assert events[-1] == ("stall", 19.0)
 
 
+@pytest.mark.slow
 def test_a_quiet_cell_says_it_looks_stuck_in_the_notebook(kernel_env):
     """`%%distrun --stall-timeout 3` on a cell whose ranks sleep: the notice and the grouped
     stacks come out in the cell, and the cell still succeeds (flagged, never stopped)."""

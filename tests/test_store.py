@@ -87,6 +87,7 @@ def test_an_id_that_cannot_be_one_is_unknown_not_an_error(store, job_id):
         store.get(job_id)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("processes", [1, 60])  # lines under one chunk, and over many
 def test_usage_since_reads_the_end_of_a_long_file_and_gives_what_the_whole_does(
     store, monkeypatch, processes

@@ -108,6 +108,7 @@ def test_a_failing_tensorflow_worker_stops_the_job_with_the_root_cause(ssh_nodes
     assert ssh_nodes.job_processes(result.job_id) == []
 
 
+@pytest.mark.slow
 def test_the_tensorflow_example_runs_as_it_is_on_local_nodes(store):
     done = run_cli("run", str(EXAMPLES / "tensorflow_mwms.yml"), store=store, timeout=300)
     assert done.returncode == 0, done.stderr[-3000:]

@@ -27,6 +27,7 @@ def _results(store, job_id: str) -> dict[int, dict]:
     return results
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("example", ["pytorch_ddp.yml", "pytorch_ddp_torchrun.yml"])
 def test_ddp_on_two_local_nodes(example: str, store):
     done = run_cli("run", str(EXAMPLES / example), store=store, timeout=240)
@@ -51,6 +52,7 @@ def test_ddp_on_two_local_nodes(example: str, store):
     assert job_processes(job_id) == []
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("launcher", ["per_process", "torchrun"])
 def test_a_failing_rank_stops_the_job(launcher: str, store):
     spec = parse_spec(
@@ -73,6 +75,7 @@ def test_a_failing_rank_stops_the_job(launcher: str, store):
     assert job_processes(result.job_id) == []
 
 
+@pytest.mark.slow
 def test_cancel_a_torchrun_job_leaves_nothing(store):
     spec = parse_spec(
         f"command: python {SCRIPTS / 'ddp_forever.py'}\nresources: {{instance_count: 2}}\n"
@@ -120,6 +123,7 @@ def test_a_taken_master_port_fails_with_a_hint(store, tmp_path):
     ), report
 
 
+@pytest.mark.slow
 def test_a_collective_timeout_names_the_rank_that_never_arrived(store, tmp_path):
     """Rank 1 never joins the all_reduce; the others give up after the group's 3 s timeout
     (gloo's "Timed out waiting 3000ms"): the hint says a collective timed out and that

@@ -24,6 +24,7 @@ STATE = (
 )
 
 
+@pytest.mark.slow
 def test_live_view_state_messages_and_text_form(kernel_env):
     nb = execute_notebook(
         "%config DistrunMagics.view = 'widget'",
@@ -48,6 +49,7 @@ def test_live_view_state_messages_and_text_form(kernel_env):
     assert 1 <= int(messages) <= 8 * 5000 / 100  # deltas in batches, not a message per line
 
 
+@pytest.mark.slow
 def test_messages_are_rate_bounded(kernel_env):
     nb = execute_notebook(
         "%config DistrunMagics.view = 'widget'",
@@ -81,6 +83,7 @@ def test_failed_job_shows_the_root_cause_in_the_view(kernel_env):
     )
 
 
+@pytest.mark.slow
 def test_auto_picks_the_widget_under_a_jupyter_server(kernel_env, monkeypatch):
     monkeypatch.setenv("JPY_SESSION_NAME", "/work/analysis.ipynb")  # set by Jupyter Server
     nb = execute_notebook("%%distrun\nprint('hello')")
