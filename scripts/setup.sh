@@ -54,7 +54,7 @@ pip install --upgrade pip
 # jupyter_dist/labextension when it is not there yet. The `lab` extra is JupyterLab and a
 # kernel: what the demo notebook and your own notebooks need.
 if [[ $want_tests -eq 1 ]]; then
-    pip install numpy mpi4py -e ".[lab,test,tensorflow,dask]"
+    pip install numpy mpi4py -e ".[lab,test,tensorflow,dask,docs]"
 else
     pip install numpy mpi4py -e ".[lab,stacks]"
 fi

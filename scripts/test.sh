@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
-# The whole test suite, on a fresh machine: installs what it needs, lints, runs Jest
-# and pytest. Extra arguments go to pytest (e.g. scripts/test.sh -k spec).
+# The whole test suite, on a fresh machine: installs what it needs, lints, builds the docs,
+# runs Jest and pytest. Extra arguments go to pytest (e.g. scripts/test.sh -k spec).
 #   scripts/test.sh            everything, as CI runs it
 #   scripts/test.sh --quick    lint, Jest and every test that needs no test cluster (sshd
 #                              nodes, Slurm), browser or Horovod build and is not marked slow:
@@ -25,4 +25,5 @@ if [[ $quick -eq 1 ]]; then
     # The marks come from the fixtures a test uses, and `slow` (tests/conftest.py).
     exec .venv/bin/python -m pytest -m "not (ssh or slurm or browser or horovod or slow)" "$@"
 fi
+scripts/docs.sh
 exec .venv/bin/python -m pytest "$@"

@@ -84,3 +84,16 @@ def test_the_demo_runs_the_notebook_and_prints_no_warning(tmp_path):
     assert "warn" not in out.lower() and "traceback" not in out.lower(), out
     (job,) = JobStore(tmp_path / "jobs").jobs()
     assert job.status()["state"] == "succeeded" and job_processes(job.job_id) == []
+
+
+@pytest.mark.slow
+def test_the_readmes_cell_runs_as_written(kernel_env):
+    """The README's `%%distrun` cell, copied from it: four ranks greet from two nodes."""
+    from helpers import execute_notebook, stream_text
+
+    readme = (ROOT / "README.md").read_text()
+    (cell,) = re.findall(r"```python\n(%%distrun .*?)```", readme, re.S)
+    printed = stream_text(execute_notebook(cell).cells[1])
+    for rank in range(4):
+        assert f"hello from rank {rank} of 4 on {rank // 2}" in printed
+    assert re.search(r"Job \S+ succeeded", printed)

@@ -17,6 +17,7 @@ from jupyter_dist.options import (
     MAGIC,
     OPTIONS,
     LaunchOptions,
+    markdown_table,
     offered,
 )
 from jupyter_dist.spec import JOB_TYPES, MAX_NODES, MAX_PROCS_PER_NODE
@@ -132,3 +133,22 @@ def test_the_form_offers_every_option_that_applies():
     assert chosen.worker_count is None and chosen.stall_timeout is None
     form.backend.value = ""  # the slurm box hides: its values no longer count
     assert form.options().partition is None
+
+
+def test_the_docs_table_is_the_declaration():
+    """docs/options.md holds the table the declaration makes (scripts/docs.sh writes it),
+    and the README points to it."""
+    page = (ROOT / "docs" / "options.md").read_text()
+    assert markdown_table() in page
+    assert "](docs/options.md)" in (ROOT / "README.md").read_text()
+
+
+def test_the_readme_is_short_and_its_links_lead_somewhere():
+    """A newcomer's page: at most about 200 lines, every relative link to a file that is
+    there (the docs site checks its own links and anchors when it builds)."""
+    readme = (ROOT / "README.md").read_text()
+    assert len(readme.splitlines()) <= 200
+    links = re.findall(r"\]\(([^)#]+)(?:#[^)]*)?\)", readme)
+    local = [link for link in links if not link.startswith(("http://", "https://"))]
+    assert len(local) >= 15
+    assert [link for link in local if not (ROOT / link).exists()] == []
