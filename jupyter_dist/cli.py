@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import TextIO
 
 from jupyter_dist import job_commands
+from jupyter_dist.backends import declared_options
 from jupyter_dist.describe import (
     PLAN_COLUMNS,
     format_commands,
@@ -103,7 +104,7 @@ def _parser() -> argparse.ArgumentParser:
 
     def spec_options(p: argparse.ArgumentParser) -> None:
         p.add_argument("spec", metavar="SPEC.yml", help="job spec (an Azure ML command job works)")
-        add_to(p, CLI_SPEC)
+        add_to(p, CLI_SPEC, declared_options())
 
     plan = sub.add_parser(
         "plan", parents=[common], help="show every process the job would start; runs nothing"
@@ -122,7 +123,7 @@ def _parser() -> argparse.ArgumentParser:
         "run", parents=[common], help="run a job with live output, prefixed by rank"
     )
     spec_options(run)
-    add_to(run, CLI_RUN)
+    add_to(run, CLI_RUN, declared_options())
     run.add_argument(
         "--color", choices=("auto", "always", "never"), default="auto", help="colour prefixes"
     )
@@ -177,7 +178,7 @@ def _load(args: argparse.Namespace) -> JobSpec:
                 "distribution.worker_count (and parameter_server_count) instead"
             )
         overrides["process_count_per_instance"] = args.procs_per_node
-    backend = LaunchOptions.take(args).backend_section()
+    backend = LaunchOptions.take(args, declared_options()).backend_section()
     if backend:
         overrides["backend"] = backend
     return spec.with_overrides(**overrides)

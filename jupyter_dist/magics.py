@@ -27,6 +27,7 @@ from IPython.core.magic import Magics, line_cell_magic, magics_class
 from IPython.core.magic_arguments import argument, magic_arguments
 from traitlets import Int, Unicode
 
+from jupyter_dist.backends import declared_options
 from jupyter_dist.describe import (
     PLAN_COLUMNS,
     format_commands,
@@ -129,10 +130,11 @@ class QueuedPrinter(JobListener):
 
 
 def _options(func: Callable) -> Callable:
-    """The magic's arguments: every launch option declared in options.OPTIONS that the
-    magic offers, then the notebook's own (what moves values in and out of a cell, dry runs,
-    sessions, exports)."""
-    decorators = [argument(*o.flags(), **o.argparse_kwargs()) for o in offered(MAGIC)]
+    """The magic's arguments: every declared launch option (backends.declared_options)
+    that the magic offers, then the notebook's own (what moves values in and out of a cell,
+    dry runs, sessions, exports)."""
+    declared = offered(MAGIC, declared_options())
+    decorators = [argument(*o.flags(), **o.argparse_kwargs()) for o in declared]
     decorators += [
         argument("--client-name", metavar="NAME",
                  help="interactive dask cluster: the notebook variable for its Client "
@@ -244,7 +246,7 @@ class DistrunMagics(Magics):
                 raise SpecError("--push and --out need code in the cell (this cell is empty)")
             outs = _outs(args)
             pushed = pack(self.shell.user_ns, _names(args.push, "--push"))
-            spec = LaunchOptions.take(args).to_spec(cell, base_dir=os.getcwd())
+            spec = LaunchOptions.take(args, declared_options()).to_spec(cell, base_dir=os.getcwd())
             extra: dict[str, str] = {}
             if outs:  # the runner that runs the cell also saves the values asked for
                 spec = spec_from_dict(
@@ -336,7 +338,7 @@ class DistrunMagics(Magics):
             if value:
                 raise SpecError(f"{flag} applies to a cell, not to %distrun session start")
         self._configured_defaults(args)
-        spec = LaunchOptions.take(args).to_spec("", base_dir=os.getcwd())
+        spec = LaunchOptions.take(args, declared_options()).to_spec("", base_dir=os.getcwd())
         inventory = load_inventory(args.nodes_file or self.nodes_file or None)
         printer = QueuedPrinter()
         started = time.monotonic()
@@ -520,7 +522,7 @@ class DistrunMagics(Magics):
         with _one_line_errors():
             if args.push or args.out:
                 raise SpecError("--push and --out do not apply to an export (nothing runs here)")
-            spec = LaunchOptions.take(args).to_spec(cell, base_dir=os.getcwd())
+            spec = LaunchOptions.take(args, declared_options()).to_spec(cell, base_dir=os.getcwd())
             target = ExportTarget.at(
                 args.export_to,
                 stem=args.name,

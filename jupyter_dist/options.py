@@ -1,10 +1,12 @@
 """Every launch option, declared once, and the typed model of what a cell (or the form, or a
 command line) asks for.
 
-`OPTIONS` is the one declaration: each `Option` has its flag, short flag, type, help, the
-job types or backend it applies to, its bounds (the spec's own caps) and the fronts that
-offer it. The magic's arguments, the CLI's parsers and the form's controls are all built
-from it (`add_to`, `argparse_kwargs`), and `LaunchOptions.to_spec` checks against it, so
+`OPTIONS` is the one declaration of the options every job has: each `Option` has its flag,
+short flag, type, help, the job types it applies to, its bounds (the spec's own caps) and
+the fronts that offer it. A backend declares its own the same way, on its class
+(`Backend.options`, e.g. Slurm's --partition); `backends.declared_options()` is both
+together. The magic's arguments, the CLI's parsers and the form's controls are all built
+from that (`add_to`, `argparse_kwargs`), and `LaunchOptions.to_spec` checks against it, so
 an option is added, or its help changed, in one place:
 
     options = LaunchOptions(type="pytorch", nodes=2, procs_per_node=2, env=["A=1"])
@@ -17,7 +19,7 @@ names the option as the user wrote it (`--ps-count applies to tensorflow jobs on
 from __future__ import annotations
 
 import argparse
-from collections.abc import Callable, Iterable
+from collections.abc import Iterable
 from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any
@@ -28,7 +30,6 @@ from jupyter_dist.spec import (
     MAX_NODES,
     MAX_PROCS_PER_NODE,
     MAX_SECONDS,
-    SALLOC_KEYS,
     JobSpec,
     spec_from_dict,
 )
@@ -47,7 +48,8 @@ class Option:
 
     `kind` is how a value is written: "str", "int", "float", "flag" (present or not) or
     "list" (repeatable). `bounds` (low, high) are the spec's own caps for a number.
-    `job_types` empty means every type; `backend` names the backend whose option it is.
+    `job_types` empty means every type; `backend` names the backend whose option it is,
+    and `spec_key` its key in the spec's `backend:` section (default: its name).
     """
 
     name: str  # the LaunchOptions field and argparse dest: "procs_per_node"
@@ -60,6 +62,7 @@ class Option:
     job_types: tuple[str, ...] = ()
     backend: str | None = None
     fronts: frozenset[str] = _EVERYWHERE
+    spec_key: str = ""
 
     @property
     def flag(self) -> str:
@@ -90,16 +93,6 @@ class Option:
     def flags(self) -> list[str]:
         return [self.short, self.flag] if self.short else [self.flag]
 
-
-# The slurm backend's options for an allocation it asks for (the spec's `backend:` keys).
-_SLURM_HELP = {
-    "partition": ("NAME", "the partition to allocate in"),
-    "time": ("LIMIT", "the allocation's time limit, e.g. 01:00:00"),
-    "gpus_per_node": ("N", "GPUs per node"),
-    "account": ("NAME", "the account to charge"),
-    "qos": ("NAME", "quality of service"),
-    "constraint": ("FEATURES", "node features, e.g. a100"),
-}
 
 OPTIONS: tuple[Option, ...] = (
     Option("type", f"the job type: {', '.join(JOB_TYPES)} (default: pytorch)", short="-t",
@@ -140,14 +133,6 @@ OPTIONS: tuple[Option, ...] = (
     Option("backend", "where the processes run: local, ssh, slurm or an installed one; "
            "default: the spec's backend, else slurm where SLURM_JOB_ID is set, ssh with a "
            "node inventory, local without", metavar="NAME"),
-    Option("slurm_job", "run in this allocation (its job id; default: SLURM_JOB_ID's, "
-           "else a new one)", metavar="ID", backend="slurm"),
-    *(
-        Option(key, text, kind="int" if key == "gpus_per_node" else "str", metavar=metavar,
-               backend="slurm", bounds=(0, MAX_PROCS_PER_NODE)
-               if key == "gpus_per_node" else None)
-        for key, (metavar, text) in _SLURM_HELP.items()
-    ),
     Option("timeout", "stop the job after this many seconds", kind="int", metavar="SECONDS",
            bounds=(1, MAX_SECONDS), fronts=_RUN),
     Option("stall_timeout", "flag the job as stuck, with every rank's stack, once no rank "
@@ -163,32 +148,22 @@ OPTIONS: tuple[Option, ...] = (
 )  # fmt: skip
 
 BY_NAME = {option.name: option for option in OPTIONS}
-# Where an option's spec key is not its name.
-_SPEC_KEY = {"slurm_job": "job"}
-
-# Options of an allocation the slurm backend asks for: the spec's `backend:` keys (flags
-# --partition, --time, ...). `--slurm-job ID` (the key `job`) names an existing one instead.
-SLURM_OPTIONS = SALLOC_KEYS
 
 
-def offered(front: str) -> list[Option]:
-    """The options `front` offers, in declaration order."""
-    return [option for option in OPTIONS if front in option.fronts]
+def offered(front: str, declared: Iterable[Option] = OPTIONS) -> list[Option]:
+    """The options of `declared` that `front` offers, in declaration order."""
+    return [option for option in declared if front in option.fronts]
 
 
-def add_to(
-    parser: argparse.ArgumentParser | argparse._ArgumentGroup,
-    front: str,
-    add: Callable[..., Any] | None = None,
-) -> None:
-    """Add `front`'s options to an argparse parser (or call `add(*flags, **kwargs)` for
-    each, as IPython's magic_arguments wants)."""
-    for option in offered(front):
-        (add or parser.add_argument)(*option.flags(), **option.argparse_kwargs())
+def add_to(parser: argparse.ArgumentParser, front: str, declared: Iterable[Option]) -> None:
+    """Add the options of `declared` that `front` offers to an argparse parser."""
+    for option in offered(front, declared):
+        parser.add_argument(*option.flags(), **option.argparse_kwargs())
 
 
-def markdown_table(options: Iterable[Option] = OPTIONS) -> str:
-    """The options as a Markdown table (docs/options.md is this, written out)."""
+def markdown_table(options: Iterable[Option]) -> str:
+    """The options as a Markdown table (docs/options.md is backends.declared_options()'s,
+    written out)."""
     where = {MAGIC: "%%distrun", CLI_SPEC: "CLI", CLI_RUN: "CLI run", FORM: "form"}
     rows = ["| option | applies to | help | offered by |", "|---|---|---|---|"]
     for option in options:
@@ -221,20 +196,19 @@ class LaunchOptions:
     stall_timeout: int | None = None
     grace_period: int | None = None
     on_stall: str | None = None
-    backend: str | None = None  # the spec's backend section, with the options below
-    slurm_job: str | None = None  # slurm: an allocation to run in (its job id)
-    partition: str | None = None  # slurm
-    time: str | None = None  # slurm
-    gpus_per_node: int | None = None  # slurm
-    account: str | None = None  # slurm
-    qos: str | None = None  # slurm
-    constraint: str | None = None  # slurm
+    backend: str | None = None  # the spec's backend section, with the backends' options:
+    backend_options: dict[Option, Any] = field(default_factory=dict)  # declared by backends
 
     @classmethod
-    def take(cls, source: Any) -> LaunchOptions:
+    def take(cls, source: Any, declared: Iterable[Option] = OPTIONS) -> LaunchOptions:
         """The options found as attributes of `source` (an argparse namespace): each that
-        is there and not None."""
+        is there and not None, the backends' options among `declared` included."""
         found = {f.name: getattr(source, f.name, None) for f in fields(cls)}
+        found["backend_options"] = {
+            option: getattr(source, option.name)
+            for option in declared
+            if option.backend and getattr(source, option.name, None) is not None
+        }
         return cls(**{name: value for name, value in found.items() if value is not None})
 
     def to_spec(self, script: str, base_dir: Path | str, source: str = "%%distrun") -> JobSpec:
@@ -293,17 +267,19 @@ class LaunchOptions:
     def backend_section(self) -> dict[str, Any]:
         """The spec's `backend:` keys these options set ({} when none): the backend's name
         and its options (a backend's option without --backend means that backend)."""
-        own = [o for o in OPTIONS if o.backend and self._given(o)]
+        own = {o: v for o, v in self.backend_options.items() if v not in (None, False, [])}
         for option in own:
             if self.backend not in (None, option.backend):
                 raise SpecError(
                     f"{option.flag} applies to the {option.backend} backend only (this is "
                     f"{self.backend})"
                 )
-        # the spec's key for --slurm-job is `job`: the backend section is the backend's own
-        options = {_SPEC_KEY.get(o.name, o.name): getattr(self, o.name) for o in own}
+        backends = {option.backend for option in own}
+        if len(backends) > 1:
+            raise SpecError(f"options of two backends at once: {', '.join(sorted(backends))}")
+        options = {option.spec_key or option.name: value for option, value in own.items()}
         if options or self.backend:
-            return {"type": self.backend or own[0].backend, **options}
+            return {"type": self.backend or backends.pop(), **options}
         return {}
 
 

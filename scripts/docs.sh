@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # The documentation site: docs/ built by MkDocs into build/docs, warnings (a broken link or
 # anchor, a docstring it cannot read) as errors. The launch options' table in
-# docs/options.md is written from their declaration (jupyter_dist/options.py) first.
+# docs/options.md is written from their declaration (jupyter_dist/options.py and each
+# backend's own) first.
 #   scripts/docs.sh            build it
 #   scripts/docs.sh --serve    build it and serve it at http://127.0.0.1:8000 while editing
 set -euo pipefail
@@ -16,6 +17,7 @@ cd "$(dirname "$0")/.."
 .venv/bin/python - <<'PY'
 from pathlib import Path
 
+from jupyter_dist.backends import declared_options
 from jupyter_dist.options import markdown_table
 
 page = Path("docs/options.md")
@@ -24,7 +26,7 @@ start = "<!-- the table: written by scripts/docs.sh from jupyter_dist/options.py
 end = "<!-- end of the table -->\n"
 before, _, rest = text.partition(start)
 _, _, after = rest.partition(end)
-written = before + start + markdown_table() + end + after
+written = before + start + markdown_table(declared_options()) + end + after
 if written != text:
     page.write_text(written)
     print("docs/options.md: the options' table was rewritten from their declaration")

@@ -10,6 +10,7 @@ import sys
 import pytest
 from helpers import ROOT
 
+from jupyter_dist.backends import backend_class, declared_options
 from jupyter_dist.options import (
     CLI_RUN,
     CLI_SPEC,
@@ -20,7 +21,10 @@ from jupyter_dist.options import (
     markdown_table,
     offered,
 )
-from jupyter_dist.spec import JOB_TYPES, MAX_NODES, MAX_PROCS_PER_NODE
+from jupyter_dist.spec import JOB_TYPES, MAX_NODES, MAX_PROCS_PER_NODE, SALLOC_KEYS
+
+DECLARED = declared_options()
+SLURM = {option.name: option for option in backend_class("slurm").options}
 
 
 def _flat(text: str) -> str:
@@ -46,30 +50,35 @@ def test_the_cli_and_the_magic_say_the_same_of_every_option():
         capture_output=True, text=True, check=True, env={"COLUMNS": "100", "PATH": ""},
     ).stdout  # fmt: skip
     magic_help = DistrunMagics.distrun.__doc__
-    shared = [o for o in OPTIONS if MAGIC in o.fronts and {CLI_SPEC, CLI_RUN} & o.fronts]
-    assert len(shared) >= 12
+    shared = [o for o in DECLARED if MAGIC in o.fronts and {CLI_SPEC, CLI_RUN} & o.fronts]
+    assert len(shared) >= 12 and "--partition" in {o.flag for o in shared}
     for option in shared:
         expected = _flat(option.full_help)
         assert expected in _flat(cli_help), option.flag
         assert expected in _flat(magic_help), option.flag
     # and the magic offers every declared option it should, the CLI every one of its own
-    for option in offered(MAGIC):
+    for option in offered(MAGIC, DECLARED):
         assert option.flag in magic_help
-    for option in offered(CLI_SPEC) + offered(CLI_RUN):
+    for option in offered(CLI_SPEC, DECLARED) + offered(CLI_RUN, DECLARED):
         assert option.flag in cli_help
 
 
 def test_the_declaration_is_the_options_model():
-    """Every field of LaunchOptions is a declared option and the other way round; numbers
-    carry the spec's own caps."""
+    """Every field of LaunchOptions is an option every job has, and the other way round;
+    a backend's own options are its class's, each a key of the spec's backend section;
+    numbers carry the spec's own caps; no flag is declared twice."""
     from dataclasses import fields
 
-    assert {f.name for f in fields(LaunchOptions)} == {o.name for o in OPTIONS} - {"nodes_file"}
-    bounds = {o.name: o.bounds for o in OPTIONS}
+    generic = {o.name for o in OPTIONS} - {"nodes_file"} | {"backend_options"}
+    assert {f.name for f in fields(LaunchOptions)} == generic
+    assert not any(o.backend for o in OPTIONS)
+    assert {o.spec_key or o.name for o in SLURM.values()} == {"job", *SALLOC_KEYS}
+    assert [o for o in DECLARED if o.backend] == list(SLURM.values())
+    bounds = {o.name: o.bounds for o in DECLARED}
     assert bounds["nodes"] == (1, MAX_NODES)
     assert bounds["procs_per_node"] == (1, MAX_PROCS_PER_NODE)
-    assert all(o.bounds for o in OPTIONS if o.kind == "int")
-    assert len({o.flag for o in OPTIONS}) == len(OPTIONS)
+    assert all(o.bounds for o in DECLARED if o.kind == "int")
+    assert len({o.flag for o in DECLARED}) == len(DECLARED)
 
 
 @pytest.mark.parametrize(
@@ -84,13 +93,17 @@ def test_the_declaration_is_the_options_model():
 def test_to_spec_checks_what_the_declaration_says(options, error):
     from jupyter_dist.errors import SpecError
 
+    own = {SLURM[name]: options.pop(name) for name in list(options) if name in SLURM}
     with pytest.raises(SpecError, match=re.escape(error)):
-        LaunchOptions(**options).to_spec("print(1)", base_dir=ROOT)
+        LaunchOptions(**options, backend_options=own).to_spec("print(1)", base_dir=ROOT)
 
 
 def test_a_backends_option_alone_picks_its_backend():
-    assert LaunchOptions(slurm_job="12").backend_section() == {"type": "slurm", "job": "12"}
-    assert LaunchOptions(partition="gpu").backend_section() == {"type": "slurm", "partition": "gpu"}
+    """--slurm-job is the spec's `job`; a Slurm option without --backend means slurm."""
+    job = LaunchOptions(backend_options={SLURM["slurm_job"]: "12"})
+    assert job.backend_section() == {"type": "slurm", "job": "12"}
+    asked = LaunchOptions(backend_options={SLURM["partition"]: "gpu"})
+    assert asked.backend_section() == {"type": "slurm", "partition": "gpu"}
     assert LaunchOptions().backend_section() == {}
 
 
@@ -113,11 +126,11 @@ def test_the_form_offers_every_option_that_applies():
     from jupyter_dist.widgets.form import SubmitForm
 
     form = SubmitForm()
-    assert {o.name for o in offered(FORM)} == {o.name for o in OPTIONS} - {"nodes_file"}
+    assert {o.name for o in offered(FORM, DECLARED)} == {o.name for o in DECLARED} - {"nodes_file"}
     form.backend.value = "slurm"
     for job_type in JOB_TYPES:
         form.type.value = job_type
-        for option in offered(FORM):
+        for option in offered(FORM, DECLARED):
             control = form.controls[option.name]
             assert control.tooltip == option.full_help
             applies = not option.job_types or job_type in option.job_types
@@ -129,17 +142,19 @@ def test_the_form_offers_every_option_that_applies():
     form.controls["on_stall"].value = "kill"
     form.controls["worker_count"].value = 2  # hidden for dask: it does not count
     chosen = form.options()
-    assert (chosen.threads, chosen.partition, chosen.on_stall) == (3, "gpu", "kill")
+    assert (chosen.threads, chosen.on_stall) == (3, "kill")
+    assert chosen.backend_options == {SLURM["partition"]: "gpu"}
     assert chosen.worker_count is None and chosen.stall_timeout is None
     form.backend.value = ""  # the slurm box hides: its values no longer count
-    assert form.options().partition is None
+    assert form.options().backend_options == {}
+    assert not _shown(form.controls["partition"], form)
 
 
 def test_the_docs_table_is_the_declaration():
     """docs/options.md holds the table the declaration makes (scripts/docs.sh writes it),
     and the README points to it."""
     page = (ROOT / "docs" / "options.md").read_text()
-    assert markdown_table() in page
+    assert markdown_table(DECLARED) in page
     assert "](docs/options.md)" in (ROOT / "README.md").read_text()
 
 

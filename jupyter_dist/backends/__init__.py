@@ -4,11 +4,13 @@
     [project.entry-points."jupyter_dist.backends"]
     mycluster = "my_package.backend:MyClusterBackend"
 
-The class implements `jupyter_dist.backends.base.Backend`; `--backend mycluster` picks it.
+The class implements `jupyter_dist.backends.base.Backend`; `--backend mycluster` picks it,
+and the launch options it declares (`Backend.options`) are offered by every front.
 """
 
 from __future__ import annotations
 
+import functools
 import importlib
 import os
 from collections.abc import Mapping
@@ -17,6 +19,7 @@ from importlib.metadata import entry_points
 from jupyter_dist.backends.base import Backend, NodeHealth, ProcessHandle
 from jupyter_dist.errors import DistrunError
 from jupyter_dist.nodes import Inventory
+from jupyter_dist.options import OPTIONS, Option
 
 ENTRY_POINT_GROUP = "jupyter_dist.backends"
 
@@ -46,6 +49,21 @@ def backend_class(name: str) -> type[Backend]:
     return getattr(importlib.import_module(module), attribute)
 
 
+@functools.cache
+def declared_options() -> tuple[Option, ...]:
+    """Every launch option: those every job has (options.OPTIONS), then each backend's own
+    (`Backend.options`), in the registry's order. What the magic, the CLI and the form
+    offer. A backend that cannot be imported offers none (choosing it says why)."""
+    found = list(OPTIONS)
+    for name in available():
+        try:
+            own = backend_class(name).options
+        except Exception:  # a broken entry point must not take every front down with it
+            continue
+        found += [option for option in own if option.backend == name]
+    return tuple(found)
+
+
 def choose_backend(
     inventory: Inventory, name: str | None = None, environ: Mapping[str, str] = os.environ
 ) -> Backend:
@@ -67,5 +85,5 @@ def inventory_backend(inventory: Inventory) -> Backend:
 
 __all__ = [
     "Backend", "NodeHealth", "ProcessHandle", "available", "backend_class", "choose_backend",
-    "inventory_backend",
+    "declared_options", "inventory_backend",
 ]  # fmt: skip

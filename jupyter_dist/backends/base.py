@@ -21,6 +21,9 @@ and a backend may rely on that order:
 Outside a job, `health(nodes)` checks nodes for `jupyter distrun nodes` and the sidebar, and
 `trust(node)` records a node's identity (an SSH host key) for `nodes --trust`.
 
+A backend's own launch options (`options`) are declared on its class and offered by every
+front: a new backend, and its flags, is one module plus its line in the registry.
+
 `run_on_node(node, argv)` runs a short helper beside a running job (its stacks).
 
 `command_line(proc, node, grace)` is the dry run: the exact command that `start` would run
@@ -37,10 +40,11 @@ from __future__ import annotations
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Iterator
 from dataclasses import asdict, dataclass
-from typing import Any, Protocol
+from typing import Any, ClassVar, Protocol
 
 from jupyter_dist.errors import DistrunError, NodeError
 from jupyter_dist.nodes import Inventory, Node
+from jupyter_dist.options import Option
 from jupyter_dist.plan.context import PlanContext, PortRequest
 from jupyter_dist.plan.model import LaunchPlan, MpiLaunch, ProcessPlan
 from jupyter_dist.spec import JobSpec
@@ -115,6 +119,10 @@ class Backend(ABC):
 
     #: The name users choose it by (`--backend NAME`), and the registry's key.
     name: str = ""
+    #: Its own launch options, declared as every option is (options.Option, with
+    #: `backend` set to its name): the magic, the CLI and the form offer them, and their
+    #: values go into the spec's `backend:` section (`spec_key`). Slurm's --partition is one.
+    options: ClassVar[tuple[Option, ...]] = ()
 
     def acquire(self, spec: JobSpec, inventory: Inventory, workdir: str, cwd: str) -> list[Node]:
         """The job's nodes: the ones `spec.nodes` names, else the first `instance_count` of

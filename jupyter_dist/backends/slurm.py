@@ -33,12 +33,12 @@ from jupyter_dist.backends.node_ports import ports_on_nodes
 from jupyter_dist.errors import DistrunError, NodeError
 from jupyter_dist.node_side.agent import PATH_FIRST_VAR
 from jupyter_dist.nodes import Inventory, Node
-from jupyter_dist.options import SLURM_OPTIONS
+from jupyter_dist.options import Option
 from jupyter_dist.plan.context import PlanContext, PortRequest
 from jupyter_dist.plan.model import MpiLaunch, PlannedFile, ProcessPlan
 from jupyter_dist.plan.mpi import runs_ssh
 from jupyter_dist.plan.summary import counted
-from jupyter_dist.spec import JobSpec
+from jupyter_dist.spec import MAX_PROCS_PER_NODE, SALLOC_KEYS, JobSpec
 
 COMMAND_TIMEOUT_S = 60
 PENDING_POLL_S = 5.0  # how often a pending request's reason is asked again
@@ -99,12 +99,35 @@ def _slurm(*argv: str, timeout: float = COMMAND_TIMEOUT_S) -> str:
     return done.stdout
 
 
+# Its launch options: the allocation to run in, or the one it asks for (salloc's options,
+# the spec's `backend:` keys).
+_ALLOCATION_HELP = {
+    "partition": ("NAME", "the partition to allocate in"),
+    "time": ("LIMIT", "the allocation's time limit, e.g. 01:00:00"),
+    "gpus_per_node": ("N", "GPUs per node"),
+    "account": ("NAME", "the account to charge"),
+    "qos": ("NAME", "quality of service"),
+    "constraint": ("FEATURES", "node features, e.g. a100"),
+}
+SLURM_OPTIONS = (
+    Option("slurm_job", "run in this allocation (its job id; default: SLURM_JOB_ID's, else "
+           "a new one)", metavar="ID", backend="slurm", spec_key="job"),
+    *(
+        Option(key, text, kind="int" if key == "gpus_per_node" else "str", metavar=metavar,
+               backend="slurm",
+               bounds=(0, MAX_PROCS_PER_NODE) if key == "gpus_per_node" else None)
+        for key, (metavar, text) in _ALLOCATION_HELP.items()
+    ),
+)  # fmt: skip
+
+
 class SlurmBackend(LocalBackend):
     """Job steps on the nodes of a Slurm allocation: local srun processes, each carrying one
     agent to its node (so starting, the dry run, files and collecting are the local
     backend's, with srun in front)."""
 
     name = "slurm"
+    options = SLURM_OPTIONS
 
     def __init__(self, job_id: str | None = None, report=None) -> None:
         self.job_id = job_id or os.environ.get("SLURM_JOB_ID", "")
@@ -331,7 +354,7 @@ def allocation_options(spec: JobSpec, name: str = "jupyter-dist") -> list[str]:
         f"--nodes={spec.instance_count}", f"--ntasks-per-node={tasks_per_node(spec)}",
         f"--job-name={name}",
     ]  # fmt: skip
-    for flag in SLURM_OPTIONS:
+    for flag in SALLOC_KEYS:
         value = getattr(options, flag, None) if options else None
         if value is not None:
             argv.append(f"--{flag.replace('_', '-')}={value}")

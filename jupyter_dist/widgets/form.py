@@ -15,12 +15,12 @@ from typing import Any
 import ipywidgets as w
 from IPython.display import display
 
-from jupyter_dist.backends import available
+from jupyter_dist.backends import available, declared_options
 from jupyter_dist.diagnose.stall import DEFAULT_STALL_TIMEOUT_S
 from jupyter_dist.errors import DistrunError, SpecError
 from jupyter_dist.export import FORMATS, Exported, ExportTarget, export, write
 from jupyter_dist.nodes import Inventory, load_inventory
-from jupyter_dist.options import BY_NAME, FORM, SLURM_OPTIONS, LaunchOptions, Option, offered
+from jupyter_dist.options import BY_NAME, FORM, LaunchOptions, Option, offered
 from jupyter_dist.run.job import GRACE_PERIOD_S
 from jupyter_dist.spec import JOB_TYPES, JobSpec, spec_from_dict
 from jupyter_dist.widgets.live import run_with_view
@@ -106,8 +106,10 @@ class SubmitForm(w.VBox):
         else:
             inventory_problem = ""
         style = {"description_width": "140px"}
-        # Every option the form offers, declared once (options.OPTIONS); the type, the
-        # launcher and the backend have controls of their own (choices from elsewhere).
+        # Every option the form offers, declared once (options.OPTIONS, and each backend's
+        # own); the type, the launcher and the backend have controls of their own (their
+        # choices come from the job type and the registry).
+        self.declared = offered(FORM, declared_options())
         self.controls: dict[str, w.Widget] = {
             "type": w.Dropdown(options=JOB_TYPES, value="pytorch", description="type",
                                style=style, tooltip=BY_NAME["type"].full_help),
@@ -120,16 +122,20 @@ class SubmitForm(w.VBox):
                 tooltip=BY_NAME["backend"].full_help,
             ),
         }  # fmt: skip
-        for option in offered(FORM):
+        for option in self.declared:
             self.controls.setdefault(option.name, _control(option, style))
         c = self.controls
         self.type, self.launcher, self.backend = c["type"], c["launcher"], c["backend"]
         self.nodes, self.procs_per_node, self.env = c["nodes"], c["procs_per_node"], c["env"]
         self.worker_count, self.ps_count = c["worker_count"], c["ps_count"]
         self.chief, self.evaluator, self.code = c["chief"], c["evaluator"], c["code"]
-        self.timeout, self.name, self.slurm_job = c["timeout"], c["name"], c["slurm_job"]
-        self.gpus_per_node = c["gpus_per_node"]
-        self.slurm = {name: c[name] for name in SLURM_OPTIONS}
+        self.timeout, self.name = c["timeout"], c["name"]
+        # A backend's own options, shown while it is chosen.
+        self.backend_boxes = {
+            name: w.VBox([c[o.name] for o in self.declared if o.backend == name])
+            for name in dict.fromkeys(o.backend for o in self.declared if o.backend)
+        }
+        self.slurm = {o.name: c[o.name] for o in self.declared if o.backend == "slurm"}
         self.node_names = w.SelectMultiple(
             options=[n.name for n in self.inventory.nodes], description="nodes to use",
             style=style, disabled=self.inventory.is_local,
@@ -139,7 +145,6 @@ class SubmitForm(w.VBox):
                                  layout=w.Layout(width="95%", height="10em"))  # fmt: skip
         self.script_path = w.Text(placeholder="or a script file to run (python FILE)",
                                   description="script file", style=style)  # fmt: skip
-        self.slurm_box = w.VBox([self.slurm_job, *self.slurm.values()])
         self.preview = w.HTML(layout=w.Layout(width="95%"))
         self.problem = w.HTML(_problem_html(inventory_problem))
         self.submit_button = w.Button(description="Submit", button_style="primary")
@@ -171,7 +176,8 @@ class SubmitForm(w.VBox):
                 w.VBox([_heading("Distribution"), *(c[name] for name in _DISTRIBUTION),
                         self.tf_box, self.dask_box, self.node_names]),
                 w.VBox([_heading("Job"), *(c[name] for name in _JOB),
-                        _heading("Where it runs"), self.backend, self.slurm_box]),
+                        _heading("Where it runs"), self.backend,
+                        *self.backend_boxes.values()]),
             ],
             layout=w.Layout(grid_template_columns="repeat(auto-fit, minmax(380px, 1fr))",
                             grid_gap="0 24px"),
@@ -197,14 +203,16 @@ class SubmitForm(w.VBox):
         option whose control holds a value, where it applies (this job type, the backend
         chosen: a hidden control's value does not count)."""
         job_type, backend = self.type.value, self.backend.value or None
-        values: dict[str, Any] = {}
-        for option in offered(FORM):
+        values: dict[str, Any] = {"backend_options": {}}
+        for option in self.declared:
             if option.job_types and job_type not in option.job_types:
                 continue
             if option.backend and backend != option.backend:
                 continue
             value = _value(option, self.controls[option.name])
-            if value is not None:
+            if value is not None and option.backend:
+                values["backend_options"][option] = value
+            elif value is not None:
                 values[option.name] = value
         if self.node_names.value:
             values["nodes"] = len(self.node_names.value)
@@ -235,7 +243,8 @@ class SubmitForm(w.VBox):
         if list(self.launcher.options) != launchers:
             self.launcher.options = launchers
         self.launcher.disabled = not launchers
-        self.slurm_box.layout.display = None if self.backend.value == "slurm" else "none"
+        for name, box in self.backend_boxes.items():
+            box.layout.display = None if self.backend.value == name else "none"
         try:
             spec = self.spec()
         except DistrunError as exc:
