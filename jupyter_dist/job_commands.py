@@ -140,14 +140,18 @@ def print_table(
 ) -> None:
     """A table of the columns that have a value. Columns in `whole` are never wrapped (ids
     that must stay copyable); with them, the last column takes the width that is left and
-    is cut short with an ellipsis. Other columns fold."""
+    is cut short with an ellipsis. Other columns fold.
+
+    Every text goes to rich as a `Text`, never as markup: a job's name, a node's, a root
+    cause in gloo's words (`[/__w/.../pair.cc:553] Connection closed`) print as they are."""
     from rich.console import Console
     from rich.table import Table
+    from rich.text import Text
 
     shown = [c for c in columns if any(str(r.get(c, "")) for r in rows)]
-    table = Table(title=title or None, expand=bool(whole))
+    table = Table(title=Text(title) if title else None, expand=bool(whole))
     for column in shown:
-        name = column.replace("_", " ")
+        name = Text(column.replace("_", " "))
         if column in whole:
             width = max(len(str(r.get(column, ""))) for r in rows)
             table.add_column(name, no_wrap=True, min_width=width)
@@ -158,7 +162,7 @@ def print_table(
         else:
             table.add_column(name, overflow="fold")
     for row in rows:
-        table.add_row(*(str(row.get(c, "")) for c in shown))
+        table.add_row(*(Text(str(row.get(c, ""))) for c in shown))
     (console or Console()).print(table)
 
 

@@ -246,3 +246,48 @@ def test_plan_and_inspect_say_what_would_make_ranks_collide(tmp_path: Path, stor
     job_id = store.jobs()[-1].job_id
     shown = run_cli("inspect", job_id, store=store, env={**os.environ, "COLUMNS": "250"})
     assert "Check: OMP_NUM_THREADS is unset and local0, local1" in shown.stdout, (done, shown)
+
+
+# Texts that rich would read as markup: gloo's own error line, a tag, a closing tag alone.
+GLOO_ERROR = (
+    "[/__w/pytorch/pytorch/third_party/gloo/gloo/transport/tcp/pair.cc:553] "
+    "Connection closed by peer [127.0.0.1]:29500"
+)
+HOSTILE_NAME = "[bold red]train[/]"
+
+
+@pytest.mark.slow
+def test_hostile_texts_print_as_they_are_in_every_table(tmp_path: Path, store):
+    """A root cause in gloo's words, a job named like markup and a node named `n[/x]`:
+    `jobs`, `inspect`, `nodes` and `%distrun jobs` print them literally, exit as usual,
+    and never show a traceback (rich's MarkupError broke the whole listing)."""
+    spec = _write(
+        tmp_path,
+        f"""\
+        name: {json.dumps(HOSTILE_NAME)}
+        command: {json.dumps(f"echo '{GLOO_ERROR}' >&2; exit 1")}
+        resources: {{instance_count: 1}}
+        distribution: {{type: pytorch, process_count_per_instance: 1}}
+    """,
+    )
+    done = run_cli("run", str(spec), store=store)
+    assert done.returncode == 1 and GLOO_ERROR in done.stderr
+    wide = {**os.environ, "COLUMNS": "400"}
+    table = run_cli("jobs", store=store, env=wide)
+    assert table.returncode == 0, table.stderr
+    assert GLOO_ERROR in table.stdout and HOSTILE_NAME in table.stdout
+    (job_id,) = [s["job_id"] for s in json.loads(run_cli("jobs", "--json", store=store).stdout)]
+    inspect = run_cli("inspect", job_id, store=store, env=wide)
+    assert inspect.returncode == 0 and "Traceback" not in inspect.stderr, inspect.stderr
+    nodes_file = tmp_path / "nodes.yml"
+    nodes_file.write_text("nodes:\n  - {name: 'n[/x]', host: 127.0.0.1, port: 1}\n")
+    nodes = run_cli("nodes", "--nodes-file", str(nodes_file), env=wide)
+    assert nodes.returncode == 1 and "Traceback" not in nodes.stderr, nodes.stderr
+    assert "n[/x]" in nodes.stdout and "unreachable" in nodes.stdout
+    from helpers import execute_notebook
+
+    # In a kernel, rich shows the table as a display (115 columns: the root cause is cut).
+    cell = execute_notebook(f"%distrun jobs --store {store.root}").cells[1]
+    shown = "".join(o.get("data", {}).get("text/plain", "") for o in cell.outputs)
+    assert HOSTILE_NAME in shown and "rank 0 on local0" in shown, cell.outputs
+    assert [o.output_type for o in cell.outputs] == ["display_data"]
