@@ -39,6 +39,18 @@ def test_torchrun_prefix_gives_the_global_rank():
     assert split("torchrun says") == [("launcher-0", "node 0", "torchrun says")]
 
 
+def test_torchrun_fragments_are_reassembled_per_rank():
+    """torchrun tags each fragment a rank writes: a long line written before its newline
+    came out as '[default1]:{...}[default1]:' (seen in CI: the RESULT line of rank 3 lost
+    to a JSON error), another rank's fragment may stand between."""
+    split = attributor(_proc("torchrun", ranks=(2, 3)))
+    assert split('[default1]:{"rank": 3}[default1]:') == [("rank-3", "rank 3", '{"rank": 3}')]
+    assert split("[default0]:half [default1]:other[default0]:") == [
+        ("rank-2", "rank 2", "half "),
+    ]
+    assert split("[default1]: end") == [("rank-3", "rank 3", "other end")]
+
+
 def test_failed_rank_prefers_the_launchers_root_cause_block():
     report = [
         "Failures:",

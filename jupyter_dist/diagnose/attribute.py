@@ -8,7 +8,8 @@ from collections.abc import Callable
 
 from jupyter_dist.plan.model import ProcessPlan, rank_key
 
-_TORCHRUN = re.compile(r"\[default(\d+)\]:(.*)\Z", re.S)
+# torchrun: "[default<local rank>]:".
+_TORCHRUN_TAG = re.compile(r"\[default(\d+)\]:")
 # mpirun --tag-output: "[JOB,RANK]<stdout>:"; horovodrun --gloo: "[RANK]<stdout>:".
 _MPI_TAG = re.compile(r"\[(?:\d+,)?(\d+)\]<std(?:out|err)>:")
 
@@ -19,49 +20,41 @@ Attribution = tuple[str, str, str]
 def attributor(proc: ProcessPlan) -> Callable[[str], list[Attribution]]:
     """A function mapping one line of `proc`'s output to the rank lines it completes.
 
-    Make one per output stream: the MPI one keeps state between lines."""
+    Make one per output stream: it keeps each rank's unfinished text between lines."""
     own = (proc.name, proc.label)
-
-    if proc.line_tags == "torchrun":
-        first = proc.ranks[0]
-
-        def torchrun_line(text: str) -> list[Attribution]:
-            match = _TORCHRUN.match(text)
-            if not match:
-                return [(*own, text)]
-            rank = first + int(match.group(1))
-            return [(*rank_key(rank), match.group(2))]
-
-        return torchrun_line
-
+    if proc.line_tags == "torchrun":  # its tags count from the node's first rank
+        return _TagDemux(own, _TORCHRUN_TAG, first_rank=proc.ranks[0])
     if proc.line_tags == "mpi":
-        return _MpiDemux(own)
-
+        return _TagDemux(own, _MPI_TAG)
     return lambda text: [(*own, text)]
 
 
-class _MpiDemux:
-    """Reassembles rank lines from `mpirun --tag-output` (and horovodrun's tags).
+class _TagDemux:
+    """Reassembles rank lines from a launcher that tags what each rank writes: mpirun's
+    `--tag-output` (and horovodrun's tags), torchrun's "[default<N>]:".
 
-    mpirun tags every fragment it reads from a rank, not every line: a rank that writes
+    They tag every fragment they read from a rank, not every line: a rank that writes
     "text" and "\n" separately (unbuffered Python does) comes out as
     "[1,3]<stdout>:text" then "[1,3]<stdout>:\n", possibly with another rank's fragment
-    between them on the same line. So: split each line at the tags, keep each rank's
-    unfinished text, and complete it when a fragment of that rank ends a line."""
+    between them on the same line (torchrun: "[default1]:text[default1]:"). So: split each
+    line at the tags, keep each rank's unfinished text, and complete it when a fragment of
+    that rank ends a line."""
 
-    def __init__(self, own: tuple[str, str]):
+    def __init__(self, own: tuple[str, str], tag: re.Pattern[str], first_rank: int = 0):
         self.own = own
+        self.tag = tag
+        self.first_rank = first_rank
         self.pending: dict[int, str] = {}
 
     def __call__(self, text: str) -> list[Attribution]:
-        tags = list(_MPI_TAG.finditer(text))
+        tags = list(self.tag.finditer(text))
         if not tags:
             return [(*self.own, text)]
         out: list[Attribution] = []
         if tags[0].start() > 0:
             out.append((*self.own, text[: tags[0].start()]))
         for i, tag in enumerate(tags):
-            rank = int(tag.group(1))
+            rank = self.first_rank + int(tag.group(1))
             end = tags[i + 1].start() if i + 1 < len(tags) else len(text)
             fragment = self.pending.pop(rank, "") + text[tag.end() : end]
             if i + 1 < len(tags):
