@@ -18,7 +18,9 @@ then stops the job one way (a scenario):
 - cancel:           `jupyter distrun cancel JOB` from another process;
 - kernel-sigkill:   SIGKILL to a Jupyter kernel running the job as a `%%distrun` cell;
 - dropped-ssh:      every sshd session on the nodes killed (ssh nodes only);
-- fail-fast:        rank 1 exits 3 after READY; the launcher stops the rest.
+- fail-fast:        rank 1 exits 3 after READY; the launcher stops the rest;
+- agent-sigkill:    SIGKILL to the node agent of one rank (a node lost): the launcher
+                    must fail the job at once and sweep what that agent left.
 
 and counts what is still running once the grace period (1 s) and a margin (5 s) are over:
 the ranks, grandchildren, daemons and cleared-environment daemons, by their tags. Leftovers
@@ -54,7 +56,10 @@ GRACE_S = 1
 MARGIN_S = 5.0
 HANG_S = 30.0
 BEHAVIOURS = ("rank", "grandchild", "daemon", "envi")
-SCENARIOS = ("ctrl-c", "launcher-sigkill", "cancel", "kernel-sigkill", "dropped-ssh", "fail-fast")
+SCENARIOS = (
+    "ctrl-c", "launcher-sigkill", "cancel", "kernel-sigkill", "dropped-ssh", "fail-fast",
+    "agent-sigkill",
+)  # fmt: skip
 
 # A rank that does everything it can to outlive its job. {tag}: this trial's; {fail}: the
 # rank that fails on purpose ("" for none).
@@ -162,6 +167,29 @@ def _settle(tag: str, pid_dir: Path) -> Counter:
     return Counter(left.values())
 
 
+def _agent_above(pid: int) -> int | None:
+    """The node agent (agent.py, as shipped: agent-DIGEST.py) that `pid` runs under."""
+    while pid > 1:
+        try:
+            argv = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
+            stat = Path(f"/proc/{pid}/stat").read_text()
+        except OSError:
+            return None
+        script = os.path.basename(argv[1]) if len(argv) > 1 else b""
+        if script.startswith(b"agent") and script.endswith(b".py"):
+            return pid
+        pid = int(stat.rsplit(")", 1)[1].split()[1])
+    return None
+
+
+def _kill_an_agent(tag: str, pid_dir: Path) -> None:
+    ranks = sorted(int(note.name.rsplit("-", 1)[1]) for note in pid_dir.glob(f"{tag}-rank-*"))
+    agent = next(filter(None, map(_agent_above, ranks)), None)
+    if agent is None:
+        raise SystemExit("agent-sigkill: no node agent above the ranks")
+    os.kill(agent, signal.SIGKILL)
+
+
 def _cli(*args: str, env: dict[str, str], **kwargs) -> subprocess.Popen:
     return subprocess.Popen(
         [sys.executable, "-m", "jupyter_dist.cli", *args], env=env, **kwargs
@@ -199,6 +227,8 @@ def trial_cli(scenario: str, nodes: Nodes, work: Path, env: dict[str, str]) -> O
         elif scenario == "dropped-ssh":
             for node in nodes.cluster.nodes:
                 nodes.cluster.drop_sessions(node)
+        elif scenario == "agent-sigkill":
+            _kill_an_agent(tag, work)
     hung = False
     try:
         launcher.wait(HANG_S)

@@ -186,8 +186,11 @@ def start(count: int, root: Path, use_namespaces: bool | None = None) -> SshNode
                 netns.add_host(node.namespace, f"drv{tag}n{i}", cluster.bridge, f"{node.host}/24")
                 inside = ["ip", "netns", "exec", node.namespace]
                 # Own hostname and /etc/hosts; an empty .bashrc (the image's runs pyenv init
-                # on every SSH command).
+                # on every SSH command); a cgroup v2 at /sys/fs/cgroup, as a node has (`ip
+                # netns exec` mounted a fresh /sys without any), so the agents there make
+                # cgroups as they would on a real node (where it cannot be mounted, none).
                 script = (
+                    "{ mount -t cgroup2 none /sys/fs/cgroup 2>/dev/null || true; } && "
                     f"hostname {node.name} && mount --bind {hosts_file} /etc/hosts && "
                     f"mount --bind {empty} /etc/resolv.conf && "
                     f"{{ [ ! -f /root/.bashrc ] || mount --bind {empty} /root/.bashrc; }} && "

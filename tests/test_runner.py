@@ -429,3 +429,58 @@ def test_gpu_failures_get_their_hints(kind, store, tmp_path):
     assert cause.rank == 1 and cause.exit_code == 1, cause
     hint = cause.format().splitlines()[-1]
     assert hint.startswith(begins), hint
+
+
+def _agent_of(job_id: str, rank: int) -> int:
+    """The pid of the node agent that runs `rank` of a running job (its environment is the
+    rank's)."""
+    for pid in job_processes(job_id):
+        try:
+            argv = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
+            environ = Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
+        except OSError:
+            continue
+        if any(arg.endswith(b"agent.py") for arg in argv) and f"RANK={rank}".encode() in environ:
+            return pid
+    raise AssertionError(f"no agent of rank {rank} among {job_processes(job_id)}")
+
+
+@pytest.mark.slow
+def test_a_killed_node_agent_fails_the_job_fast_and_leaves_nothing(store):
+    """SIGKILL to the agent of rank 1: its rank (which holds the output pipes) must not hang
+    the job. The job fails at once naming the dead agent, the other ranks are stopped and
+    the dead agent's tree, a daemon included, is swept."""
+    script = (
+        "import os, subprocess, sys, time\n"
+        "subprocess.run(['setsid', '-f', sys.executable, '-c', 'import time; time.sleep(300)'])\n"
+        "print('up', os.environ['RANK'], flush=True)\n"
+        "time.sleep(300)\n"
+    )
+    collector = Collector()
+    job = launch(
+        _spec(f"{PY} -c {shlex.quote(script)}", nodes=2, per_node=1),
+        store=store, listeners=[collector], grace_period=2,
+    )  # fmt: skip
+    try:
+        collector.wait_for(r"^up \d", 2)
+        os.kill(_agent_of(job.job_id, 1), 9)
+        started = time.monotonic()
+        result = job.wait(timeout=30)
+        assert result is not None, "the job hung after its agent died"
+        assert time.monotonic() - started < 15
+        assert result.state == "failed"
+        cause = result.root_cause
+        assert (cause.rank, cause.node, cause.signal) == (1, "local1", "SIGKILL")
+        assert "rank 1 on local1 (127.0.0.1) lost its node agent (killed by SIGKILL)" in (
+            cause.summary()
+        )
+        print(result.describe())
+        assert result.processes[0].state == "stopped"
+        deadline = time.monotonic() + 10
+        while job_processes(job.job_id) and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert job_processes(job.job_id) == []
+    finally:  # whatever happened, nothing of the job outlives the test
+        from jupyter_dist.node_side.agent import sweep
+
+        sweep(job.job_id)

@@ -230,6 +230,42 @@ def test_ctrl_c_stops_every_step_and_leaves_nothing(allocation, slurm_cluster, s
         time.sleep(0.2)
 
 
+def test_a_killed_node_agent_fails_the_job_and_leaves_nothing(
+    allocation, slurm_cluster, store, tmp_path
+):
+    """SIGKILL to the agent of one job step: the job fails at once naming the lost agent,
+    the other steps are stopped, and nothing is left on either node."""
+    import os
+    import signal
+
+    from helpers import LONG_JOB, start_cli_run
+
+    spec = tmp_path / "long.yml"
+    spec.write_text(LONG_JOB)
+    saved = dict(os.environ)
+    os.environ.update(allocation)  # the launcher runs inside the allocation
+    try:
+        proc, _ = start_cli_run(spec, store, stderr=subprocess.PIPE)
+    finally:
+        os.environ.clear()
+        os.environ.update(saved)
+    node = slurm_cluster.nodes[1]
+    agents = [
+        line.split(":", 1)[0]
+        for line in _described(slurm_cluster.pids(node))
+        if "agent" in line and " -- " in line
+    ]
+    assert agents, _described(slurm_cluster.pids(node))
+    os.kill(int(agents[0]), signal.SIGKILL)
+    assert proc.wait(timeout=60) == 1
+    said = proc.stderr.read()
+    assert "lost its node agent" in said and f"on {node.name}" in said, said
+    deadline = time.monotonic() + 20
+    while any(slurm_cluster.pids(n) for n in slurm_cluster.nodes):
+        assert time.monotonic() < deadline, [slurm_cluster.pids(n) for n in slurm_cluster.nodes]
+        time.sleep(0.2)
+
+
 def test_a_notebook_cell_inside_an_allocation_runs_on_its_nodes(
     allocation, monkeypatch, kernel_env
 ):

@@ -38,7 +38,8 @@ def _assert_clean(outcome) -> None:
 
 @pytest.mark.slow
 @pytest.mark.parametrize(
-    "scenario", ["ctrl-c", "launcher-sigkill", "cancel", "kernel-sigkill", "fail-fast"]
+    "scenario",
+    ["ctrl-c", "launcher-sigkill", "cancel", "kernel-sigkill", "fail-fast", "agent-sigkill"],
 )
 def test_nothing_is_left_on_local_nodes(scenario, tmp_path):
     _assert_clean(soak.run_trial(scenario, LOCAL, tmp_path, _env(tmp_path)))
@@ -52,7 +53,7 @@ def test_without_a_cgroup_the_agent_adopts_what_daemonizes(scenario, tmp_path):
     _assert_clean(soak.run_trial(scenario, LOCAL, tmp_path, _env(tmp_path, "off")))
 
 
-@pytest.mark.parametrize("scenario", ["dropped-ssh", "launcher-sigkill", "cancel"])
+@pytest.mark.parametrize("scenario", ["dropped-ssh", "launcher-sigkill", "cancel", "agent-sigkill"])
 def test_nothing_is_left_on_ssh_nodes(scenario, ssh_nodes, tmp_path):
     inventory = ssh_nodes.write_inventory(tmp_path / "nodes.yml")
     nodes = soak.Nodes(

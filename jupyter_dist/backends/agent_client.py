@@ -12,6 +12,7 @@ import base64
 import contextlib
 import json
 import threading
+import time
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -25,6 +26,10 @@ _HANDSHAKE = HANDSHAKE.encode()
 _REPORT = _HANDSHAKE + b" "
 _MAX_HANDSHAKE = 64 * 1024
 USAGE_EVERY_S = 1.0  # how often an agent reports what its process tree uses
+# A running agent reports every USAGE_EVERY_S (its usage, or while it stops its tree, that it
+# is alive). Silent this long, it is gone: killed, frozen, or its link dead while something
+# it left holds the pipes open (then its process would never be seen to end).
+AGENT_SILENCE_S = 15.0
 
 
 def _partial_marker(data: bytes) -> int:
@@ -53,7 +58,7 @@ class AgentProcess:
 
     label = "process"
     # What it means when the agent never reported its exit (see `exit_note`).
-    silent_exit = "its node agent was killed"
+    silent_exit = "lost its node agent"
 
     def __init__(self) -> None:
         self._stderr_head = b""
@@ -63,6 +68,8 @@ class AgentProcess:
         self.agent_exit: int | None = None  # the code the agent reported as it exited
         self.oom: dict[str, Any] | None = None  # the agent's evidence of an OOM kill
         self.on_usage: Callable[[dict[str, Any]], None] | None = None
+        self.last_heard: float | None = None  # monotonic time of its last report
+        self.silent_for: float | None = None  # set when `wait` gave up on a silent agent
 
     # -- raw pipes, provided by the backend ----------------------------------------------
 
@@ -101,6 +108,7 @@ class AgentProcess:
         if word != "started":
             raise DistrunError(f"cannot start {self.label}: {detail}")
         self.pid = int(detail)
+        self.last_heard = time.monotonic()
 
     def chunks(self, stream: str) -> Iterator[bytes]:
         if stream == "stdout":
@@ -131,6 +139,7 @@ class AgentProcess:
                 break
             end = len(held) if line_end < 0 else line_end + 1
             word, _, detail = held[start + len(_REPORT) : end].strip().partition(b" ")
+            self.last_heard = time.monotonic()
             if word == b"exited":
                 with contextlib.suppress(ValueError):
                     self.agent_exit = int(detail)
@@ -147,12 +156,34 @@ class AgentProcess:
     @property
     def exit_note(self) -> str | None:
         """Why the exit code is not the process's own; read once the output is drained."""
+        if self.silent_for is not None:
+            return f"lost its node agent (no word from it for {self.silent_for:.0f} s)"
         return self.silent_exit if self.agent_exit is None else None
 
     def wait(self) -> int:
-        code = self._wait()
+        """The exit code once the process ended; 255 once its agent said nothing for
+        AGENT_SILENCE_S (see `exit_note`): what the dead agent left may hold the pipes and
+        keep the process from ever being seen to end."""
+        code = self._wait_hearing()
         self._send(None)
         return code
+
+    def _wait_hearing(self) -> int:
+        if self.last_heard is None:  # never started: nothing to listen for
+            return self._wait()
+        ended: list[int] = []
+        waiter = threading.Thread(
+            target=lambda: ended.append(self._wait()), daemon=True, name=f"wait-{self.label}"
+        )
+        waiter.start()
+        while True:
+            waiter.join(0.5)
+            if ended:
+                return ended[0]
+            quiet = time.monotonic() - self.last_heard
+            if quiet > AGENT_SILENCE_S:
+                self.silent_for = quiet
+                return 255
 
     def terminate(self) -> None:
         """SIGTERM to the process tree; the agent kills it after its grace period."""

@@ -13,6 +13,7 @@ from pathlib import Path
 from jupyter_dist.backends.agent_client import AGENT_SOURCE, AgentProcess, agent_argv
 from jupyter_dist.backends.base import Backend
 from jupyter_dist.errors import DistrunError
+from jupyter_dist.events import describe_exit
 from jupyter_dist.node_side import agent
 from jupyter_dist.node_side.ports import free_ports, why_taken
 from jupyter_dist.nodes import Inventory, Node
@@ -67,6 +68,14 @@ class LocalProcess(AgentProcess):
 
     def _wait(self) -> int:
         return self.popen.wait()
+
+    @property
+    def exit_note(self) -> str | None:
+        """As every agent's; here how the agent itself ended is known too: "lost its node
+        agent (killed by SIGKILL)"."""
+        note = super().exit_note
+        died_of = describe_exit(self.popen.returncode)[1] if self.popen.returncode else None
+        return f"{note} (killed by {died_of})" if note and died_of else note
 
 
 class LocalBackend(Backend):

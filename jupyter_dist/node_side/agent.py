@@ -20,7 +20,8 @@ or `HANDSHAKE failed REASON` and exit 127 without an exit report). Then it reads
   the process's stdin is /dev/null);
 - end of input (the launcher died, the SSH connection dropped): as `term`.
 
-With `--usage S`, every S seconds it also reports what its process tree uses, one line on
+With `--usage S`, every S seconds it also reports what its process tree uses (and while it
+stops it, that it is alive), one line on
 stderr: `HANDSHAKE usage {"cpu": SECONDS, "rss": BYTES, "ranks": {"RANK": [SECONDS, BYTES]}}`:
 CPU time used so far and resident memory, of the whole tree and of each rank: the processes
 that carry it (RANK, OMPI_COMM_WORLD_RANK, PMI_RANK or HOROVOD_RANK in their environment: the
@@ -747,7 +748,11 @@ class Agent:
         if self.stopping.is_set():
             # The grace period is the process's own: a shell around it that died of the
             # SIGTERM does not end it early (the rank may still be saving a checkpoint).
-            self.stopped.wait()
+            # Meanwhile the launcher still hears from us: silence means a dead agent.
+            every = self.usage_every or None
+            while not self.stopped.wait(every):
+                with contextlib.suppress(OSError):
+                    os.write(2, f"{HANDSHAKE} alive\n".encode())
         elif self.tree.alive() or (self.tree.cgroup and self.tree.cgroup.populated()):
             self.tree.kill()  # leftovers of a finished process are not kept running
         if self.tree.cgroup is not None:

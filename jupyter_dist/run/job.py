@@ -37,6 +37,7 @@ from jupyter_dist.run.stopping import escalate, watch_requests
 from jupyter_dist.store import JobRecord
 
 GRACE_PERIOD_S = 5.0  # between SIGTERM and SIGKILL when a process is stopped
+DRAIN_S = 2.0  # how long a process's output may still come after its agent is gone
 
 
 class Job:
@@ -358,8 +359,13 @@ class Job:
 
     def _watch(self, proc: ProcessPlan, handle: ProcessHandle) -> None:
         code = handle.wait()
+        # The whole stderr is read before the exit is judged (the agent's exit report is
+        # its last line). But what a dead agent left running holds its pipes, perhaps for
+        # ever: then the exit is judged after DRAIN_S (the agent died: a node lost), the
+        # readers go on until the sweep ends what holds them.
+        deadline = time.monotonic() + DRAIN_S
         for thread in self._readers.get(proc.name, []):
-            thread.join()  # the whole stderr is read before the exit is judged
+            thread.join(max(0.0, deadline - time.monotonic()))
         exit_code, sig = describe_exit(code)
         with self._state_lock:
             state = self.processes[proc.name]
