@@ -1,6 +1,6 @@
 """Launch overhead: `jupyter distrun run` vs torchrun by hand, and planning time.
 
-    .venv/bin/python bench/launch.py [--runs 5]
+    .venv/bin/python bench/launch.py [--runs 5] [--plan-only]
 
 1. A trivial 4-rank gloo job (bench/trivial_gloo.py) started by `jupyter distrun run`
    (1 local node x 4 processes, per_process) and by `torchrun --standalone --nproc-per-node 4`
@@ -8,6 +8,8 @@
    median ratio ours / torchrun. Goal: <= 1.0.
 2. Planning a 128-node x 8-rank pytorch job (pure, no I/O): median of many runs.
    Goal: < 50 ms.
+3. `jupyter distrun plan --json` of 1,024 and 16,384 processes (the spec's cap), every
+   command masked, against planning alone. Goal: < 1 s and < 10 s.
 """
 
 from __future__ import annotations
@@ -87,12 +89,54 @@ def bench_planning(repeats: int = 30) -> None:
     print(f"planning 128 nodes x 8 ranks: median {ms:.1f} ms over {repeats} runs (goal < 50 ms)")
 
 
+def bench_plan_command(counts: tuple[int, ...] = (1024, 16384)) -> None:
+    """`jupyter distrun plan --json` for a job of N processes on local nodes (8 a node, a
+    secret among the variables, so every command is masked), against planning the same job
+    alone, in this process. The dry run was quadratic (every command masked with every
+    process's secrets): 1,024 took 70 s."""
+    from jupyter_dist.nodes import Node
+    from jupyter_dist.plan import plan
+    from jupyter_dist.spec import parse_spec
+
+    for count in counts:
+        text = (
+            "command: python train.py\nenvironment_variables: {HF_TOKEN: hf_abcdef123}\n"
+            f"resources: {{instance_count: {count // 8}}}\n"
+            "distribution: {type: pytorch, process_count_per_instance: 8}\n"
+        )
+        with tempfile.TemporaryDirectory() as folder:
+            path = Path(folder, "job.yml")
+            path.write_text(text)
+            nodes = [Node(name=f"n{i}", host="127.0.0.1") for i in range(count // 8)]
+            start = time.perf_counter()
+            plan(parse_spec(text), nodes, "bench", {"master": 29500})
+            planning = time.perf_counter() - start
+            env = {**os.environ, "DISTRUN_HOME": folder}
+            env.pop("DISTRUN_NODES_FILE", None)
+            start = time.perf_counter()
+            done = subprocess.run(
+                [sys.executable, "-m", "jupyter_dist.cli", "plan", str(path), "--json"],
+                env=env, capture_output=True, text=True,
+            )  # fmt: skip
+            whole = time.perf_counter() - start
+        if done.returncode != 0 or "hf_abcdef123" in done.stdout:
+            raise SystemExit(f"plan --json of {count} processes failed: {done.stderr[-500:]}")
+        goal = 1.0 if count <= 1024 else 10.0
+        print(
+            f"plan --json, {count} processes: {whole:.2f} s (goal < {goal:g} s); planning "
+            f"alone {planning:.2f} s; ratio {whole / planning:.1f}"
+        )
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--runs", type=int, default=5)
+    parser.add_argument("--plan-only", action="store_true", help="only the planning benches")
     args = parser.parse_args()
     bench_planning()
-    bench_launch(args.runs)
+    bench_plan_command()
+    if not args.plan_only:
+        bench_launch(args.runs)
 
 
 if __name__ == "__main__":

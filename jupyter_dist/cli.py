@@ -19,8 +19,8 @@ from jupyter_dist import job_commands
 from jupyter_dist.backends import declared_options
 from jupyter_dist.describe import (
     PLAN_COLUMNS,
+    command_masker,
     format_commands,
-    masked_command,
     plan_rows,
 )
 from jupyter_dist.diagnose.stall import describe_stall
@@ -211,9 +211,9 @@ def cmd_plan(args: argparse.Namespace, store: JobStore) -> int:
     if args.json:
         keys = ("name", "node", "host", "argv", "env", "role", "rank", "local_rank", "cwd")
         masked = masked_plan(launch_plan.to_dict())["processes"]  # secret values: ****
+        mask = command_masker(launch_plan)
         procs = [
-            {**{k: shown[k] for k in keys},
-             "command": masked_command(launch_plan, commands[p.name])}
+            {**{k: shown[k] for k in keys}, "command": mask(commands[p.name])}
             for p, shown in zip(launch_plan.processes, masked, strict=True)
         ]  # fmt: skip
         print(json.dumps(procs, indent=1))

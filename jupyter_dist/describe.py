@@ -6,7 +6,7 @@ import json
 from typing import Any
 
 from jupyter_dist.events import RootCause
-from jupyter_dist.masking import mask_text, secret_values
+from jupyter_dist.masking import Masker, secret_values
 from jupyter_dist.plan.model import LaunchPlan
 from jupyter_dist.plan.summary import counted
 from jupyter_dist.run.requests import effective_state
@@ -94,15 +94,17 @@ def job_size(summary: dict[str, Any]) -> str:
 def format_commands(plan: LaunchPlan, commands: dict[str, str]) -> str:
     """Each process's exact start command (a dry run's), under its label and node; secret
     values masked (masking.py)."""
+    mask = command_masker(plan)
     lines = ["Commands (what each process is started with, as its backend runs it):"]
     for proc in plan.processes:
-        lines += [f"{proc.label} on {proc.node}:", f"  {masked_command(plan, commands[proc.name])}"]
+        lines += [f"{proc.label} on {proc.node}:", f"  {mask(commands[proc.name])}"]
     return "\n".join(lines)
 
 
-def masked_command(plan: LaunchPlan, command: str) -> str:
-    """A command line of `plan` with the values of its secret variables masked."""
-    return mask_text(command, secret_values(p.env for p in plan.processes))
+def command_masker(plan: LaunchPlan) -> Masker:
+    """What masks the values of `plan`'s secret variables in its command lines (make it
+    once per plan: it holds them all)."""
+    return Masker(secret_values(p.env for p in plan.processes))
 
 
 def tf_configs(plan: LaunchPlan) -> str:

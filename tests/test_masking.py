@@ -4,7 +4,9 @@ processes still get them."""
 from __future__ import annotations
 
 import json
+import re
 
+import pytest
 from helpers import execute_notebook, run_cli, stream_text
 
 from jupyter_dist.masking import is_secret, masked_plan
@@ -47,3 +49,45 @@ def test_which_names_are_secret_is_configurable(monkeypatch):
     assert is_secret("HF_TOKEN") and is_secret("aws_secret_access_key") and not is_secret("RANK")
     monkeypatch.setenv("DISTRUN_SECRET_NAMES", "WANDB_*, *_PASS")
     assert is_secret("WANDB_API") and is_secret("db_pass") and not is_secret("HF_TOKEN")
+
+
+# Values a view must never print, whatever their quoting: a quote inside (a shell writes
+# it as '"'"'), two characters, a token that the command holds as well.
+HOSTILE = """\
+command: HF_TOKEN=hf_inline_77 python -c "print('run with hf_zyx-321')"
+environment_variables:
+  AWS_SECRET_ACCESS_KEY: "aws'quoted'secret"
+  API_KEY: "ab"
+  HF_TOKEN: hf_zyx-321
+  MY_VAR: visible
+distribution: {type: pytorch, process_count_per_instance: 2}
+"""
+HOSTILE_VALUES = ("aws'quoted'secret", "quoted'\"'\"'secret", "hf_zyx-321", "hf_inline_77")
+
+
+def _leaks(text: str) -> list[str]:
+    leaks = [value for value in HOSTILE_VALUES if value in text]
+    return leaks + (["ab"] if re.search(r"(?<!\w)ab(?!\w)", text) else [])
+
+
+@pytest.mark.slow
+def test_hostile_values_are_masked_in_every_view(tmp_path, store):
+    """plan's table and commands, plan --json, the REST spec and plan: no secret shows,
+    quoted by a shell, JSON-escaped, two characters long, or held by the command too."""
+    from jupyter_dist.masking import masked_spec
+    from jupyter_dist.spec import parse_spec
+
+    (tmp_path / "job.yml").write_text(HOSTILE)
+    for extra in ([], ["--json"]):
+        done = run_cli("plan", str(tmp_path / "job.yml"), *extra, store=store)
+        assert done.returncode == 0, done.stderr
+        assert _leaks(done.stdout) == [] and "visible" in done.stdout
+    spec = parse_spec(HOSTILE)
+    shown_spec = json.dumps(masked_spec(spec.to_dict()))
+    assert _leaks(shown_spec) == [] and "HF_TOKEN=****" in shown_spec
+    result = run(spec, store=store)
+    assert result.ok, result.describe()
+    lines = [line.text for line in store.get(result.job_id).iter_log("rank-0", "stdout")]
+    assert lines == ["run with hf_zyx-321"]  # the processes still get every value
+    shown_plan = json.dumps(masked_plan(store.get(result.job_id).plan()))
+    assert _leaks(shown_plan) == [] and "visible" in shown_plan
