@@ -18,15 +18,17 @@ from __future__ import annotations
 
 import contextlib
 import heapq
+import io
 import json
 import os
 import re
 import secrets
+import stat
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, BinaryIO
 
 from jupyter_dist.errors import DamagedJob, DistrunError
 
@@ -211,7 +213,7 @@ class JobRecord:
         return plan
 
     def log_keys(self) -> list[str]:
-        keys = {p.name.rsplit(".", 2)[0] for p in self.logs_dir.glob("*.log")}
+        keys = {p.name.rsplit(".", 2)[0] for p in self.logs_dir.glob("*.log") if p.is_file()}
         return sorted(keys, key=natural_order)
 
     def read_log(self, key: str, streams: tuple[str, ...] = STREAMS) -> list[tuple[str, LogLine]]:
@@ -257,14 +259,13 @@ class JobRecord:
         return [int(m.group(1)) for m in found if m]
 
     def iter_log(self, key: str, stream: str) -> Iterator[LogLine]:
-        try:
-            # Lines end at "\n" only: a "\r" (a progress bar) is part of its line.
-            handle = open(  # noqa: SIM115
-                self.log_path(key, stream), encoding="utf-8", errors="replace", newline="\n"
-            )
-        except FileNotFoundError:
+        raw_handle = _open_log(self.log_path(key, stream))
+        if raw_handle is None:
             return
-        with handle:
+        # Lines end at "\n" only: a "\r" (a progress bar) is part of its line.
+        with io.TextIOWrapper(
+            raw_handle, encoding="utf-8", errors="replace", newline="\n"
+        ) as handle:
             for raw in handle:
                 ts, _, text = raw.rstrip("\n").partition(" ")
                 yield LogLine(ts, text)
@@ -309,11 +310,11 @@ def _lines_of_cell(
 
 
 def _parse_cursor(cursor: str) -> list[int]:
-    try:
-        parts = [int(p) for p in (cursor or "0.0").split(".")]
-    except ValueError:
-        parts = []
-    if len(parts) != 2 or min(parts) < 0:
+    words = (cursor or "0.0").split(".")
+    # ASCII digits a file offset can be (int() takes "٣" and thousands of digits; seek() no)
+    fits = all(w.isascii() and w.isdigit() and len(w) <= 18 for w in words)
+    parts = [int(w) for w in words] if fits else []
+    if len(parts) != 2:
         raise DistrunError(
             f"log cursor {cursor!r} is not valid; use 0.0 or the 'next' of the previous read"
         )
@@ -323,22 +324,43 @@ def _parse_cursor(cursor: str) -> list[int]:
 def _complete_lines(path: Path, start: int, index: int, limit: int) -> list[tuple]:
     """(timestamp, stream index, text, end offset) of whole lines from `start`; a line still
     being written (no newline yet) waits for the next read."""
-    lines = []
-    try:
-        with open(path, "rb") as handle:
-            handle.seek(start)
-            position = start
-            for raw in handle:
-                if not raw.endswith(b"\n"):
-                    break
-                position += len(raw)
-                ts, _, text = raw[:-1].decode("utf-8", errors="replace").partition(" ")
-                lines.append((ts, index, text, position))
-                if len(lines) >= limit:
-                    break
-    except FileNotFoundError:
-        pass
+    lines: list[tuple] = []
+    handle = _open_log(path)
+    if handle is None:
+        return lines
+    with handle:
+        position = start
+        if start > 0:  # a cursor inside a line (not one of ours): from the next whole line
+            handle.seek(start - 1)
+            if handle.read(1) != b"\n":
+                rest = handle.readline()
+                if not rest.endswith(b"\n"):
+                    return lines
+                position += len(rest)
+        handle.seek(position)
+        for raw in handle:
+            if not raw.endswith(b"\n"):
+                break
+            position += len(raw)
+            ts, _, text = raw[:-1].decode("utf-8", errors="replace").partition(" ")
+            lines.append((ts, index, text, position))
+            if len(lines) >= limit:
+                break
     return lines
+
+
+def _open_log(path: Path) -> BinaryIO | None:
+    """A log file opened to read, or None where there is none. Never blocks: a FIFO or a
+    folder named like a log (a damaged job) is DamagedJob, not a reader stuck for ever."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK)
+    except FileNotFoundError:
+        return None
+    if not stat.S_ISREG(os.fstat(fd).st_mode):
+        os.close(fd)
+        raise DamagedJob(f"{path.name} is not a regular file")
+    os.set_blocking(fd, True)
+    return os.fdopen(fd, "rb")
 
 
 def _tail_start(path: Path, count: int, block: int = 1 << 16) -> int:
@@ -349,7 +371,10 @@ def _tail_start(path: Path, count: int, block: int = 1 << 16) -> int:
         return 0
     if count <= 0:
         return size
-    with open(path, "rb") as handle:
+    handle = _open_log(path)
+    if handle is None:
+        return 0
+    with handle:
         handle.seek(max(0, size - 1))
         position = size - 1 if size and handle.read(1) == b"\n" else size  # the last line's own
         seen = 0

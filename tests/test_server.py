@@ -327,3 +327,48 @@ async def test_nodes_usage_sums_the_running_jobs_processes_per_node(jp_fetch, ho
     code, usage = await _json(jp_fetch, "distrun", "nodes", "usage")
     assert usage["nodes"] == {}  # the job ended: nothing runs on the nodes
     assert job_processes(job_id) == []
+
+
+@pytest.mark.slow
+async def test_hostile_requests_get_a_400_and_the_server_keeps_answering(jp_fetch, home, tmp_path):
+    """Found by the probe: digits int() refuses (`²`), a 5,000-digit limit, an offset past
+    2^63 answered 500; a FIFO named like a log hung a handler thread per read (four hung
+    the pool, and every endpoint with it); a mid-line offset returned a cut line; an alias
+    bomb in a stored spec.yml took gigabytes to show."""
+    result = run(_spec(tmp_path, "command: echo one; echo two\n"), store=JobStore())
+    job = result.job_id
+    for name, value in (("limit", "²"), ("limit", "9" * 5000), ("offset", f"{2**64}.0"),
+                        ("offset", "1.-1"), ("tail", "१")):  # fmt: skip
+        params = {"rank": "0", name: value}
+        code, message = await _error(jp_fetch, "distrun", "jobs", job, "logs", params=params)
+        assert code == 400 and "not valid" in message, (name, value, code, message)
+    code, message = await _error(jp_fetch, "distrun", "jobs", params={"limit": "²"})
+    assert code == 400 and "limit" in message
+    # A cursor in the middle of a line gives the next whole line, never a piece of one.
+    first = (home / "jobs" / job / "logs" / "rank-0.stdout.log").read_bytes().split(b"\n")[0]
+    params = {"rank": "0", "offset": "5.0"}
+    _, page = await _json(jp_fetch, "distrun", "jobs", job, "logs", params=params)
+    assert [line["text"] for line in page["lines"]] == ["two"], (first, page)
+    # A FIFO where a log should be: a clear answer at once, however often it is asked.
+    logs = home / "jobs" / job / "logs"
+    (logs / "rank-0.stderr.log").unlink(missing_ok=True)
+    import os
+
+    os.mkfifo(logs / "rank-0.stderr.log")
+    for _ in range(6):
+        code, message = await asyncio.wait_for(
+            _error(jp_fetch, "distrun", "jobs", job, "logs", params={"rank": "0"}), timeout=10
+        )
+        assert code == 400 and "not a regular file" in message, message
+    code, _ = await _json(jp_fetch, "distrun", "jobs")
+    assert code == 200  # the handler pool is free
+    # An alias bomb in spec.yml: the job still shows at once, its spec left out.
+    bomb = "a: &a [x, x, x, x, x, x, x, x, x, x]\n" + "".join(
+        f"{chr(98 + i)}: &{chr(98 + i)} [*{chr(97 + i)}, *{chr(97 + i)}, *{chr(97 + i)}, "
+        f"*{chr(97 + i)}, *{chr(97 + i)}, *{chr(97 + i)}, *{chr(97 + i)}, *{chr(97 + i)}, "
+        f"*{chr(97 + i)}, *{chr(97 + i)}]\n"
+        for i in range(9)
+    )
+    (home / "jobs" / job / "spec.yml").write_text(bomb)
+    code, detail = await asyncio.wait_for(_json(jp_fetch, "distrun", "jobs", job), timeout=30)
+    assert code == 200 and detail["spec"] == ""

@@ -40,6 +40,7 @@ from jupyter_dist.plan import LaunchPlan
 from jupyter_dist.run.requests import request_cancel, request_stacks
 from jupyter_dist.spec import dump_yaml
 from jupyter_dist.store import JobStore, UnknownJob
+from jupyter_dist.validation import YamlTooBig, load_yaml
 
 MAX_LIMIT = 20000
 MAX_RUNNING = 200  # the newest jobs looked at for the nodes' usage (running ones are new)
@@ -100,7 +101,9 @@ class DistrunHandler(APIHandler):
         raw = self.get_query_argument(name, None)
         if raw is None:
             return default
-        if not raw.isdigit() or not low <= int(raw) <= high:
+        # ASCII digits only, and few: str.isdigit() takes "²", which int() refuses, and
+        # int() refuses a string of thousands of digits too
+        if not (raw.isascii() and raw.isdigit() and len(raw) <= 12) or not low <= int(raw) <= high:
             raise web.HTTPError(400, f"{name}={raw!r} is not valid; give a number {low}-{high}")
         return int(raw)
 
@@ -164,9 +167,11 @@ class JobHandler(DistrunHandler):
 
 
 def _masked_spec_yaml(text: str) -> str:
+    """The stored spec, masked; empty where it is not a spec (damaged, or an alias bomb:
+    the same bounded reader as every spec file)."""
     try:
-        data = yaml.safe_load(text)
-    except yaml.YAMLError:
+        data = load_yaml(text)
+    except (yaml.YAMLError, YamlTooBig):
         return ""
     return dump_yaml(masked_spec(data)) if isinstance(data, dict) else ""
 
