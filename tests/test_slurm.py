@@ -205,9 +205,10 @@ def test_without_slurm_commands_the_slurm_backend_says_so_in_one_line(store, tmp
     )
 
 
-def test_ctrl_c_stops_every_step_and_leaves_nothing(allocation, slurm_cluster, store, tmp_path):
+def _long_job_inside(allocation: dict, store, tmp_path: Path) -> subprocess.Popen:
+    """`jupyter distrun run` of LONG_JOB inside the allocation, once its 4 ranks started
+    (its stderr piped)."""
     import os
-    import signal
 
     from helpers import LONG_JOB, start_cli_run
 
@@ -220,6 +221,13 @@ def test_ctrl_c_stops_every_step_and_leaves_nothing(allocation, slurm_cluster, s
     finally:
         os.environ.clear()
         os.environ.update(saved)
+    return proc
+
+
+def test_ctrl_c_stops_every_step_and_leaves_nothing(allocation, slurm_cluster, store, tmp_path):
+    import signal
+
+    proc = _long_job_inside(allocation, store, tmp_path)
     assert all(slurm_cluster.pids(n) for n in slurm_cluster.nodes)  # ranks on both nodes
     proc.send_signal(signal.SIGINT)
     assert proc.wait(timeout=60) == 130
@@ -238,17 +246,7 @@ def test_a_killed_node_agent_fails_the_job_and_leaves_nothing(
     import os
     import signal
 
-    from helpers import LONG_JOB, start_cli_run
-
-    spec = tmp_path / "long.yml"
-    spec.write_text(LONG_JOB)
-    saved = dict(os.environ)
-    os.environ.update(allocation)  # the launcher runs inside the allocation
-    try:
-        proc, _ = start_cli_run(spec, store, stderr=subprocess.PIPE)
-    finally:
-        os.environ.clear()
-        os.environ.update(saved)
+    proc = _long_job_inside(allocation, store, tmp_path)
     node = slurm_cluster.nodes[1]
     agents = [
         line.split(":", 1)[0]
@@ -341,7 +339,7 @@ def test_a_bad_partition_is_one_line_naming_the_valid_ones(slurm_cluster, store,
     assert done.returncode == 2 and store.jobs() == []
     line = done.stderr.strip()
     assert "\n" not in line and "invalid partition" in line.lower(), line
-    assert line.endswith("valid partitions: debug"), line
+    assert line.endswith("specified ('gpu'); valid partitions: debug"), line
     assert slurm_cluster.jobs() == []
 
 

@@ -387,6 +387,9 @@ def _allocation_error(said: list[str], spec: JobSpec) -> DistrunError:
     errors = [line.split("error:", 1)[1].strip() for line in said if "error:" in line]
     message = errors[-1] if errors else (said[-1] if said else "salloc ended without a job")
     if "partition" in message.lower():
+        asked = spec.backend.partition if spec.backend else None
+        if asked and asked not in message:  # Slurm's words name no partition
+            message += f" ({asked!r})"
         try:
             valid = sorted(set(_slurm("sinfo", "-h", "-o", "%R", timeout=10).split()))
         except NodeError:
