@@ -37,7 +37,6 @@ from jupyter_dist.job_commands import (
     EXIT_FAILED,
     EXIT_INTERRUPTED,
     EXIT_OK,
-    EXIT_USAGE,
     print_checks,
     print_table,
 )
@@ -269,18 +268,7 @@ COMMANDS = {"plan": cmd_plan, "export": cmd_export, "run": cmd_run}
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = _parser().parse_args(argv)
-    if args.command in job_commands.COMMANDS:
-        return job_commands.run_command(args)
-    store = JobStore(args.store) if args.store else JobStore()
-    try:
-        return COMMANDS[args.command](args, store)
-    except DistrunError as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return EXIT_USAGE
-    except KeyboardInterrupt:
-        return EXIT_INTERRUPTED
-    except BrokenPipeError:
-        return EXIT_OK
+    return job_commands.run_command(args, {**COMMANDS, **job_commands.COMMANDS})
 
 
 if __name__ == "__main__":

@@ -14,7 +14,7 @@ import argparse
 import json
 import sys
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Mapping, Sequence
 
 from jupyter_dist.backends import inventory_backend
 from jupyter_dist.describe import (
@@ -328,12 +328,16 @@ COMMANDS = {
 }  # fmt: skip
 
 
-def run_command(args: argparse.Namespace) -> int:
-    """Run the parsed command `args.command` on the store `args.store` names (else the
-    default one): its exit code, with a DistrunError printed as one line (2)."""
+Command = Callable[[argparse.Namespace, JobStore], int]
+
+
+def run_command(args: argparse.Namespace, commands: Mapping[str, Command] = COMMANDS) -> int:
+    """Run the parsed command `args.command` (one of `commands`) on the store `args.store`
+    names (else the default one): its exit code, with a DistrunError printed as one line
+    (2), an interrupt as 130 and a closed pipe (`| head`) as 0."""
     store = JobStore(args.store) if args.store else JobStore()
     try:
-        return COMMANDS[args.command](args, store)
+        return commands[args.command](args, store)
     except DistrunError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return EXIT_USAGE
