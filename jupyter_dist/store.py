@@ -104,11 +104,14 @@ def _private_opener(path: str, flags: int) -> int:
     return fd
 
 
-def write_atomic(path: Path, text: str) -> None:
-    """`text` as the whole of `path`, which no reader ever sees half written; private."""
+def write_atomic(path: Path, text: str, mode: int | None = None) -> None:
+    """`text` as the whole of `path`, which no reader ever sees half written; private
+    (PRIVATE_FILE, or `mode`: 0o700 for a program)."""
     tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
     with open(tmp, "w", opener=_private_opener) as handle:
         handle.write(text)
+    if mode is not None:
+        os.chmod(tmp, mode)
     os.replace(tmp, path)
 
 

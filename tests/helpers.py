@@ -202,3 +202,19 @@ def running_kernel():
     finally:
         kc.stop_channels()
         km.shutdown_kernel(now=True)
+
+
+def not_private(root: Path) -> list[str]:
+    """Every folder or file under `root` (itself included) that its group or others may
+    read, write or enter: "PATH 0755". The README's promise: files 0600 (a program 0700)
+    in 0700 folders, for every file of every feature."""
+    import stat
+
+    found = []
+    for path in [root, *root.rglob("*")]:
+        if path.is_symlink():
+            continue
+        mode = stat.S_IMODE(path.lstat().st_mode)
+        if mode & 0o077:
+            found.append(f"{path} {mode:04o}")
+    return found

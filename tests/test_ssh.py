@@ -15,6 +15,7 @@ import yaml
 from helpers import (
     EXAMPLES,
     LONG_JOB,
+    not_private,
     result_reports,
     run_cli,
     run_command_line,
@@ -177,8 +178,10 @@ def test_hostile_environment_values_arrive_byte_for_byte(ssh_nodes, store, tmp_p
         (line,) = [entry.text for entry in record.iter_log(f"rank-{rank}", "stdout")]
         assert line == repr(hostile)
     assert not marker.exists()
-    for node in ssh_nodes.nodes:  # the job's folder there is its owner's alone
+    for node in ssh_nodes.nodes:  # the job's folder there is its owner's alone, all of it
         assert (node.workdir / result.job_id).stat().st_mode & 0o777 == 0o700
+        assert (node.workdir / result.job_id / "pyhook" / "sitecustomize.py").exists()
+        assert not_private(node.workdir / result.job_id) == []
 
 
 def test_code_is_shipped_once_and_synced_by_change(ssh_nodes, tmp_path):

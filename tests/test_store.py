@@ -8,6 +8,7 @@ import json
 import os
 import stat
 import sys
+import time
 
 import pytest
 from helpers import run_cli
@@ -16,7 +17,7 @@ from jupyter_dist.errors import DamagedJob
 from jupyter_dist.plan.model import LaunchPlan
 from jupyter_dist.run.launch import run
 from jupyter_dist.spec import parse_spec
-from jupyter_dist.store import UnknownJob
+from jupyter_dist.store import JobStore, UnknownJob
 
 
 def _mode(path) -> int:
@@ -45,6 +46,61 @@ def test_the_store_is_private_whatever_the_umask(store):
              *sorted((job / "logs").iterdir())]  # fmt: skip
     assert len(files) > 4 and {_mode(f) for f in files} == {0o600}
     assert (job / "script.py").exists()  # the cell, inside the private folder
+
+
+@pytest.mark.slow
+def test_every_feature_keeps_the_store_private(kernel_env):
+    """Jobs of every kind and feature on local nodes, whose job folders are the store's: a
+    cell with -o, a session with -i/-o, stacks of a hung job through the startup hook
+    (pyhook/, stacks/), an MPI job (its hostfile), a Dask job. Then nothing in the whole
+    store is open to the group or others (pyhook/ and stacks/ were 0755 with 0644 files)."""
+    from helpers import DASK_JOB, HANG_SCRIPT, execute_notebook, not_private
+
+    from jupyter_dist.run.launch import launch
+
+    old = os.umask(0o022)  # what most machines have
+    try:
+        execute_notebook(
+            "y = 41",
+            "%%distrun --nodes 2 -i y -o x\nx = y",
+            "%distrun session start --nodes 1 --procs-per-node 2",
+            "%%distrun -i y -o z\nz = y + 1",
+            "%distrun session stop",
+        )
+        store = JobStore(kernel_env)
+        hang = parse_spec(json.dumps({
+            "script": HANG_SCRIPT, "environment_variables": {"OMP_NUM_THREADS": "1"},
+            "resources": {"instance_count": 2},
+            "distribution": {"type": "pytorch", "process_count_per_instance": 2},
+        }))  # fmt: skip
+        job = launch(hang, store=store, grace_period=1)
+        try:
+            deadline = time.monotonic() + 90
+            while sum(line.text == "READY" for key in job.record.log_keys()
+                      for line in job.record.iter_log(key, "stdout")) < 4:  # fmt: skip
+                assert time.monotonic() < deadline, "the hung job never said READY"
+                time.sleep(0.2)
+            time.sleep(0.5)  # from print to the wait
+            dump = job.stacks(method="faulthandler")
+            assert len(dump.groups()) >= 1
+        finally:
+            job.cancel()
+            job.wait(60)
+        mpi = parse_spec(
+            "command: hostname\nresources: {instance_count: 2}\n"
+            "distribution: {type: mpi, process_count_per_instance: 1}\n"
+        )
+        for spec in (mpi, parse_spec(DASK_JOB)):
+            result = run(spec, store=store, grace_period=1)
+            assert result.ok, result.describe()
+    finally:
+        os.umask(old)
+    jobs = [record.path for record in store.jobs()]
+    assert len(jobs) == 5, jobs
+    made = {p.name for job in jobs for p in job.rglob("*")}
+    assert {"pyhook", "stacks", "out", "push.b64", "sitecustomize.py"} <= made, made
+    assert any(name.startswith("cell-") for name in made) and "hostfile" in " ".join(made)
+    assert not_private(store.root) == []
 
 
 def test_a_damaged_job_shows_as_damaged_and_the_others_list(store):

@@ -20,7 +20,7 @@ from jupyter_dist.nodes import Inventory, Node
 from jupyter_dist.plan.context import PortRequest
 from jupyter_dist.plan.model import LaunchPlan, ProcessPlan
 from jupyter_dist.spec import JobSpec
-from jupyter_dist.store import private_dir
+from jupyter_dist.store import private_dir, write_atomic
 
 _CHUNK = 65536
 # Ports handed out recently by this process, so two jobs started together never share one.
@@ -149,12 +149,10 @@ def write_plan_files(plan: LaunchPlan, nodes: list[Node]) -> None:
     nodes that see this machine's files."""
     for node in nodes:  # private: it gets the cell's code and the pushed variables
         private_dir(Path(node.workdir, plan.job_id))
-    for planned in plan.files:
+    for planned in plan.files:  # private too, and so are the folders they are in
         path = Path(planned.path)
-        path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text(planned.content)
-        if planned.executable:
-            path.chmod(0o700)
+        private_dir(path.parent)
+        write_atomic(path, planned.content, mode=0o700 if planned.executable else None)
 
 
 def read_folder(folder: str) -> dict[str, bytes]:

@@ -35,7 +35,7 @@ from jupyter_dist.plan.context import PlanContext, PortRequest
 from jupyter_dist.plan.model import LaunchPlan, MpiLaunch, PlannedFile, ProcessPlan
 from jupyter_dist.plan.mpi import runs_ssh
 from jupyter_dist.spec import JobSpec
-from jupyter_dist.store import PRIVATE_DIR
+from jupyter_dist.store import PRIVATE_DIR, PRIVATE_FILE
 
 CONNECT_TIMEOUT = 10.0
 SESSIONS_PER_CONNECTION = 10  # OpenSSH's default MaxSessions
@@ -527,14 +527,15 @@ class SshBackend(Backend):
                 if code is not None:
                     cache = posixpath.join(node.workdir, "code", _code_key(code))
                     sync_folder(sftp, code, cache)
-                for planned in plan.files:
+                for planned in plan.files:  # private, in private folders
                     if nodes[planned.node_rank].name == node.name:
-                        if posixpath.dirname(planned.path) != job_dir:
-                            _makedirs(sftp, posixpath.dirname(planned.path))
+                        folder = posixpath.dirname(planned.path)
+                        if folder != job_dir:
+                            _makedirs(sftp, folder)
+                            sftp.chmod(folder, PRIVATE_DIR)
                         with sftp.open(planned.path, "w") as handle:
+                            handle.chmod(0o700 if planned.executable else PRIVATE_FILE)
                             handle.write(planned.content)
-                        if planned.executable:
-                            sftp.chmod(planned.path, 0o700)
             if code is not None:  # a snapshot per job: later syncs replace files, not edit them
                 self._run_checked(node, ["cp", "-al", cache, posixpath.join(job_dir, "code")])
 

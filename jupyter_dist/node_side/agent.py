@@ -637,6 +637,10 @@ class Agent:
         hook = os.path.join(job_dir, HOOK_FOLDER) if job_dir else None
         if hook and os.path.isfile(os.path.join(hook, "sitecustomize.py")):
             env["PYTHONPATH"] = os.pathsep.join(filter(None, [hook, env.get("PYTHONPATH")]))
+            # Python caches the hook's bytecode beside it: in a private folder (its files
+            # take the source's 0600), as everything in the job's folder is.
+            with contextlib.suppress(OSError):
+                os.makedirs(os.path.join(hook, "__pycache__"), mode=0o700, exist_ok=True)
         # Check first, then say "started", then start: once the child runs, its output
         # shares our stderr, so the handshake line must already be out.
         if self.cwd and not os.path.isdir(self.cwd):

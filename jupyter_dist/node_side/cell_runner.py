@@ -75,12 +75,19 @@ def main():
     if names:
         values = {n: namespace[n] for n in names if n in namespace}
         missing = [n for n in names if n not in namespace]
-        os.makedirs(os.path.join(job_dir, "out"), exist_ok=True)
-        path = os.path.join(job_dir, "out", rank_key() + ".pkl")
-        with open(path + ".tmp", "wb") as handle:
-            _pickler.dump({"values": values, "missing": missing}, handle)
-        os.replace(path + ".tmp", path)
+        save_private(os.path.join(job_dir, "out"), {"values": values, "missing": missing})
     finish(namespace)
+
+
+def save_private(folder, report):
+    """`report` pickled as `folder`/<rank>.pkl, whole or not at all, readable by its owner
+    alone (the job's folder is private: so is what is in it)."""
+    os.makedirs(folder, mode=0o700, exist_ok=True)
+    path = os.path.join(folder, rank_key() + ".pkl")
+    fd = os.open(path + ".tmp", os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with os.fdopen(fd, "wb") as handle:
+        _pickler.dump(report, handle)
+    os.replace(path + ".tmp", path)
 
 
 def finish(namespace, code=0):

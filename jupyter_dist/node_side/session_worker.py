@@ -63,16 +63,12 @@ def memory():
 
 def save_values(names, cell, namespace):
     """The named values (and which are missing), in the cell runner's format."""
-    from cell_runner import _pickler, rank_key  # shipped beside this file
+    from cell_runner import save_private  # shipped beside this file
 
     folder = os.path.join(os.environ["DISTRUN_JOB_DIR"], "out", f"cell-{cell}")
-    os.makedirs(folder, exist_ok=True)
+    os.makedirs(os.path.dirname(folder), mode=0o700, exist_ok=True)
     values = {n: namespace[n] for n in names if n in namespace}
-    report = {"values": values, "missing": [n for n in names if n not in namespace]}
-    path = os.path.join(folder, rank_key() + ".pkl")
-    with open(path + ".tmp", "wb") as handle:
-        _pickler.dump(report, handle)
-    os.replace(path + ".tmp", path)
+    save_private(folder, {"values": values, "missing": [n for n in names if n not in namespace]})
 
 
 def main():

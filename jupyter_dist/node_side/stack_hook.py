@@ -42,9 +42,10 @@ def enable_stack_dumps():
     def register():
         try:
             folder = os.path.join(os.environ["DISTRUN_JOB_DIR"], "stacks")
-            os.makedirs(folder, exist_ok=True)
+            os.makedirs(folder, mode=0o700, exist_ok=True)  # private, as the job's folder
             name = f"{machine_tag()}-{os.getpid()}-sig{int(STACK_SIGNAL)}.txt"
-            handle = open(os.path.join(folder, name), "a")  # noqa: SIM115 (kept open)
+            fd = os.open(os.path.join(folder, name), os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
+            handle = os.fdopen(fd, "a")  # kept open: faulthandler writes to it
             faulthandler.register(STACK_SIGNAL, file=handle, all_threads=True)
             _dump_files.append(handle)
         except (OSError, RuntimeError, ValueError, KeyError, AttributeError):
