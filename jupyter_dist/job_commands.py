@@ -28,7 +28,7 @@ from jupyter_dist.describe import (
 from jupyter_dist.diagnose.meters import mib, summarize
 from jupyter_dist.diagnose.stacks import METHODS as STACK_METHODS
 from jupyter_dist.diagnose.stacks import StackDump
-from jupyter_dist.errors import DistrunError
+from jupyter_dist.errors import DamagedJob, DistrunError
 from jupyter_dist.events import FINAL_STATES
 from jupyter_dist.nodes import load_inventory
 from jupyter_dist.options import BY_NAME
@@ -245,10 +245,15 @@ def cmd_inspect(args: argparse.Namespace, store: JobStore) -> int:
     if on_gpus:
         print()
         print_table(on_gpus, GPU_METER_COLUMNS, title="What each rank used on GPUs")
-    stacks = record.last_stacks()
-    if stacks:  # the latest dump, one line per group (all of it: `stacks --last`)
+    try:
+        stacks = record.last_stacks()
+        dump = StackDump.from_dict(stacks) if stacks else None
+    except DamagedJob as exc:  # the rest of the job is still worth showing
+        print(f"\n{exc}")
+        dump = None
+    if dump is not None:  # the latest dump, one line per group (all of it: `stacks --last`)
         print()
-        print(StackDump.from_dict(stacks).format(detail=False))
+        print(dump.format(detail=False))
     return EXIT_OK
 
 

@@ -26,11 +26,12 @@ import secrets
 import stat
 import time
 from collections.abc import Iterator
-from dataclasses import dataclass
+from dataclasses import MISSING, dataclass, fields
 from pathlib import Path
 from typing import Any, BinaryIO
 
 from jupyter_dist.errors import DamagedJob, DistrunError
+from jupyter_dist.events import RootCause
 
 STREAMS = ("stdout", "stderr")
 MAX_JOB_ID = 128  # ours are 26 characters
@@ -50,19 +51,54 @@ class UnknownJob(DistrunError):
 # What the views read of a status, and the types they need.
 _STATUS_TYPES = {
     "state": str, "name": str, "type": str, "processes": dict, "nodes": list,
-    "root_cause": dict, "started": (int, float), "ended": (int, float),
+    "root_cause": dict, "started": (int, float), "ended": (int, float), "owner_host": str,
+    "world_size": int, "message": str,
 }  # fmt: skip
 
 
+_MAX_PID = 1 << 22  # Linux's pid_max can be no higher
+_LATEST = 1e11  # seconds since 1970: the year 5138
+
+
 def _status_problem(status: Any) -> str | None:
-    """Why a status.json's content cannot be shown, or None."""
+    """Why a status.json's content cannot be shown, or None: every value a view reads is
+    checked, so that a damaged job never breaks a listing (valid JSON can be damaged)."""
     if not isinstance(status, dict):
         return f"status.json holds a {type(status).__name__}, not a mapping"
     for key, kinds in _STATUS_TYPES.items():
         value = status.get(key)
-        if value is not None and not isinstance(value, kinds):
+        if value is not None and (not isinstance(value, kinds) or isinstance(value, bool)):
             return f"status.json's {key} is a {type(value).__name__}"
+    for key in ("started", "ended"):
+        value = status.get(key)
+        if value is not None and not (0 <= value <= _LATEST):  # NaN fails this too
+            return f"status.json's {key} is not a time"
+    pid = status.get("owner_pid")
+    if pid is not None and not (isinstance(pid, int) and 0 < pid <= _MAX_PID):
+        return "status.json's owner_pid is not a process id"
+    processes = status.get("processes") or {}
+    if not all(isinstance(entry, dict) for entry in processes.values()):
+        return "status.json's processes are not all mappings"
+    cause = status.get("root_cause")
+    if cause is not None and not _is_root_cause(cause):
+        return "status.json's root_cause is not one"
     return None
+
+
+def _is_root_cause(cause: dict) -> bool:
+    names = {f.name for f in fields(RootCause)}
+    required = {f.name for f in fields(RootCause) if f.default is MISSING and
+                f.default_factory is MISSING}  # fmt: skip
+    return required <= set(cause) <= names
+
+
+def _is_usage(sample: Any) -> bool:
+    """Whether a usage.jsonl line is an agent's report as append_usage stored it."""
+    return (
+        isinstance(sample, dict)
+        and isinstance(sample.get("t"), (int, float))
+        and isinstance(sample.get("p"), str)
+    )
 
 
 def default_root() -> Path:
@@ -152,7 +188,7 @@ class JobRecord:
             status = json.loads((self.path / "status.json").read_text())
         except FileNotFoundError:
             return {"job_id": self.job_id, "state": "unknown"}
-        except (OSError, ValueError) as exc:  # undecodable bytes, broken JSON, unreadable
+        except (OSError, ValueError, RecursionError) as exc:  # bytes, JSON, nesting, access
             return self._damaged(f"status.json cannot be read ({type(exc).__name__})")
         problem = _status_problem(status)
         return self._damaged(problem) if problem else status
@@ -183,9 +219,11 @@ class JobRecord:
             return []
         found = []
         for line in text.splitlines():
-            with contextlib.suppress(json.JSONDecodeError):  # a line cut by a crash
+            with contextlib.suppress(ValueError, RecursionError):  # a line cut by a crash
                 sample = json.loads(line)
-                if since is None or float(sample.get("t", 0)) >= since:
+                if not _is_usage(sample):
+                    continue  # damaged: not one of the agents' reports
+                if since is None or sample["t"] >= since:
                     found.append(sample)
         return found
 
@@ -194,11 +232,17 @@ class JobRecord:
         write_atomic(self.path / "stacks.json", json.dumps(dump))
 
     def last_stacks(self) -> dict[str, Any] | None:
-        """The latest stack dump taken of the job, if any was."""
+        """The latest stack dump taken of the job, if any was; DamagedJob where stacks.json
+        is not one (StackDump.from_dict checks the rest)."""
         try:
-            return json.loads((self.path / "stacks.json").read_text())
-        except (FileNotFoundError, json.JSONDecodeError):
+            dump = json.loads((self.path / "stacks.json").read_text())
+        except FileNotFoundError:
             return None
+        except (OSError, ValueError, RecursionError):
+            dump = None
+        if not isinstance(dump, dict):
+            raise DamagedJob(f"job {self.job_id}: its stacks.json is damaged")
+        return dump
 
     def plan(self) -> dict[str, Any]:
         """The job's plan.json; DistrunError in one line if it is damaged."""

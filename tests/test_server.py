@@ -277,6 +277,15 @@ async def test_a_damaged_job_and_an_impossible_id_never_make_a_500(jp_fetch, hom
     (store.root / done.job_id / "status.json").write_bytes(b"\xff\xfe\x00")
     code, jobs = await _json(jp_fetch, "distrun", "jobs")
     assert code == 200 and [job["state"] for job in jobs] == ["damaged"]
+    # Valid JSON can be damaged too: an owner pid past any pid, a start that is NaN.
+    for damage in ({"state": "running", "owner_pid": 2**31}, {"started": float("nan")}):
+        other = run(_spec(tmp_path, "command: echo hi\n"), store=store)
+        path = store.root / other.job_id / "status.json"
+        path.write_text(json.dumps({**json.loads(path.read_text()), **damage}))
+        code, jobs = await _json(jp_fetch, "distrun", "jobs")
+        assert code == 200 and jobs[0]["state"] == "damaged", jobs
+        code, detail = await _json(jp_fetch, "distrun", "jobs", other.job_id)
+        assert code == 200 and detail["state"] == "damaged"
     code, message = await _error(jp_fetch, "distrun", "jobs", "x" * 5000)
     assert code == 404 and "a job id is letters, digits" in message
 

@@ -9,6 +9,7 @@ import os
 import stat
 import sys
 import time
+from pathlib import Path
 
 import pytest
 from helpers import run_cli
@@ -167,3 +168,68 @@ def test_usage_since_reads_the_end_of_a_long_file_and_gives_what_the_whole_does(
         whole = [s for s in record.usage() if s["t"] >= since]
         assert record.usage(since=since) == whole, since
     assert read[-2] < size / 10 or processes == 1  # the last 5 s: not the whole file
+
+
+# Damage that is valid JSON (or a file of the wrong kind): each broke `jobs` for every job,
+# or inspect, cancel, stacks or logs of the job (found by the probe).
+_DEEP = '{"a": ' * 100_000 + "1" + "}" * 100_000
+DAMAGE = {
+    "root cause with an unknown field": (
+        "status.json",
+        {"state": "failed", "root_cause": {"bogus": 1}},
+    ),
+    "root cause missing fields": (
+        "status.json",
+        {"state": "failed", "root_cause": {"process": "rank-0"}},
+    ),
+    "an owner pid past any pid": ("status.json", {"state": "running", "owner_pid": 2**31}),
+    "a start far in the future": ("status.json", {"started": 1e300}),
+    "a start that is not a number": ("status.json", {"started": float("nan")}),
+    "a process that is a number": ("status.json", {"processes": {"rank-0": 3}}),
+    "a status nested 100k deep": ("status.json", _DEEP),
+    "garbage usage": ("usage.jsonl", '3\n[]\n{"t": "x"}\n{"p": 1, "t": 5}\n{\n'),
+    "garbage stacks": ("stacks.json", '{"job_id": 1, "processes": [3]}'),
+    "stacks that are a list": ("stacks.json", "[]"),
+    "a folder named like a log": ("logs/rank-0.stdout.log", "folder"),
+    "a FIFO named like a log": ("logs/rank-0.stderr.log", "fifo"),
+}
+
+
+def _damage(job: Path, where: str, what) -> None:
+    path = job / where
+    if what in ("folder", "fifo"):
+        path.unlink(missing_ok=True)
+        path.mkdir() if what == "folder" else os.mkfifo(path)
+    elif isinstance(what, dict):
+        status = json.loads((job / "status.json").read_text())
+        path.write_text(json.dumps({**status, **what}))
+    else:
+        path.write_text(what)
+
+
+@pytest.mark.parametrize("kind", DAMAGE)
+def test_damage_that_is_valid_json_never_breaks_a_command(kind, store, capsys):
+    """Each kind of damage: jobs (table and JSON) still lists every job, the damaged one
+    as damaged where its status is; inspect, cancel, stacks --last and logs of it answer
+    with their usual exit codes and at most one line of error, never a traceback."""
+    import shutil
+
+    from jupyter_dist import cli
+
+    good = _job(store).job_id
+    damaged = good[:-6] + "dddddd"
+    shutil.copytree(
+        store.root / good, store.root / damaged, ignore=shutil.ignore_patterns(".*.tmp")
+    )
+    for name in ("status.json", "plan.json"):  # a job of its own, then damaged
+        path = store.root / damaged / name
+        path.write_text(path.read_text().replace(good, damaged))
+    _damage(store.root / damaged, *DAMAGE[kind])
+    for argv in (["jobs"], ["jobs", "--json"], ["inspect", damaged], ["stacks", damaged, "--last"],
+                 ["logs", damaged], ["cancel", damaged, "--wait", "0"]):  # fmt: skip
+        code = cli.main([*argv, "--store", str(store.root)])
+        out, err = capsys.readouterr()
+        assert code in (0, 1, 2), (argv, code)
+        assert "Traceback" not in err and err.count("\n") <= 1, (argv, err)
+        if argv[0] == "jobs":
+            assert good in out and damaged in out, (argv, out)

@@ -21,7 +21,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from jupyter_dist import node_side
-from jupyter_dist.errors import DistrunError
+from jupyter_dist.errors import DamagedJob, DistrunError
 from jupyter_dist.events import ranges
 from jupyter_dist.nodes import Node
 from jupyter_dist.store import timestamp
@@ -141,15 +141,21 @@ class StackDump:
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> StackDump:
-        return cls(
-            job_id=data["job_id"],
-            taken=data["taken"],
-            processes=[ProcessStack(**p) for p in data.get("processes", [])],
-            others=list(data.get("others", [])),
-            problems=list(data.get("problems", [])),
-            reason=data.get("reason", "asked"),
-            request=data.get("request"),
-        )
+        """A stored dump (stacks.json); DamagedJob if it is not one."""
+        try:
+            dump = cls(
+                job_id=str(data["job_id"]),
+                taken=float(data["taken"]),
+                processes=[ProcessStack(**p) for p in data.get("processes", [])],
+                others=list(data.get("others", [])),
+                problems=list(data.get("problems", [])),
+                reason=str(data.get("reason", "asked")),
+                request=data.get("request"),
+            )
+            dump.format(detail=True)  # every frame readable, as a view will read it
+        except (KeyError, TypeError, ValueError, AttributeError):
+            raise DamagedJob(f"job {data.get('job_id', '?')}: its stacks.json is damaged") from None
+        return dump
 
 
 def _order(proc: ProcessStack) -> tuple:

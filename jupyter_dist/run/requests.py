@@ -12,6 +12,7 @@ shared and needs no port, socket or signal to the owner.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import socket
@@ -20,7 +21,7 @@ import uuid
 from typing import Any
 
 from jupyter_dist.diagnose.stacks import check_method
-from jupyter_dist.errors import DistrunError
+from jupyter_dist.errors import DamagedJob, DistrunError
 from jupyter_dist.events import FINAL_STATES
 from jupyter_dist.store import JobRecord, write_atomic
 
@@ -138,9 +139,10 @@ def request_stacks(record: JobRecord, method: str, timeout: float) -> dict[str, 
     )
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
-        dump = record.last_stacks()
-        if dump and dump.get("request") == request_id:
-            return dump
+        with contextlib.suppress(DamagedJob):  # the answer replaces a damaged dump
+            dump = record.last_stacks()
+            if dump and dump.get("request") == request_id:
+                return dump
         if effective_state(record.status()) != "running":
             raise DistrunError(f"job {record.job_id} ended before its stacks were read")
         time.sleep(0.1)
