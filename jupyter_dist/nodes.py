@@ -12,7 +12,15 @@ import yaml
 from pydantic import Field, ValidationError, field_validator
 
 from jupyter_dist.errors import NodeError
-from jupyter_dist.validation import Port, StrictSection, YamlTooBig, count, load_yaml, one_line
+from jupyter_dist.validation import (
+    Port,
+    StrictSection,
+    YamlTooBig,
+    count,
+    load_yaml,
+    one_line,
+    read_yaml_file,
+)
 
 LOCAL_HOST = "127.0.0.1"
 
@@ -167,7 +175,8 @@ def inventory_path(explicit: str | Path | None = None) -> Path | None:
         path = Path(named).expanduser()
         if not path.is_file():
             how = "--nodes-file" if explicit else "DISTRUN_NODES_FILE"
-            raise NodeError(f"node inventory {path} (from {how}) does not exist")
+            what = "is not a file" if path.exists() else "does not exist"
+            raise NodeError(f"node inventory {path} (from {how}) {what}")
         return path
     default = default_inventory_path()
     return default if default.is_file() else None
@@ -179,7 +188,7 @@ def load_inventory(explicit: str | Path | None = None) -> Inventory:
     if path is None:
         return Inventory()
     try:
-        data = load_yaml(path.read_text())
+        data = load_yaml(read_yaml_file(path))
     except YamlTooBig as exc:
         raise NodeError(f"{path}: {exc}") from None
     except UnicodeDecodeError:

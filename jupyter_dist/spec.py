@@ -30,6 +30,7 @@ from jupyter_dist.validation import (
     fail,
     load_yaml,
     one_line,
+    read_yaml_file,
 )
 
 JOB_TYPES = ("pytorch", "tensorflow", "mpi", "dask")
@@ -564,9 +565,11 @@ def load_spec(path: Path | str) -> JobSpec:
     """Load a job spec YAML file; a relative `code` is resolved from the file's folder."""
     path = Path(path)
     try:
-        text = path.read_text()
+        text = read_yaml_file(path)
     except FileNotFoundError:
         raise SpecError(f"{path}: no such file") from None
+    except YamlTooBig as exc:
+        raise SpecError(f"{path}: {exc}") from None
     except (OSError, UnicodeDecodeError) as exc:
         raise SpecError(f"{path}: cannot read it ({exc.__class__.__name__})") from None
     return parse_spec(text, base_dir=path.resolve().parent, source=str(path))

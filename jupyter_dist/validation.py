@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import difflib
 from collections.abc import Iterable
+from pathlib import Path
 from typing import Annotated, Any
 
 import yaml
@@ -107,6 +108,17 @@ _Loader = getattr(yaml, "CSafeLoader", yaml.SafeLoader)  # libyaml's, where pres
 
 class YamlTooBig(ValueError):
     """YAML that is too large, too deep, expands too far or refers to itself."""
+
+
+def read_yaml_file(path: Path) -> str:
+    """A YAML file's text, read no further than MAX_YAML_BYTES (a spec named /dev/zero, or
+    a huge file, fails at once with YamlTooBig instead of filling memory first).
+    OSError and UnicodeDecodeError as reading raises them."""
+    with open(path, "rb") as handle:
+        data = handle.read(MAX_YAML_BYTES + 1)
+    if len(data) > MAX_YAML_BYTES:
+        raise YamlTooBig(f"more than {MAX_YAML_BYTES >> 20} MiB of YAML")
+    return data.decode("utf-8")
 
 
 def load_yaml(text: str) -> Any:

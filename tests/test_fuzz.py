@@ -221,7 +221,7 @@ BOMB = "a: &a [x, x, x, x, x, x, x, x, x]\n" + "".join(
         ("command: x\nresources: {instance_count: 1}\n"
          "distribution: {type: tensorflow, base_port: 65535, worker_count: 3}\n",
          "base_port: 65535 leaves too few ports"),
-        ("#" * 100 + "\n" + "# comment\n" * 500_000, "MiB of YAML; at most 4 MiB"),
+        ("#" * 100 + "\n" + "# comment\n" * 500_000, "more than 4 MiB of YAML"),
     ],
 )  # fmt: skip
 def test_each_case_found_is_one_line_from_the_cli(text, message, tmp_path):
@@ -230,6 +230,18 @@ def test_each_case_found_is_one_line_from_the_cli(text, message, tmp_path):
     done = run_cli("plan", str(path), "--store", str(tmp_path / "jobs"), timeout=60)
     assert done.returncode == 2 and done.stderr.count("\n") == 1, done.stderr[-500:]
     assert message in done.stderr and "Traceback" not in done.stderr
+
+
+def test_an_endless_file_is_refused_at_once_not_read_whole(tmp_path):
+    """`plan /dev/zero` read the whole file before its size check (it never ends): a spec
+    is read no further than the cap; a node inventory must be a file."""
+    store = str(tmp_path / "jobs")
+    plan = run_cli("plan", "/dev/zero", "--store", store, timeout=60)
+    nodes = run_cli("nodes", "--nodes-file", "/dev/zero", "--store", store, timeout=60)
+    for done in (plan, nodes):
+        assert done.returncode == 2 and done.stderr.count("\n") == 1, done.stderr[-500:]
+    assert "/dev/zero: more than 4 MiB of YAML" in plan.stderr
+    assert "node inventory /dev/zero (from --nodes-file) is not a file" in nodes.stderr
 
 
 def test_the_kernel_gets_one_line_for_each_bad_line(kernel_env, tmp_path):
