@@ -255,7 +255,7 @@ class DistrunMagics(Magics):
                 )  # fmt: skip
             if pushed is not None:  # the runner starts the cell with these globals
                 extra["push.b64"] = pushed
-            if args.save:
+            if args.save is not None:
                 _save(args.save, spec)
             inventory = load_inventory(args.nodes_file or self.nodes_file or None)
             if args.dry_run:
@@ -436,6 +436,11 @@ class DistrunMagics(Magics):
 
         action, rest = (words[0], words[1:]) if words else ("status", [])
         if action == "start":
+            if any(word in ("-t", "--type") or word.startswith(("-t", "--type=")) for word in rest):
+                raise _user_error(
+                    "%distrun dask start starts a Dask cluster: leave --type out (a job of "
+                    "another type is a %%distrun cell)"
+                )
             self.distrun(" ".join(["--type", "dask", *map(shlex.quote, rest)]), "")
             return
         clusters = running_clusters()
@@ -565,6 +570,8 @@ def _words(line: str, magic: str) -> list[str]:
 
 def _save(path: str, spec: JobSpec) -> None:
     """--save: the spec as YAML in `path` (SpecError in one line if it cannot be written)."""
+    if not path.strip():
+        raise SpecError("--save: give the file to write the spec to (it was empty)")
     try:
         Path(path).expanduser().write_text(spec.to_yaml())
     except (OSError, RuntimeError) as exc:

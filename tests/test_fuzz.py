@@ -252,6 +252,8 @@ def test_the_kernel_gets_one_line_for_each_bad_line(kernel_env, tmp_path):
         "%distrun jobs --help",
         "%distrun logs somejob --stream sideways",
         "%%distrun --dry-run --env 'GREETING=hello world'\nprint(1)",
+        "%%distrun --save ''\nprint(1)",
+        "%distrun dask start --type pytorch --nodes 1",
         allow_errors=True,
     )
     errors = [
@@ -267,3 +269,6 @@ def test_the_kernel_gets_one_line_for_each_bad_line(kernel_env, tmp_path):
     assert errors[5] is None
     shown = "".join(o.get("text", "") for o in nb.cells[6].outputs)
     assert "GREETING: hello world" in shown  # the space travelled inside its quotes
+    # An empty --save was ignored; --type pytorch in `dask start` ran a pytorch job.
+    for error, said in zip(errors[6:], ("--save: give the file", "leave --type out"), strict=True):
+        assert error is not None and said in error.evalue and len(error.traceback) == 1, error
