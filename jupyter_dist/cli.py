@@ -197,6 +197,8 @@ def cmd_export(args: argparse.Namespace, store: JobStore) -> int:
         return EXIT_OK
     written = write(exported)
     print(f"wrote {', '.join(str(path) for path in written)}", file=sys.stderr)
+    if exported.secrets:
+        print(exported.written_as(), file=sys.stderr)
     print(f"run it with: {exported.how_to_run()} (from {exported.folder})", file=sys.stderr)
     return EXIT_OK
 

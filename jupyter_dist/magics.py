@@ -539,6 +539,8 @@ class DistrunMagics(Magics):
             written = write(exported)
         names = ", ".join(path.name for path in written)
         print(f"Wrote {names} in {exported.folder}")
+        if exported.secrets:
+            print(exported.written_as())
         print(f"Run it with: {exported.how_to_run()}\n")
         print(exported.files[exported.manifest], end="")
 

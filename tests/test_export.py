@@ -708,3 +708,31 @@ def test_skypilots_loader_refuses_a_typo_and_takes_gpus_and_an_image(tmp_path):
     path.write_text(text.replace("num_nodes", "num_node"))
     refused = _sky_check(path)
     assert refused.returncode != 0 and "num_node" in refused.stderr
+
+
+def test_an_export_holding_secrets_is_written_private_and_says_so(tmp_path):
+    """The manifest is the job: it holds the secrets' values (a k8s env, an sbatch export
+    line), so it is written 0600 (a script 0700), and the CLI says why; without secrets,
+    as before (0644 manifests, a 0755 script)."""
+    import stat
+
+    secret = tmp_path / "secret.yml"
+    secret.write_text(
+        "command: echo hi\nenvironment_variables: {HF_TOKEN: hf_abcdef123, MY_VAR: x}\n"
+    )
+    done = run_cli("export", str(secret), "--to", "sbatch", "-o", f"{tmp_path}/out/")
+    assert done.returncode == 0, done.stderr
+    assert "Kept readable by you alone (0600): they hold HF_TOKEN's values" in done.stderr
+    script = tmp_path / "out" / "secret.sbatch"
+    assert "hf_abcdef123" in script.read_text()  # the job needs it
+    assert stat.S_IMODE(script.stat().st_mode) == 0o700  # a script: its owner's alone
+    done = run_cli(
+        "export", str(secret), "--to", "azureml", "--image", "img", "-o", f"{tmp_path}/aml/"
+    )
+    (manifest,) = (tmp_path / "aml").iterdir()
+    assert stat.S_IMODE(manifest.stat().st_mode) == 0o600, done.stderr
+    plain = tmp_path / "plain.yml"
+    plain.write_text("command: echo hi\nenvironment_variables: {MY_VAR: x}\n")
+    done = run_cli("export", str(plain), "--to", "sbatch", "-o", f"{tmp_path}/plain/")
+    assert done.returncode == 0 and "0600" not in done.stderr
+    assert stat.S_IMODE((tmp_path / "plain" / "plain.sbatch").stat().st_mode) == 0o755

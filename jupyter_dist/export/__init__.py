@@ -30,7 +30,9 @@ from jupyter_dist.export.target import (
     path_from,
     script_file,
 )
+from jupyter_dist.masking import is_secret
 from jupyter_dist.spec import JobSpec
+from jupyter_dist.store import write_atomic
 
 __all__ = ["FORMATS", "ExportTarget", "Exported", "Format", "export", "write"]
 
@@ -71,10 +73,17 @@ class Exported:
     format: str
     folder: Path
     files: dict[str, str] = field(default_factory=dict)
+    secrets: tuple[str, ...] = ()  # names of secret variables whose values the files hold
 
     @property
     def manifest(self) -> str:
         return next(iter(self.files))
+
+    def written_as(self) -> str:
+        """What `write` did that a user should know: where secrets went private."""
+        if not self.secrets:
+            return ""
+        return f"Kept readable by you alone (0600): they hold {', '.join(self.secrets)}'s values"
 
     def how_to_run(self) -> str:
         """The command that runs the manifest, from its folder."""
@@ -110,7 +119,11 @@ def export(spec: JobSpec, fmt: str, target: ExportTarget) -> Exported:
                 )
     runnable = command_spec(spec, script_name)
     manifest = chosen.render(runnable, target, files.get(script_file_name))
-    return Exported(format=fmt, folder=target.folder, files={manifest_name: manifest, **files})
+    secrets = tuple(sorted(name for name in spec.environment_variables if is_secret(name)))
+    return Exported(
+        format=fmt, folder=target.folder, files={manifest_name: manifest, **files},
+        secrets=secrets,
+    )  # fmt: skip
 
 
 def write(exported: Exported) -> list[Path]:
@@ -125,7 +138,11 @@ def write(exported: Exported) -> list[Path]:
             )
     exported.folder.mkdir(parents=True, exist_ok=True)
     for path, text in zip(paths, exported.files.values(), strict=True):
+        program = text.startswith("#!")
+        if exported.secrets:  # the manifest is the job: it holds the secrets' values
+            write_atomic(path, text, mode=0o700 if program else None)
+            continue
         path.write_text(text)
-        if text.startswith("#!"):
+        if program:
             path.chmod(0o755)
     return paths
