@@ -8,6 +8,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
 import signal
 import sys
 import threading
@@ -47,6 +48,11 @@ from jupyter_dist.spec import JobSpec, load_spec
 from jupyter_dist.store import JobStore
 
 _COLOURS = ("36", "33", "35", "32", "34", "31", "96", "93", "95", "92", "94", "91")
+# Escape sequences (CSI, OSC, and the two-byte ones) and the other C0 controls but tab.
+_CONTROLS = re.compile(
+    r"\x1b\[[0-?]*[ -/]*[@-~]|\x1b\][^\x07\x1b]*(?:\x07|\x1b\\)?|\x1b[ -/]+[0-~]|\x1b[ -~]?"
+    r"|[\x00-\x08\x0a-\x1a\x1c-\x1f\x7f]"
+)
 
 
 class TerminalPrinter(JobListener):
@@ -63,11 +69,19 @@ class TerminalPrinter(JobListener):
         code = self._colour_of.setdefault(key, _COLOURS[len(self._colour_of) % len(_COLOURS)])
         return f"\x1b[{code}m[{label}]\x1b[0m "
 
+    def _text(self, text: str) -> str:
+        """A line as the terminal gets it: as printed, where colours are on; else without
+        escape sequences or control characters (no colour, no retitled window, no moved
+        cursor), a progress bar's last state only."""
+        if self.colour:
+            return text
+        return _CONTROLS.sub("", text.rstrip("\r").rsplit("\r", 1)[-1])
+
     def on_lines(self, lines: list[OutputLine]) -> None:
         with self._lock:
             for stream in ("stdout", "stderr"):
                 text = "".join(
-                    f"{self._prefix(line.key, line.label)}{line.text}\n"
+                    f"{self._prefix(line.key, line.label)}{self._text(line.text)}\n"
                     for line in lines
                     if line.stream == stream
                 )

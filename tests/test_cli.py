@@ -7,6 +7,7 @@ import os
 import re
 import signal
 import subprocess
+import sys
 import textwrap
 import time
 from pathlib import Path
@@ -291,3 +292,22 @@ def test_hostile_texts_print_as_they_are_in_every_table(tmp_path: Path, store):
     shown = "".join(o.get("data", {}).get("text/plain", "") for o in cell.outputs)
     assert HOSTILE_NAME in shown and "rank 0 on local0" in shown, cell.outputs
     assert [o.output_type for o in cell.outputs] == ["display_data"]
+
+
+def test_with_colour_never_no_escape_sequence_reaches_the_terminal(tmp_path: Path, store):
+    """A rank's escape sequences (a window title, colours, a reset, a cursor move) and
+    control bytes pass to the terminal only where colours are on; with --color never (or
+    output that is not a terminal) the text alone, a progress bar's last state."""
+    printed = r"print('\x1b]0;pwned\x07\x1b[31mred\x1b[0m\tok\x1bc\x1b[2J\x07!\n10%\r50%')"
+    spec = _write(
+        tmp_path,
+        f"""\
+        command: {json.dumps(f'{sys.executable} -c "{printed}"')}
+        distribution: {{type: pytorch, process_count_per_instance: 1}}
+    """,
+    )
+    never = run_cli("run", str(spec), "--color", "never", store=store)
+    assert never.returncode == 0, never.stderr
+    assert "[rank 0] red\tok!\n[rank 0] 50%\n" in never.stdout and "\x1b" not in never.stdout
+    always = run_cli("run", str(spec), "--color", "always", store=store)
+    assert "\x1b[31mred" in always.stdout  # asked for: the rank's own colours too
