@@ -15,6 +15,7 @@ import yaml
 from pydantic import (
     Field,
     PrivateAttr,
+    Strict,
     ValidationError,
     field_validator,
     model_validator,
@@ -205,8 +206,9 @@ class JobSpec(StrictSection):
 
     schema_: Any = Field(default=None, alias="$schema")  # Azure's; first, as Azure writes it
     # Ours and Azure's, acted on.
-    command: str | None = None
-    script: str | None = None  # ours: Python source run as $DISTRUN_JOB_DIR/script.py
+    # Text as YAML writes text: not a number, not bytes (`!!binary` would pass as text).
+    command: Annotated[str, Strict()] | None = None
+    script: Annotated[str, Strict()] | None = None  # ours: run as $DISTRUN_JOB_DIR/script.py
     code: str | dict | None = None
     inputs: dict[str, InputValue] = Field(default_factory=dict)
     environment_variables: dict[str, Any] = Field(default_factory=dict)

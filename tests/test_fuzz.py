@@ -222,6 +222,8 @@ BOMB = "a: &a [x, x, x, x, x, x, x, x, x]\n" + "".join(
          "distribution: {type: tensorflow, base_port: 65535, worker_count: 3}\n",
          "base_port: 65535 leaves too few ports"),
         ("#" * 100 + "\n" + "# comment\n" * 500_000, "more than 4 MiB of YAML"),
+        ("command: !!binary aGVsbG8=\n", "command: b'hello' is not valid; expected a string"),
+        ("script: 42\n", "script: 42 is not valid; expected a string"),
     ],
 )  # fmt: skip
 def test_each_case_found_is_one_line_from_the_cli(text, message, tmp_path):
