@@ -480,6 +480,9 @@ def test_a_killed_node_agent_fails_the_job_fast_and_leaves_nothing(store):
         while job_processes(job.job_id) and time.monotonic() < deadline:
             time.sleep(0.1)
         assert job_processes(job.job_id) == []
+        from jupyter_dist.node_side.agent import Cgroup
+
+        assert [c.folder for c in Cgroup.of_job(job.job_id)] == []  # its cgroup swept too
     finally:  # whatever happened, nothing of the job outlives the test
         from jupyter_dist.node_side.agent import sweep
 

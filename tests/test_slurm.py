@@ -262,6 +262,10 @@ def test_a_killed_node_agent_fails_the_job_and_leaves_nothing(
     while any(slurm_cluster.pids(n) for n in slurm_cluster.nodes):
         assert time.monotonic() < deadline, [slurm_cluster.pids(n) for n in slurm_cluster.nodes]
         time.sleep(0.2)
+    from jupyter_dist.node_side.agent import Cgroup
+
+    # the node was swept: the dead agent's cgroup is gone too (it stayed, empty, before)
+    assert [c.folder for c in Cgroup.of_job(store.jobs()[0].job_id)] == []
 
 
 def test_a_notebook_cell_inside_an_allocation_runs_on_its_nodes(

@@ -392,8 +392,9 @@ class Job:
 
     def _unclean_nodes(self) -> set[str]:
         """Nodes where a process ended without its agent reporting an exit code (never
-        started, agent killed) or with 255 (connection lost): something may be left there."""
-        return {s.node for s in self.processes.values() if s.exit_code in (None, 255)}
+        started, agent killed: it has a note saying so, whatever code its launcher, an srun,
+        gave) or with 255 (connection lost): something may be left there."""
+        return {s.node for s in self.processes.values() if s.exit_code in (None, 255) or s.note}
 
     def _only_services_left(self) -> bool:
         running = [
