@@ -22,6 +22,7 @@ from jupyter_dist.describe import (
     PLAN_COLUMNS,
     command_masker,
     format_commands,
+    last_state,
     plan_rows,
 )
 from jupyter_dist.diagnose.stall import describe_stall
@@ -75,7 +76,7 @@ class TerminalPrinter(JobListener):
         cursor), a progress bar's last state only."""
         if self.colour:
             return text
-        return _CONTROLS.sub("", text.rstrip("\r").rsplit("\r", 1)[-1])
+        return _CONTROLS.sub("", last_state(text))
 
     def on_lines(self, lines: list[OutputLine]) -> None:
         with self._lock:

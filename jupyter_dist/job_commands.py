@@ -23,6 +23,7 @@ from jupyter_dist.describe import (
     inspect_rows,
     job_size,
     job_summary,
+    last_state,
     tf_configs,
 )
 from jupyter_dist.diagnose.meters import mib, summarize
@@ -320,8 +321,7 @@ def cmd_logs(args: argparse.Namespace, store: JobStore) -> int:
     for ts, key, _stream, text in record.read_logs(wanted, streams, cell=args.cell):
         stamp = f"{ts} " if args.timestamps else ""
         label = f"[{key}] " if prefix_each else ""
-        if "\r" in text:  # a progress bar: its last state, as a terminal shows it
-            text = text.rstrip("\r").rsplit("\r", 1)[-1]
+        text = last_state(text)
         out.append(f"{stamp}{label}{text}\n")
     sys.stdout.write("".join(out))
     return EXIT_OK

@@ -83,10 +83,9 @@ def _masked_assignment(found: re.Match[str]) -> str:
 def masked_spec(data: Mapping[str, Any]) -> dict[str, Any]:
     """A spec mapping with its environment_variables masked, and their secret values
     wherever else they appear (the command, inputs)."""
-    out = copy.deepcopy(dict(data))
-    env = out.get("environment_variables")
+    env = data.get("environment_variables")
     env = env if isinstance(env, Mapping) else {}
-    out = _mask_strings(out, Masker(secret_values([env])))
+    out = _mask_strings(data, Masker(secret_values([env])))  # a copy: new mappings, lists
     if env:
         out["environment_variables"] = masked_env(env)
     return out

@@ -262,12 +262,12 @@ class LaunchOptions:
                 raise SpecError(f"{option.flag} applies to {types} jobs only (this is {self.type})")
 
     def _given(self, option: Option) -> bool:
-        return getattr(self, option.name, None) not in (None, False, [])
+        return _is_given(getattr(self, option.name, None))
 
     def backend_section(self) -> dict[str, Any]:
         """The spec's `backend:` keys these options set ({} when none): the backend's name
         and its options (a backend's option without --backend means that backend)."""
-        own = {o: v for o, v in self.backend_options.items() if v not in (None, False, [])}
+        own = {o: v for o, v in self.backend_options.items() if _is_given(v)}
         for option in own:
             if self.backend not in (None, option.backend):
                 raise SpecError(
@@ -281,6 +281,11 @@ class LaunchOptions:
         if options or self.backend:
             return {"type": self.backend or backends.pop(), **options}
         return {}
+
+
+def _is_given(value: Any) -> bool:
+    """Whether an option holds a value (a flag set, a list not empty), not its default."""
+    return value not in (None, False, [])
 
 
 def env_pairs(pairs: list[str] | None) -> dict[str, str]:

@@ -85,11 +85,15 @@ def _status_problem(status: Any) -> str | None:
     return None
 
 
+# A stored root cause has every field RootCause requires, and none it does not know.
+_CAUSE_FIELDS = {f.name for f in fields(RootCause)}
+_CAUSE_REQUIRED = {
+    f.name for f in fields(RootCause) if f.default is MISSING and f.default_factory is MISSING
+}
+
+
 def _is_root_cause(cause: dict) -> bool:
-    names = {f.name for f in fields(RootCause)}
-    required = {f.name for f in fields(RootCause) if f.default is MISSING and
-                f.default_factory is MISSING}  # fmt: skip
-    return required <= set(cause) <= names
+    return _CAUSE_REQUIRED <= set(cause) <= _CAUSE_FIELDS
 
 
 def _is_usage(sample: Any) -> bool:
