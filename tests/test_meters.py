@@ -139,3 +139,21 @@ def test_the_live_view_sends_each_ranks_cpu_and_memory(kernel_env, fake_gpus):
     with_gpu = [r for r in both if len(r["rank-0"]) == 4 and len(r["rank-1"]) == 4]
     assert with_gpu and with_gpu[-1]["rank-0"][2:] == [90.0, 1000 * 2**20], both
     assert with_gpu[-1]["rank-1"][2:] == [None, 2000 * 2**20], both
+
+
+def test_a_process_counts_once_in_a_bucket_however_its_samples_fall():
+    """Stored samples are 5 s apart, rounded to 10 ms: two of one process 5.00 s apart can
+    fall in one bucket (the last one holds everything up to `now`), and its memory was
+    counted twice (CI: 6000 MiB of GPU memory for 3000). Two processes still add up."""
+    gib = 1 << 30
+    samples = [
+        {"t": t, "p": p, "cpu": t / 5, "rss": gib, "gpu": [None, 2 * gib]}
+        for t in (100.0, 105.0, 110.0)
+        for p in ("rank-0", "rank-1")
+    ]
+    nodes = node_series([(samples, {"rank-0": "n0", "rank-1": "n0"})], now=110.0)
+    line = nodes["n0"]
+    shown = [i for i, value in enumerate(line["rss"]) if value is not None]
+    assert shown and all(line["rss"][i] == 2 * gib for i in shown), line["rss"]
+    assert all(line["gpu"][i] == 4 * gib for i in shown), line["gpu"]
+    assert all(line["cpu"][i] == 40.0 for i in shown), line["cpu"]  # 20% each: 1 s per 5 s

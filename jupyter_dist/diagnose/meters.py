@@ -150,8 +150,10 @@ def node_series(
     samples ({"t", "p", "cpu", "rss", "gpu"}: a process's whole tree) with the node of each
     process name. A node with no report in the window is left out."""
     start = now - bucket * points
-    found: dict[str, dict[str, list]] = {}
-    for samples, node_of in jobs:
+    # (node, bucket) -> (job, process) -> (CPU share, rss, GPU bytes): one reading of each
+    # process a bucket, its latest (two stored 5.00 s apart can share one), then summed.
+    latest: dict[tuple[str, int], dict[tuple[int, str], tuple[float, int, int | None]]] = {}
+    for job, (samples, node_of) in enumerate(jobs):
         series: dict[str, list[tuple[float, float, int, int | None]]] = {}
         for sample in samples:
             gpu = _gpu(sample.get("gpu"))
@@ -168,11 +170,14 @@ def node_series(
                 if not start < t1 <= now or t1 <= t0:
                     continue
                 at = min(int((t1 - start) // bucket), points - 1)
-                lines = found.setdefault(node, {"cpu": [None] * points, "rss": [None] * points})
                 share = max(0.0, c1 - c0) / (t1 - t0) * 100
-                lines["cpu"][at] = round((lines["cpu"][at] or 0.0) + share, 1)
-                lines["rss"][at] = (lines["rss"][at] or 0) + rss
-                if held is not None:
-                    gpu_line = lines.setdefault("gpu", [None] * points)
-                    gpu_line[at] = (gpu_line[at] or 0) + held
+                latest.setdefault((node, at), {})[job, process] = (share, rss, held)
+    found: dict[str, dict[str, list]] = {}
+    for (node, at), readings in latest.items():
+        lines = found.setdefault(node, {"cpu": [None] * points, "rss": [None] * points})
+        lines["cpu"][at] = round(sum(share for share, _, _ in readings.values()), 1)
+        lines["rss"][at] = sum(rss for _, rss, _ in readings.values())
+        held = [gpu for _, _, gpu in readings.values() if gpu is not None]
+        if held:
+            lines.setdefault("gpu", [None] * points)[at] = sum(held)
     return found
