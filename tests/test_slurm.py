@@ -443,6 +443,9 @@ def test_a_notebook_cell_asks_for_an_allocation_runs_ddp_and_gives_it_back(
     )
     for rank in range(4):
         assert f"[rank {rank}] {rank} on sln{rank // 2 + 1} sum 6.0" in text
+    deadline = time.monotonic() + 30  # scancel returns before Slurm ends the job (KillWait)
+    while slurm_cluster.jobs() and time.monotonic() < deadline:
+        time.sleep(0.2)
     assert slurm_cluster.jobs() == []  # the allocation was given back
 
 
