@@ -116,6 +116,7 @@ def run_cli(*args: str, store: JobStore | None = None, timeout: float = 120, **k
 def start_cli_run(spec: Path, store: JobStore, *extra: str, ranks: int = 4, stderr=None):
     """`jupyter distrun run SPEC` in the background; returns once `ranks` lines saying
     "started" came out (the command must print that), with the process and its job id."""
+    import signal
     import time
 
     proc = subprocess.Popen(
@@ -123,6 +124,9 @@ def start_cli_run(spec: Path, store: JobStore, *extra: str, ranks: int = 4, stde
          *extra],
         stdout=subprocess.PIPE, stderr=stderr if stderr is not None else subprocess.DEVNULL,
         text=True,
+        # Ctrl-C reaches it as it would from a terminal, even when the tests themselves were
+        # started in the background (where a shell starts them ignoring SIGINT).
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
     )  # fmt: skip
     seen = 0
     deadline = time.monotonic() + 60
