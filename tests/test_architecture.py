@@ -16,7 +16,7 @@ PACKAGE = ROOT / "jupyter_dist"
 # shared words of "presentation", never each other.
 LAYERS = {
     "base": ("jupyter_dist.errors", "jupyter_dist.validation", "jupyter_dist.masking",
-             "jupyter_dist.node_side"),
+             "jupyter_dist.node_side", "jupyter_dist.code_folder"),
     "model": ("jupyter_dist.spec", "jupyter_dist.nodes", "jupyter_dist.options"),
     "plan": ("jupyter_dist.plan",),
     "record": ("jupyter_dist.store", "jupyter_dist.events"),

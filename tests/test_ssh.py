@@ -5,6 +5,8 @@ from __future__ import annotations
 import json
 import os
 import signal
+import subprocess
+import sys
 import textwrap
 import time
 from pathlib import Path
@@ -200,6 +202,48 @@ def test_code_is_shipped_once_and_synced_by_change(ssh_nodes, tmp_path):
         assert sync_folder(sftp, code, remote) == (1, 4)
     assert (Path(remote) / "train.py").read_text() == "print('version 2')\n"
     assert not (Path(remote) / "pkg" / "m0.py").exists()
+
+
+def test_a_fifo_in_the_code_folder_is_skipped_and_named_and_sigterm_while_starting_cancels(
+    ssh_nodes, store, tmp_path
+):
+    """Copying a FIFO would block for ever: only regular files travel, and the plan names
+    what stays behind. SIGTERM while the nodes get their copy cancels the job, as the CLI
+    says, with the reason stored."""
+    import os
+    import signal
+
+    code = tmp_path / "code"
+    code.mkdir()
+    (code / "train.py").write_text("print('trained')\n")
+    os.mkfifo(code / "pipe")
+    spec_file = tmp_path / "job.yml"
+    spec_file.write_text(
+        f"code: {code}\ncommand: python train.py\nresources: {{instance_count: 2}}\n"
+    )
+    nodes = str(ssh_nodes.write_inventory(tmp_path / "nodes.yml"))
+    planned = run_cli("plan", str(spec_file), "--nodes-file", nodes, store=store, timeout=60)
+    assert (
+        f"Check: the nodes' copies of {code} lack pipe (a FIFO), since only regular files travel"
+    ) in " ".join(planned.stdout.split()), planned.stdout + planned.stderr
+    done = run_cli("run", str(spec_file), "--nodes-file", nodes, store=store, timeout=90)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.count("trained") == 2
+    for n in range(300):  # the next copy takes a while: a signal lands in it
+        (code / f"m{n}.py").write_text(f"x = {n}\n")
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "jupyter_dist.cli", "run", str(spec_file), "--nodes-file", nodes,
+         "--store", str(store.root)],
+        stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
+    )  # fmt: skip
+    assert proc.stderr.readline().startswith("job ")  # planned: the copy starts now
+    proc.send_signal(signal.SIGTERM)
+    _, err = proc.communicate(timeout=60)
+    assert proc.returncode == 130 and "cancelled: every process was stopped" in err, err
+    latest = max(store.jobs(), key=lambda job: job.job_id)
+    status = latest.status()
+    assert (status["state"], status["message"]) == ("cancelled", "interrupted while it started")
+    assert ssh_nodes.job_processes(latest.job_id) == []
 
 
 def test_unreachable_node_fails_before_anything_starts(ssh_nodes, store, tmp_path):

@@ -28,6 +28,7 @@ import paramiko
 from jupyter_dist.backends.agent_client import AGENT_SOURCE, AgentProcess, agent_argv
 from jupyter_dist.backends.base import Backend, NodeHealth
 from jupyter_dist.backends.node_ports import ports_on_nodes
+from jupyter_dist.code_folder import read_code_folder
 from jupyter_dist.errors import DistrunError, NodeError
 from jupyter_dist.node_side.agent import PATH_FIRST_VAR
 from jupyter_dist.nodes import Inventory, Node, SshAccess
@@ -652,8 +653,8 @@ def _put_atomic(sftp: paramiko.SFTPClient, local: Path, remote: str) -> None:
 
 
 def sync_folder(sftp: paramiko.SFTPClient, local: Path, remote: str) -> tuple[int, int]:
-    """Make `remote` a copy of `local`, sending only files whose size or mtime differ.
-    Returns (files sent, files unchanged)."""
+    """Make `remote` a copy of `local`'s regular files (`read_code_folder`), sending only
+    files whose size or mtime differ. Returns (files sent, files unchanged)."""
     remote_files: dict[str, tuple[int, int]] = {}
     remote_dirs: set[str] = set()
 
@@ -672,25 +673,21 @@ def sync_folder(sftp: paramiko.SFTPClient, local: Path, remote: str) -> tuple[in
 
     scan(remote)
     _makedirs(sftp, remote)
-    sent = kept = 0
-    wanted: set[str] = set()
-    for root, dirs, files in os.walk(local):
-        dirs[:] = sorted(d for d in dirs if d not in ("__pycache__", ".git", ".ipynb_checkpoints"))
-        rel = os.path.relpath(root, local)
-        target_dir = remote if rel == "." else posixpath.join(remote, *Path(rel).parts)
-        if target_dir not in remote_dirs and target_dir != remote:
+    shipped = read_code_folder(local, ignore_files=False)
+    for folder in shipped.folders:  # parents first
+        target_dir = posixpath.join(remote, folder)
+        if target_dir not in remote_dirs:
             _makedirs(sftp, target_dir)
-        wanted.add(target_dir)
-        for name in sorted(files):
-            path = Path(root, name)
-            target = posixpath.join(target_dir, name)
-            wanted.add(target)
-            st = path.stat()
-            if remote_files.get(target) == (st.st_size, int(st.st_mtime)):
-                kept += 1
-                continue
-            _put_atomic(sftp, path, target)
-            sent += 1
+    sent = kept = 0
+    for rel in shipped.files:
+        path, target = local / rel, posixpath.join(remote, rel)
+        st = path.stat()
+        if remote_files.get(target) == (st.st_size, int(st.st_mtime)):
+            kept += 1
+            continue
+        _put_atomic(sftp, path, target)
+        sent += 1
+    wanted = {posixpath.join(remote, rel) for rel in shipped.files}
     for path in remote_files:
         if path not in wanted:
             with contextlib.suppress(OSError):

@@ -98,6 +98,7 @@ class LaunchPlan:
     processes: list[ProcessPlan]
     files: list[PlannedFile] = field(default_factory=list)
     code_dir: str | None = None  # the local folder shipped to every node
+    code_left_out: str = ""  # what of it stays behind when it is copied (CodeFolder.left_out)
 
     def process(self, name: str) -> ProcessPlan:
         for proc in self.processes:
@@ -116,6 +117,7 @@ class LaunchPlan:
             "processes": [p.to_dict() for p in self.processes],
             "files": [asdict(f) for f in self.files],
             "code_dir": self.code_dir,
+            "code_left_out": self.code_left_out,
         }
 
     @classmethod
@@ -143,6 +145,7 @@ class LaunchPlan:
             processes=procs,
             files=files,
             code_dir=data.get("code_dir"),
+            code_left_out=str(data.get("code_left_out") or ""),
         )
 
 

@@ -1,6 +1,7 @@
 """What in a plan would make ranks run differently from what torchrun gives them, collide
 with each other, or differ between nodes (what the SSH preflight read on each: Python and
-torch versions, NCCL_*/GLOO_* variables), said before anything starts: one line per
+torch versions, NCCL_*/GLOO_* variables) or lack on some nodes (what of the code folder
+stays behind: `LaunchPlan.code_left_out`), said before anything starts: one line per
 finding (nodes alike in it share the line), shown by `--dry-run`, `jupyter distrun plan`,
 `jupyter distrun inspect` and the live view. Nothing is refused: a note names what it saw
 and what to set.
@@ -40,7 +41,10 @@ def parity_notes(plan: LaunchPlan) -> list[str]:
             found.setdefault(("visible", count, visible, len(devices)), []).append(name)
         elif gpus and count > gpus:
             found.setdefault(("gpus", count, gpus), []).append(name)
-    return [_say(key, names) for key, names in found.items()] + _between_nodes(plan)
+    notes = [_say(key, names) for key, names in found.items()] + _between_nodes(plan)
+    if plan.code_left_out:
+        notes.append(f"the nodes' copies of {plan.code_dir} lack {plan.code_left_out}")
+    return notes
 
 
 # Job types whose ranks talk through torch's collectives (Horovod's too: mpi).

@@ -135,9 +135,13 @@ class Job:
                 handle.confirm()  # every process reports it started before any is watched
             for proc, handle in started:
                 self._attach(proc, handle)
+        except KeyboardInterrupt:  # Ctrl-C, or a signal the front treats as one (SIGTERM)
+            self._message = "interrupted while it started"
+            self._abort_start(started, "cancelled")
+            raise
         except BaseException as exc:
-            self._message = f"could not start: {exc}"
-            self._abort_start(started)
+            self._message = f"could not start: {exc or type(exc).__name__}"
+            self._abort_start(started, "failed")
             raise
         finally:
             with self._state_lock:
@@ -176,9 +180,10 @@ class Job:
         if failures:
             raise failures[0]
 
-    def _abort_start(self, started: list[tuple[ProcessPlan, ProcessHandle]]) -> None:
-        """Stop whatever started before a start failed elsewhere."""
-        self._stop_all("failed")
+    def _abort_start(self, started: list[tuple[ProcessPlan, ProcessHandle]], state: str) -> None:
+        """Stop whatever started before the start failed elsewhere (or was interrupted);
+        the job ends in `state`."""
+        self._stop_all(state)
         waiters = []
         for proc, handle in started:
             if proc.name in self._handles:

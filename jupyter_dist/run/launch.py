@@ -12,6 +12,7 @@ from pathlib import Path
 
 from jupyter_dist import node_side
 from jupyter_dist.backends import Backend, choose_backend
+from jupyter_dist.code_folder import read_code_folder
 from jupyter_dist.diagnose.stall import DEFAULT_STALL_TIMEOUT_S
 from jupyter_dist.events import JobListener, JobResult
 from jupyter_dist.node_side.agent import HOOK_FOLDER
@@ -70,6 +71,11 @@ def make_plan(
         if stdin:  # every process reads what the job feeds it (a warm session's ranks)
             procs = [dataclasses.replace(p, stdin=True) for p in launch_plan.processes]
             launch_plan = dataclasses.replace(launch_plan, processes=procs)
+        code = spec.code_dir()
+        if code is not None and not all(node.shares_files for node in nodes):
+            # Said with the plan: what the nodes' copies of the code folder will lack.
+            left_out = read_code_folder(code, ignore_files=False).left_out()
+            launch_plan = dataclasses.replace(launch_plan, code_left_out=left_out)
         return launch_plan, nodes, chosen
     except BaseException:
         chosen.release()
