@@ -167,6 +167,12 @@ def export_options(p: argparse.ArgumentParser) -> None:
         "unless the spec names one in environment)",
     )
     p.add_argument(
+        "--code-in-image",
+        metavar="PATH",
+        help="kubeflow, jobset: the pods run the command in the image's own copy of the code "
+        "folder, at PATH (default: the code folder travels in a ConfigMap, up to about 1 MiB)",
+    )
+    p.add_argument(
         "--accelerator",
         metavar="NAME",
         help="the GPU's name, where a format needs it with gpus_per_node (skypilot: e.g. A100)",
@@ -202,7 +208,8 @@ def cmd_export(args: argparse.Namespace, store: JobStore) -> int:
     spec = _load(args)
     target = ExportTarget.at(
         args.output, stem=Path(args.spec).stem, image=args.image, python=args.python,
-        accelerator=args.accelerator, source=Path(args.spec).name,
+        accelerator=args.accelerator, code_in_image=args.code_in_image,
+        source=Path(args.spec).name,
     )  # fmt: skip
     exported = export(spec, args.to, target)
     if args.output is None:
@@ -212,8 +219,8 @@ def cmd_export(args: argparse.Namespace, store: JobStore) -> int:
         return EXIT_OK
     written = write(exported)
     print(f"wrote {', '.join(str(path) for path in written)}", file=sys.stderr)
-    if exported.secrets:
-        print(exported.written_as(), file=sys.stderr)
+    for note in exported.notes():
+        print(note, file=sys.stderr)
     print(f"run it with: {exported.how_to_run()} (from {exported.folder})", file=sys.stderr)
     return EXIT_OK
 

@@ -163,6 +163,9 @@ def _options(func: Callable) -> Callable:
                  help="with --export: the container image the job runs in"),
         argument("--accelerator", metavar="NAME",
                  help="with --export skypilot and --gpus-per-node: the GPU's name (e.g. A100)"),
+        argument("--code-in-image", metavar="PATH",
+                 help="with --export kubeflow or jobset: the image's own copy of the code "
+                      "folder, where the pods run the command"),
     ]  # fmt: skip
     for decorate in reversed(decorators):
         func = decorate(func)
@@ -520,7 +523,8 @@ class DistrunMagics(Magics):
         replaced."""
         if not args.export:
             given = [("--export-to", args.export_to), ("--image", args.image),
-                     ("--accelerator", args.accelerator)]  # fmt: skip
+                     ("--accelerator", args.accelerator),
+                     ("--code-in-image", args.code_in_image)]  # fmt: skip
             flag = next(name for name, value in given if value)
             raise _user_error(f"{flag} applies with --export FORMAT only")
         self._configured_defaults(args)
@@ -533,14 +537,15 @@ class DistrunMagics(Magics):
                 stem=args.name,
                 image=args.image,
                 accelerator=args.accelerator,
+                code_in_image=args.code_in_image,
                 source="a notebook cell",
             )
             exported = export(spec, args.export, target)
             written = write(exported)
         names = ", ".join(path.name for path in written)
         print(f"Wrote {names} in {exported.folder}")
-        if exported.secrets:
-            print(exported.written_as())
+        for note in exported.notes():
+            print(note)
         print(f"Run it with: {exported.how_to_run()}\n")
         print(exported.files[exported.manifest], end="")
 

@@ -377,8 +377,6 @@ def test_what_azure_ml_does_itself_is_left_out_and_listed(tmp_path):
          "kubeflow: distribution.type: dask cannot be exported: Kubeflow Training runs"),
         ("jobset", "distribution: {type: tensorflow}\n",
          "jobset: distribution.type: tensorflow cannot be exported: the jobset format writes"),
-        ("kubeflow", "code: .\n",
-         "kubeflow: code: "),
         ("skypilot", "distribution: {type: dask}\n",
          "skypilot: distribution.type: dask cannot be exported"),
         ("skypilot", "resources: {instance_count: 2}\ndistribution: {type: tensorflow, "
@@ -433,10 +431,13 @@ def test_without_a_path_the_cli_prints_the_manifest(tmp_path):
 
 # -- Kubernetes: Kubeflow's kinds and JobSet ----------------------------------------------
 
+RANK_KEYS = (
+    "RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "NODE_RANK", "GROUP_RANK",
+    "MASTER_ADDR", "MASTER_PORT", "DISTRUN_NODE_RANK", "DISTRUN_NUM_NODES", "GREETING",
+)  # fmt: skip
 RANK_ENV = (
     "python -c \"import json, os; print('RANKENV ' + json.dumps({k: os.environ.get(k) for k in "
-    "('RANK', 'LOCAL_RANK', 'WORLD_SIZE', 'LOCAL_WORLD_SIZE', 'NODE_RANK', 'GROUP_RANK', "
-    "'MASTER_ADDR', 'MASTER_PORT', 'DISTRUN_NODE_RANK', 'DISTRUN_NUM_NODES', 'GREETING')}))\""
+    f'{RANK_KEYS!r}}}))"'
 )
 
 
@@ -493,6 +494,48 @@ def _container_env(container: dict) -> dict[str, str]:
     return {item["name"]: item["value"] for item in container.get("env", [])}
 
 
+def _as_operator_runs(fmt: str, container: dict, port: int, nodes: int, per_node: int):
+    """Each node's pod command (argv, env) with what its operator sets in it, here: the
+    training operator's index as RANK, its master Service as MASTER_ADDR and the port named
+    pytorchjob-port as MASTER_PORT; JobSet's JOB_COMPLETION_INDEX, with node 0's DNS name
+    made this machine."""
+    env = _container_env(container)
+    if fmt == "kubeflow":
+        return [
+            (container["command"],
+             {**env, "RANK": str(pod), "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port),
+              "WORLD_SIZE": str(nodes * per_node), "PET_NPROC_PER_NODE": str(per_node),
+              "PET_NODE_RANK": str(pod), "PET_NNODES": str(nodes),
+              "PET_MASTER_ADDR": "127.0.0.1", "PET_MASTER_PORT": str(port)})
+            for pod in range(nodes)
+        ]  # fmt: skip
+    master = env["MASTER_ADDR"]  # <jobset>-<replicated job>-<job index>-<pod index>.<jobset>
+    here = [c.replace(master, "127.0.0.1") for c in container["command"]]
+    env["MASTER_ADDR"] = "127.0.0.1"
+    return [(here, {**env, "JOB_COMPLETION_INDEX": str(pod)}) for pod in range(nodes)]
+
+
+def _pod_spec(fmt: str, job: dict) -> dict:
+    if fmt == "kubeflow":
+        return job["spec"]["pytorchReplicaSpecs"]["Master"]["template"]["spec"]
+    return job["spec"]["replicatedJobs"][0]["template"]["spec"]["template"]["spec"]
+
+
+def _mounted(config_map: dict, volume: dict, folder: Path) -> None:
+    """The ConfigMap's files laid out in `folder` as Kubernetes mounts them: each item's key
+    at its path (every key at its own name without items), with its mode."""
+    import base64
+
+    contents = {k: v.encode() for k, v in config_map.get("data", {}).items()}
+    contents |= {k: base64.b64decode(v) for k, v in config_map.get("binaryData", {}).items()}
+    items = volume.get("items") or [{"key": key, "path": key} for key in contents]
+    for item in items:
+        path = folder / item["path"]
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_bytes(contents[item["key"]])
+        path.chmod(item.get("mode", 0o644))
+
+
 def _assert_ranks(ranks: list[dict], nodes: int, per_node: int, port: int) -> None:
     """Every rank got jupyter-dist's variables, as a rank of this job on its node."""
     assert [int(r["RANK"]) for r in ranks] == list(range(nodes * per_node))
@@ -530,13 +573,7 @@ def test_a_pytorchjob_gives_every_rank_our_variables_from_what_the_operator_sets
     assert container["ports"] == [{"name": "pytorchjob-port", "containerPort": port}]
     env = _container_env(container)
     assert not {"RANK", "MASTER_ADDR", "MASTER_PORT", "WORLD_SIZE"} & set(env)  # the operator's
-    operator = [
-        {**env, "RANK": str(pod), "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port),
-         "WORLD_SIZE": "4", "PET_NPROC_PER_NODE": "2", "PET_NODE_RANK": str(pod),
-         "PET_NNODES": "2", "PET_MASTER_ADDR": "127.0.0.1", "PET_MASTER_PORT": str(port)}
-        for pod in range(2)
-    ]  # fmt: skip
-    ranks = _run_pods([(container["command"], pod_env) for pod_env in operator], tmp_path)
+    ranks = _run_pods(_as_operator_runs("kubeflow", container, port, 2, 2), tmp_path)
     _assert_ranks(ranks, nodes=2, per_node=2, port=port)
 
 
@@ -559,11 +596,7 @@ def test_a_jobset_runs_one_indexed_pod_per_node_reaching_node_0_by_its_dns_name(
     )
     env = _container_env(container)
     assert env["MASTER_ADDR"] == master and env["MASTER_PORT"] == str(port)
-    # Here, node 0's DNS name is this machine.
-    here = [c if i != 2 else script.replace(master, "127.0.0.1")
-            for i, c in enumerate(container["command"])]  # fmt: skip
-    env["MASTER_ADDR"] = "127.0.0.1"
-    pods = [(here, {**env, "JOB_COMPLETION_INDEX": str(pod)}) for pod in range(3)]
+    pods = _as_operator_runs("jobset", container, port, 3, 1)
     _assert_ranks(_run_pods(pods, tmp_path), nodes=3, per_node=1, port=port)
 
 
@@ -620,6 +653,141 @@ def test_a_cell_reaches_the_pods_in_a_configmap(tmp_path):
     (container,) = pod["containers"]
     assert container["workingDir"] == "/distrun/code"
     assert "'python distrun_job.py'" in container["command"][2]
+
+
+# The seed's code folder: a script that imports a module of a subfolder, and what an
+# .amlignore leaves out (its .gitignore is not followed: the .amlignore wins).
+SEED_CODE = {
+    "train.py": "import argparse\nfrom lib import ranks\n"
+                "parser = argparse.ArgumentParser()\n"
+                "parser.add_argument('--epochs'); parser.add_argument('--lr')\n"
+                "ranks.report(parser.parse_args())\n",
+    "lib/__init__.py": "",
+    "lib/ranks.py": "import json, os\n"
+                    f"KEYS = {RANK_KEYS!r}\n"
+                    "def report(args):\n"
+                    "    env = {k: os.environ.get(k) for k in KEYS}\n"
+                    "    print('RANKENV ' + json.dumps({**env, 'args': [args.epochs, args.lr]}))\n",
+    ".amlignore": "data/\n*.ckpt\n",
+    ".gitignore": "*.py\n",
+    "data/train.csv": "1,2\n",
+}  # fmt: skip
+
+
+def _seed_job(tmp_path: Path) -> Path:
+    for path, text in SEED_CODE.items():
+        (tmp_path / "src" / path).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / "src" / path).write_text(text)
+    (tmp_path / "src" / "model.ckpt").write_bytes(b"\x00\xff" * 100)
+    (tmp_path / "job.yml").write_text(
+        AZURE_JOB + "environment_variables: {GREETING: hi, OMP_NUM_THREADS: '1'}\n"
+    )
+    return tmp_path / "job.yml"
+
+
+@pytest.mark.slow
+@pytest.mark.torch
+@pytest.mark.parametrize("fmt", ["kubeflow", "jobset"])
+def test_the_seeds_example_job_ships_its_code_folder_in_a_configmap_and_runs(fmt, tmp_path):
+    """Azure ML's own example (`code: src` beside `python train.py ...`) exports as written:
+    the folder's files in a ConfigMap (what its .amlignore leaves out named, in the header
+    and by the CLI), mounted where the command runs. The manifests pass the operators'
+    models; the mount laid out here as Kubernetes lays it out, each pod's command gives 4
+    correct ranks, each with the job's inputs."""
+    import yaml
+
+    job_file = _seed_job(tmp_path)
+    done = run_cli("export", str(job_file), "--to", fmt, "--image", "img:1",
+                   "-o", f"{tmp_path}/out/")  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    assert "Not carried from the code folder: data/, model.ckpt (left out by .amlignore)\n" in (
+        done.stderr
+    )
+    port = _free_port()
+    spec = load_spec(job_file).with_overrides(master_port=port)
+    config_map, job = _documents(tmp_path / "k8s", spec, fmt)
+    manifest = next((tmp_path / "k8s").iterdir()).read_text()
+    assert "# Not carried from it: data/, model.ckpt (left out by .amlignore).\n" in manifest
+    assert config_map["kind"] == "ConfigMap" and config_map["metadata"]["name"] == (
+        "pytorch-cifar-distributed-example-code"
+    )
+    pod = _pod_spec(fmt, job)
+    (volume,) = pod["volumes"]
+    paths = sorted(item["path"] for item in volume["configMap"]["items"])
+    assert paths == [".amlignore", ".gitignore", "lib/__init__.py", "lib/ranks.py", "train.py"]
+    (container,) = pod["containers"]
+    assert container["workingDir"] == "/distrun/code"
+    assert container["volumeMounts"] == [{"name": "distrun-code", "mountPath": "/distrun/code"}]
+    mount = tmp_path / "mount"
+    _mounted(config_map, volume["configMap"], mount)
+    ranks = _run_pods(_as_operator_runs(fmt, container, port, 2, 2), mount)
+    _assert_ranks(ranks, nodes=2, per_node=2, port=port)
+    assert all(rank["args"] == ["10", "0.01"] for rank in ranks)
+    assert yaml.safe_load(done.stdout or "null") is None  # written, not printed
+
+
+def test_a_code_folder_too_big_for_a_configmap_points_at_the_image_in_one_line(tmp_path):
+    job_file = _seed_job(tmp_path)
+    (tmp_path / "src" / "vocab.txt").write_text("word\n" * 300_000)  # 1.4 MiB
+    done = run_cli("export", str(job_file), "--to", "kubeflow", "--image", "img:1")
+    assert done.returncode == 2 and done.stderr.count("\n") == 1
+    assert done.stderr.startswith(
+        f"error: kubeflow: code: {tmp_path / 'src'} cannot be exported: its files hold 1.4 MiB "
+        "and a ConfigMap about 1 MiB; build the folder into the image and give --code-in-image "
+        "PATH"
+    )
+    # The image's copy: no ConfigMap, the command runs where the image has the folder.
+    (job,) = _documents(tmp_path, load_spec(job_file), "jobset", code_in_image="/app/src")
+    pod = _pod_spec("jobset", job)
+    (container,) = pod["containers"]
+    assert container["workingDir"] == "/app/src" and "volumes" not in pod
+    assert "volumeMounts" not in container
+    refused = run_cli("export", str(job_file), "--to", "sbatch", "--code-in-image", "/app")
+    assert refused.stderr == (
+        "error: --code-in-image applies to kubeflow, jobset only (not sbatch)\n"
+    )
+
+
+def test_a_cell_exported_with_the_images_code_is_mounted_into_that_folder(tmp_path):
+    """A cell beside a code folder built into the image: the cell's file alone travels in
+    the ConfigMap, mounted into the image's folder where the command runs."""
+    spec = parse_spec("script: import helper\nname: cell\ncode: .\n"
+                      "distribution: {type: pytorch}\n")  # fmt: skip
+    config_map, job = _documents(tmp_path, spec, "kubeflow", code_in_image="/app")
+    assert list(config_map["data"]) == ["distrun_job.py"]
+    pod = _pod_spec("kubeflow", job)
+    (container,) = pod["containers"]
+    assert container["workingDir"] == "/app"
+    assert container["volumeMounts"] == [
+        {"name": "distrun-code", "subPath": "distrun_job.py", "mountPath": "/app/distrun_job.py"}
+    ]
+    assert "'python distrun_job.py'" in container["command"][2]
+    assert pod["volumes"] == [{"name": "distrun-code", "configMap": {"name": "cell-code"}}]
+
+
+def test_a_cell_and_a_code_folder_share_the_configmap_with_binary_files_and_modes(tmp_path):
+    code = tmp_path / "code"
+    (code / "a b").mkdir(parents=True)
+    (code / "a b" / "x.py").write_text("X = 1\n")
+    (code / "a.b").mkdir()
+    (code / "a.b" / "x.py").write_text("X = 2\n")  # its key would be the same: made unique
+    (code / "weights.bin").write_bytes(bytes(range(256)))
+    (code / "run.sh").write_text("#!/bin/sh\n")
+    (code / "run.sh").chmod(0o755)
+    spec = parse_spec(f"script: print(1)\nname: cell\ncode: {code}\n"
+                      "distribution: {type: pytorch}\n")  # fmt: skip
+    config_map, job = _documents(tmp_path / "out", spec, "kubeflow")
+    items = _pod_spec("kubeflow", job)["volumes"][0]["configMap"]["items"]
+    mount = tmp_path / "mount"
+    _mounted(config_map, {"items": items}, mount)
+    assert (mount / "weights.bin").read_bytes() == bytes(range(256))
+    assert (mount / "a b" / "x.py").read_text() == "X = 1\n"
+    assert (mount / "a.b" / "x.py").read_text() == "X = 2\n"
+    assert (mount / "run.sh").stat().st_mode & 0o777 == 0o755
+    assert (mount / "distrun_job.py").read_text().endswith("print(1)\n")
+    (code / "distrun_job.py").write_text("")  # where the cell's file goes
+    with pytest.raises(ExportError, match=r"it holds a distrun_job\.py of its own"):
+        export(spec, "kubeflow", ExportTarget.at(f"{tmp_path}/", image="img:1"))
 
 
 @pytest.mark.parametrize(

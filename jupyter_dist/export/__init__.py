@@ -9,7 +9,7 @@ Each format (`Format`) is a render function in a module of its own, the manifest
 ending and the command that runs it. A spec whose code is a notebook cell (`script`) is
 exported as a command that runs the cell's code from a file beside the manifest
 (`<stem>.py`); a format whose nodes cannot see that file carries it inside (Kubernetes: a
-ConfigMap).
+ConfigMap, which carries a small `code` folder too).
 What a format cannot express is an `ExportError` naming the setting and the format, never a
 manifest that would run something else.
 """
@@ -21,6 +21,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from jupyter_dist.code_folder import CodeFolder, read_code_folder
 from jupyter_dist.errors import ExportError
 from jupyter_dist.export import azureml, kubernetes, sbatch, skypilot
 from jupyter_dist.export.target import (
@@ -39,22 +40,31 @@ __all__ = ["FORMATS", "ExportTarget", "Exported", "Format", "export", "write"]
 
 @dataclass(frozen=True)
 class Format:
-    """One export format: `render(spec, target, cell)` is the manifest's text (`cell`: the
-    notebook cell's script file, or None)."""
+    """One export format: `render(spec, target, cell, code)` is the manifest's text (`cell`:
+    the notebook cell's script file, or None; `code`: for a format that carries it, what of
+    the spec's code folder travels, else None)."""
 
-    render: Callable[[JobSpec, ExportTarget, str | None], str]
+    render: Callable[[JobSpec, ExportTarget, str | None, CodeFolder | None], str]
     suffix: str  # the manifest's file ending
     how_to_run: str  # the command that runs the manifest, `{name}` its file name
     # Only the code folder reaches the nodes, so a cell's file must be inside it.
     uploads_code: bool = False
-    options: tuple[str, ...] = ()  # the target options it reads (image, accelerator)
+    # The manifest carries the cell (and the code folder) to where the command runs.
+    carries_code: bool = False
+    options: tuple[str, ...] = ()  # the target options it reads (image, accelerator, ...)
 
 
 KUBECTL = "kubectl apply -f {name}"
 FORMATS = {
     "sbatch": Format(sbatch.render, sbatch.SUFFIX, sbatch.HOW_TO_RUN),
-    "kubeflow": Format(kubernetes.render_kubeflow, ".kubeflow.yaml", KUBECTL, options=("image",)),
-    "jobset": Format(kubernetes.render_jobset, ".jobset.yaml", KUBECTL, options=("image",)),
+    "kubeflow": Format(
+        kubernetes.render_kubeflow, ".kubeflow.yaml", KUBECTL, carries_code=True,
+        options=("image", "code_in_image"),
+    ),
+    "jobset": Format(
+        kubernetes.render_jobset, ".jobset.yaml", KUBECTL, carries_code=True,
+        options=("image", "code_in_image"),
+    ),
     "skypilot": Format(
         skypilot.render, ".sky.yaml", "sky launch {name}", uploads_code=True,
         options=("image", "accelerator"),
@@ -74,16 +84,22 @@ class Exported:
     folder: Path
     files: dict[str, str] = field(default_factory=dict)
     secrets: tuple[str, ...] = ()  # names of secret variables whose values the files hold
+    left_out: str = ""  # what of the code folder the manifest does not carry, and why
 
     @property
     def manifest(self) -> str:
         return next(iter(self.files))
 
-    def written_as(self) -> str:
-        """What `write` did that a user should know: where secrets went private."""
-        if not self.secrets:
-            return ""
-        return f"Kept readable by you alone (0600): they hold {', '.join(self.secrets)}'s values"
+    def notes(self) -> list[str]:
+        """What a user should know of the files: kept private, code left out."""
+        said = []
+        if self.secrets:
+            said.append(
+                f"Kept readable by you alone (0600): they hold {', '.join(self.secrets)}'s values"
+            )
+        if self.left_out:
+            said.append(f"Not carried from the code folder: {self.left_out}")
+        return said
 
     def how_to_run(self) -> str:
         """The command that runs the manifest, from its folder."""
@@ -95,10 +111,11 @@ def export(spec: JobSpec, fmt: str, target: ExportTarget) -> Exported:
     chosen = FORMATS.get(fmt)
     if chosen is None:
         raise ExportError(f"unknown export format {fmt!r}; valid formats: {', '.join(FORMATS)}")
-    for option in ("image", "accelerator"):  # given, but this format has no use for it
+    for option in ("image", "accelerator", "code_in_image"):  # given, but of no use here
         if getattr(target, option) and option not in chosen.options:
             users = [name for name, f in FORMATS.items() if option in f.options]
-            raise ExportError(f"--{option} applies to {', '.join(users)} only (not {fmt})")
+            flag = "--" + option.replace("_", "-")
+            raise ExportError(f"{flag} applies to {', '.join(users)} only (not {fmt})")
     manifest_name = target.name(chosen.suffix)
     if manifest_name == target.stem + ".py" and spec.script is not None:
         raise ExportError(
@@ -110,7 +127,7 @@ def export(spec: JobSpec, fmt: str, target: ExportTarget) -> Exported:
     if spec.script is not None:  # the cell's code, in a file beside the manifest
         files[script_name] = script_file(spec.script)
         code = spec.code_dir()
-        if code is not None:  # the command runs in the code folder
+        if code is not None and not chosen.carries_code:  # the command runs in the code folder
             script_name = path_from(code, target.folder / script_name)
             if chosen.uploads_code and script_name.startswith(".."):
                 raise ExportError(
@@ -118,11 +135,14 @@ def export(spec: JobSpec, fmt: str, target: ExportTarget) -> Exported:
                     f"uploads ({code}); export into it, e.g. --export-to {code}/"
                 )
     runnable = command_spec(spec, script_name)
-    manifest = chosen.render(runnable, target, files.get(script_file_name))
+    code = None
+    if chosen.carries_code and spec.code is not None and not target.code_in_image:
+        code = read_code_folder(spec.code_dir(), ignore_files=True)
+    manifest = chosen.render(runnable, target, files.get(script_file_name), code)
     secrets = tuple(sorted(name for name in spec.environment_variables if is_secret(name)))
     return Exported(
         format=fmt, folder=target.folder, files={manifest_name: manifest, **files},
-        secrets=secrets,
+        secrets=secrets, left_out=code.left_out() if code else "",
     )  # fmt: skip
 
 

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from jupyter_dist.code_folder import CodeFolder
 from jupyter_dist.export.target import MARKER, ExportTarget, path_from, unsupported
 from jupyter_dist.spec import JobSpec, dump_yaml
 
@@ -38,7 +39,9 @@ CHANGES_THE_JOB = {
 }
 
 
-def render(spec: JobSpec, target: ExportTarget, cell: str | None = None) -> str:
+def render(
+    spec: JobSpec, target: ExportTarget, cell: str | None = None, code: CodeFolder | None = None
+) -> str:
     """The manifest (a cell's code is the file beside it: `cell` is not needed)."""
     data = spec.to_dict()
     left_out: list[str] = []

@@ -20,15 +20,23 @@ used instead of ours, never set twice (the table is `PROVIDED`, and the README's
   and AZUREML_MPI_HOSTFILE name) and starts mpirun's daemons; MASTER_ADDR, MASTER_PORT and
   AZ_BATCH_MASTER_NODE are not set (the ranks meet through MPI).
 
-Pods need an image (`--image`, or the spec's `environment: {image: ...}`); a notebook
-cell reaches them in a ConfigMap mounted at /distrun/code; a `code` folder cannot reach
-them (build it into the image).
+Pods need an image (`--image`, or the spec's `environment: {image: ...}`). The code
+reaches them in a ConfigMap mounted at /distrun/code, where the command runs: a notebook
+cell's file, and the `code` folder's files (what its .amlignore or .gitignore leave out
+stays behind, named in the manifest's header; a ConfigMap holds about 1 MiB). With
+`--code-in-image PATH` the command runs in the image's own copy at PATH instead, and a
+cell's file is mounted into that folder.
 """
 
 from __future__ import annotations
 
+import base64
+import contextlib
+import posixpath
+import re
 from typing import Any
 
+from jupyter_dist.code_folder import CodeFolder, read_code_folder
 from jupyter_dist.export.pernode import node_template
 from jupyter_dist.export.symbolic import (
     placeholder,
@@ -41,6 +49,11 @@ from jupyter_dist.plan.model import MpiLaunch, ProcessPlan
 from jupyter_dist.spec import JobSpec, dump_yaml
 
 CODE_MOUNT = "/distrun/code"
+CODE_VOLUME = "distrun-code"
+# What a ConfigMap may hold (etcd's object limit), less room for its name and keys' framing.
+CONFIGMAP_BYTES = 1024 * 1024
+_CONFIGMAP_ROOM = 16 * 1024
+_KEY = re.compile(r"[-._a-zA-Z0-9]+\Z")
 SCRATCH = "/tmp"  # the jobs' scratch folders (torchrun's logs) in a pod
 KUBEFLOW = "kubeflow.org/v1"
 JOBSET = "jobset.x-k8s.io/v1alpha2"
@@ -57,15 +70,22 @@ TF_REPLICAS = {"chief": "Chief", "worker": "Worker", "ps": "PS", "evaluator": "E
 
 class _Pods:
     """What every pod of one export shares: the image, the job's name, the GPUs, and the
-    cell (mounted from a ConfigMap)."""
+    code (a ConfigMap's files: the cell's, the code folder's)."""
 
-    def __init__(self, spec: JobSpec, target: ExportTarget, fmt: str, cell: str | None):
+    def __init__(
+        self,
+        spec: JobSpec,
+        target: ExportTarget,
+        fmt: str,
+        cell: str | None,
+        code: CodeFolder | None = None,
+    ):
         self.spec, self.target, self.fmt, self.cell = spec, target, fmt, cell
-        if spec.code is not None:
-            raise unsupported(
-                fmt, f"code: {spec.code_dir()}",
-                "a folder cannot reach the pods; build it into the image and leave code out",
-            )  # fmt: skip
+        if code is None and spec.code is not None and not target.code_in_image:
+            code = read_code_folder(spec.code_dir(), ignore_files=True)
+        self.code = code
+        self.workdir = target.code_in_image or CODE_MOUNT
+        self.code_files = _code_files(fmt, code, cell, target.stem + ".py")
         environment = spec.environment
         self.image = target.image or (
             environment.get("image") if isinstance(environment, dict) else None
@@ -116,15 +136,29 @@ class _Pods:
         gpu_count = self.spec.backend.gpus_per_node if self.spec.backend else None
         if gpus and gpu_count:
             container["resources"] = {"limits": {"nvidia.com/gpu": str(gpu_count)}}
-        if self.cell is not None:
-            container["workingDir"] = CODE_MOUNT
-            container["volumeMounts"] = [{"name": "distrun-code", "mountPath": CODE_MOUNT}]
+        if self.code_files or self.target.code_in_image:
+            container["workingDir"] = self.workdir
+        if self.code_files and self.target.code_in_image:  # the cell, into the image's folder
+            (key,) = self.code_files
+            container["volumeMounts"] = [{
+                "name": CODE_VOLUME, "subPath": key,
+                "mountPath": posixpath.join(self.workdir, key),
+            }]  # fmt: skip
+        elif self.code_files:
+            container["volumeMounts"] = [{"name": CODE_VOLUME, "mountPath": CODE_MOUNT}]
         return container
 
     def pod(self, container: dict) -> dict:
         pod: dict[str, Any] = {"containers": [container], "restartPolicy": "Never"}
-        if self.cell is not None:
-            pod["volumes"] = [{"name": "distrun-code", "configMap": {"name": self.code_map}}]
+        if self.code_files:
+            source: dict[str, Any] = {"name": self.code_map}
+            items = [
+                {"key": key, "path": path, **({"mode": 0o755} if executable else {})}
+                for key, (path, _content, executable) in self.code_files.items()
+            ]
+            if any(item["key"] != item["path"] or "mode" in item for item in items):
+                source["items"] = items  # a folder's layout, and scripts that stay runnable
+            pod["volumes"] = [{"name": CODE_VOLUME, "configMap": source}]
         return pod
 
     @property
@@ -134,14 +168,29 @@ class _Pods:
     def documents(self, resource: dict, what: str) -> str:
         """The manifest: a header, the cell's ConfigMap if any, then the resource."""
         source = f" from {self.target.source}" if self.target.source else ""
+        header = [f"# {MARKER}{source}: {what}."]
+        if self.code is not None:
+            header.append(f"# Its ConfigMap carries the code folder {self.code.root}.")
+            if self.code.left_out():
+                header.append(f"# Not carried from it: {self.code.left_out()}.")
         docs = []
-        if self.cell is not None:
-            docs.append(dump_yaml({
+        if self.code_files:
+            text = {k: c for k, (_, c, _) in self.code_files.items() if isinstance(c, str)}
+            binary = {
+                key: base64.b64encode(content).decode()
+                for key, (_, content, _) in self.code_files.items()
+                if isinstance(content, bytes)
+            }
+            config_map: dict[str, Any] = {
                 "apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": self.code_map},
-                "data": {self.target.stem + ".py": self.cell},
-            }))  # fmt: skip
+            }  # fmt: skip
+            if text:
+                config_map["data"] = text
+            if binary:
+                config_map["binaryData"] = binary
+            docs.append(dump_yaml(config_map))
         docs.append(dump_yaml(resource))
-        return f"# {MARKER}{source}: {what}.\n" + "---\n".join(docs)
+        return "\n".join(header) + "\n" + "---\n".join(docs)
 
     def node_container(
         self,
@@ -160,8 +209,10 @@ class _Pods:
         return self.container("pytorch", template.argv, env, shell_vars, port)
 
 
-def render_kubeflow(spec: JobSpec, target: ExportTarget, cell: str | None = None) -> str:
-    pods = _Pods(spec, target, "kubeflow", cell)
+def render_kubeflow(
+    spec: JobSpec, target: ExportTarget, cell: str | None = None, code: CodeFolder | None = None
+) -> str:
+    pods = _Pods(spec, target, "kubeflow", cell, code)
     if spec.job_type == "pytorch":
         kind, body = "PyTorchJob", _pytorchjob(pods)
     elif spec.job_type == "tensorflow":
@@ -177,13 +228,15 @@ def render_kubeflow(spec: JobSpec, target: ExportTarget, cell: str | None = None
     return pods.documents(job, f"a {kind}")
 
 
-def render_jobset(spec: JobSpec, target: ExportTarget, cell: str | None = None) -> str:
+def render_jobset(
+    spec: JobSpec, target: ExportTarget, cell: str | None = None, code: CodeFolder | None = None
+) -> str:
     if spec.job_type != "pytorch":
         raise unsupported(
             "jobset", f"distribution.type: {spec.job_type}",
             "the jobset format writes PyTorch jobs; use kubeflow for this one",
         )  # fmt: skip
-    pods = _Pods(spec, target, "jobset", cell)
+    pods = _Pods(spec, target, "jobset", cell, code)
     nodes = spec.instance_count
     # JobSet's DNS name of the first pod: <jobset>-<replicated job>-<job index>-<pod index>
     pods.literal[placeholder("addr0")] = f"{pods.name}-node-0-0.{pods.name}"
@@ -302,3 +355,54 @@ def _without_forwarding(argv: list[str], names: set[str]) -> list[str]:
 
 def _replica(count: int, pod: dict) -> dict:
     return {"replicas": count, "restartPolicy": "Never", "template": {"spec": pod}}
+
+
+# A ConfigMap's file: (its path under the mount, its content, whether it is executable).
+CodeFile = tuple[str, str | bytes, bool]
+
+
+def _code_files(
+    fmt: str, code: CodeFolder | None, cell: str | None, cell_name: str
+) -> dict[str, CodeFile]:
+    """The ConfigMap's files by key: the code folder's, then the cell's. A key is the path
+    where it can be one (a name of letters, digits, '-', '_', '.'), else the path made one."""
+    files: dict[str, CodeFile] = {}
+    total = 0
+    if code is not None:
+        if cell is not None and cell_name in code.files:
+            raise unsupported(
+                fmt, f"code: {code.root}",
+                f"it holds a {cell_name} of its own, where the cell's code would go; give the "
+                "export another name",
+            )  # fmt: skip
+        total = code.size + (len(cell.encode()) if cell is not None else 0)
+        if total > CONFIGMAP_BYTES - _CONFIGMAP_ROOM:
+            raise unsupported(
+                fmt, f"code: {code.root}",
+                f"its files hold {total / 2**20:.1f} MiB and a ConfigMap about 1 MiB; build the "
+                "folder into the image and give --code-in-image PATH (where the image has it)",
+            )  # fmt: skip
+        for path in code.files:
+            try:
+                content: str | bytes = (code.root / path).read_bytes()
+            except OSError as exc:
+                raise unsupported(fmt, f"code: {code.root}", f"{path}: {exc.strerror}") from None
+            with contextlib.suppress(UnicodeDecodeError):  # else kept as bytes: binaryData
+                content = content.decode("utf-8")
+            files[_key(path, files)] = (path, content, path in code.executable)
+    if cell is not None:
+        files[_key(cell_name, files)] = (cell_name, cell, False)
+    return files
+
+
+def _key(path: str, taken: dict[str, CodeFile]) -> str:
+    """A ConfigMap key for `path`, unlike every key `taken`."""
+    key = path if _KEY.match(path) else re.sub(r"[^-._a-zA-Z0-9]", "_", path.replace("/", "."))
+    key = key[-200:]
+    if key.startswith(".."):  # a key may not be "..", nor start with it
+        key = key.lstrip(".") or "file"
+    unique, n = key, 1
+    while unique in taken:
+        n += 1
+        unique = f"{key}.{n}"
+    return unique

@@ -18,6 +18,7 @@ import re
 import shlex
 
 from jupyter_dist.backends.slurm import allocation_options, mpi_launch
+from jupyter_dist.code_folder import CodeFolder
 from jupyter_dist.export.symbolic import placeholders_in, shell_word, symbolic_plan
 from jupyter_dist.export.target import MARKER, ExportTarget, path_from, unsupported
 from jupyter_dist.node_side.agent import PATH_FIRST_VAR
@@ -71,7 +72,9 @@ exit "$status"
 """.strip()
 
 
-def render(spec: JobSpec, target: ExportTarget, cell: str | None = None) -> str:
+def render(
+    spec: JobSpec, target: ExportTarget, cell: str | None = None, code: CodeFolder | None = None
+) -> str:
     """The manifest (a cell's code is the file beside it: `cell` is not needed)."""
     _check(spec, target)
     code = spec.code_dir()

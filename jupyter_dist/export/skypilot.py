@@ -8,6 +8,7 @@ jupyter-dist), one TensorFlow task per node, mpirun on node 0 for MPI.
 
 from __future__ import annotations
 
+from jupyter_dist.code_folder import CodeFolder
 from jupyter_dist.export.pernode import node_template
 from jupyter_dist.export.symbolic import shell_word, symbolic_plan
 from jupyter_dist.export.target import MARKER, ExportTarget, path_from, unsupported
@@ -19,7 +20,9 @@ FORMAT = "skypilot"
 VARIABLES = {"here": "HOME", "job": "SKYPILOT_TASK_ID", "index": "SKYPILOT_NODE_RANK"}
 
 
-def render(spec: JobSpec, target: ExportTarget, cell: str | None = None) -> str:
+def render(
+    spec: JobSpec, target: ExportTarget, cell: str | None = None, code: CodeFolder | None = None
+) -> str:
     """The manifest (a cell's code is the file beside it: `cell` is not needed)."""
     if spec.job_type == "dask":
         raise unsupported(

@@ -28,6 +28,7 @@ class ExportTarget:
     manifest_name: str | None = None  # as the user named it; else stem + the format's suffix
     image: str | None = None  # the container image (Kubernetes, Azure ML, SkyPilot)
     accelerator: str | None = None  # the GPU's name where a format needs it (SkyPilot)
+    code_in_image: str | None = None  # where the image holds the code folder (Kubernetes)
     python: str = "python"  # the Python that per-node launchers (torchrun, dask) run with
     source: str = ""  # what was exported, for the manifest's header ("job.yml", "a cell")
 

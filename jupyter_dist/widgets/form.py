@@ -293,8 +293,8 @@ class SubmitForm(w.VBox):
         self.output.clear_output()
         names = ", ".join(path.name for path in written)
         said = f"Wrote {names} in {exported.folder}; run it with: {exported.how_to_run()}"
-        if exported.secrets:
-            said += f". {exported.written_as()}"
+        for note in exported.notes():
+            said += f". {note}"
         with self.output:
             display(w.VBox([w.HTML(html.escape(said)),
                             w.HTML(_code_html(exported.files[exported.manifest]))]))  # fmt: skip
