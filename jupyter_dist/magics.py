@@ -55,15 +55,27 @@ JOB_COMMANDS = ("logs", "inspect", "stacks", "cancel")  # JOB defaults to this k
 
 
 class JobFailed(DistrunError):
-    """The job ran and failed (or timed out, or was cancelled): the message says why."""
+    """The job ran and failed (or timed out, or was cancelled): the message says why. Where
+    the live view already shows the cause in full (`shown_above`), the cell's error is one
+    short line pointing at it; elsewhere (nbclient, the text view) it is the whole text."""
 
-    def __init__(self, result: JobResult):
+    def __init__(self, result: JobResult, shown_above: bool = False):
         super().__init__(result.describe())
-        self.result = result
+        self.result, self.shown_above = result, shown_above
 
     def _render_traceback_(self) -> list[str]:
+        if self.shown_above:
+            return [f"JobFailed: {self.short()} (details above)"]
         lines = str(self).splitlines()
         return [f"JobFailed: {lines[0]}", *lines[1:]]
+
+    def short(self) -> str:
+        """The cause in one line: "rank 3 on local1 (127.0.0.1) exited with code 1"."""
+        cause = self.result.root_cause
+        if cause is None:
+            return str(self).splitlines()[0]
+        said = cause.summary()
+        return said if len(said) <= 160 else said[:159] + "…"
 
 
 # Options a cell run in a session may carry (everything else launches a job).
@@ -397,15 +409,16 @@ class DistrunMagics(Magics):
 
     def _run(self, spec: JobSpec, inventory, extra: dict[str, str]) -> Job:
         """Run the job in the cell; JobFailed unless it succeeded."""
-        if self._view_mode() == "text":
-            job, result = run_in_cell(spec, inventory, extra_files=extra)
-        else:
+        in_view = self._view_mode() == "widget"
+        if in_view:
             from jupyter_dist.widgets.live import run_with_view
 
             job, result, _ = run_with_view(spec, inventory, extra_files=extra)
+        else:
+            job, result = run_in_cell(spec, inventory, extra_files=extra)
         DistrunMagics.last_job_id = job.job_id
-        if not result.ok:
-            raise JobFailed(result)
+        if not result.ok:  # the live view shows the cause in full: the error points at it
+            raise JobFailed(result, shown_above=in_view)
         return job
 
     def _view_mode(self) -> str:

@@ -112,6 +112,8 @@ def test_a_failing_rank_fails_the_cell_with_the_root_cause(kernel_env):
     assert error.ename == "JobFailed"
     assert "Root cause: rank 3 on local1 (127.0.0.1) exited with code 1" in error.evalue
     assert "KeyError: 'missing shard'" in error.evalue
+    # Headless (nbclient, the text view): no view above it, so the error holds it all.
+    assert "(details above)" not in str(error) and "KeyError: 'missing shard'" in str(error)
     assert 'script.py", line 3, in <module>' in error.evalue  # the cell's own traceback
     assert "jupyter_dist/" not in str(error)  # no traceback through our internals
     assert "cell_runner" not in str(error)

@@ -74,6 +74,12 @@ def test_failed_job_shows_the_root_cause_in_the_view(kernel_env):
     display, error = nb.cells[2].outputs
     assert "Root cause: rank 1 on local1" in display.data["text/plain"]
     assert error.ename == "JobFailed"
+    # The view shows the cause in full; the cell's error is one line pointing at it.
+    assert error.traceback == [
+        "JobFailed: rank 1 on local1 (127.0.0.1) exited with code 1: rank 1 is out of memory "
+        "(details above)"
+    ]
+    assert "Root cause: rank 1" in error.evalue  # the whole text, for code that reads it
     assert (
         nb.cells[3]
         .outputs[0]
