@@ -21,7 +21,8 @@ from jupyter_dist.spec import parse_spec
 SAVER = """\
 import os, signal, sys, time
 folder = sys.argv[1]
-note = os.path.join(folder, "rank-" + os.environ["RANK"] + ".txt")
+rank = os.environ.get("RANK") or os.environ["OMPI_COMM_WORLD_RANK"]  # torch's, or MPI's
+note = os.path.join(folder, "rank-" + rank + ".txt")
 def save(*_):
     with open(note, "a") as f:
         f.write("term\\n")
@@ -30,7 +31,7 @@ def save(*_):
         f.write("saved\\n")
     sys.exit(0)
 signal.signal(signal.SIGTERM, save)
-open(os.path.join(folder, "ready-" + os.environ["RANK"]), "w").close()
+open(os.path.join(folder, "ready-" + rank), "w").close()
 print("READY", flush=True)
 time.sleep(300)
 """
@@ -42,10 +43,10 @@ def saver(tmp_path: Path) -> Path:
     return tmp_path
 
 
-def _spec(command: str, grace: int = 5, ranks: int = 2):
+def _spec(command: str, grace: int = 5, ranks: int = 2, kind: str = "pytorch", nodes: int = 1):
     return parse_spec(
-        f"command: {json.dumps(command)}\nresources: {{instance_count: 1}}\n"
-        f"distribution: {{type: pytorch, process_count_per_instance: {ranks}}}\n"
+        f"command: {json.dumps(command)}\nresources: {{instance_count: {nodes}}}\n"
+        f"distribution: {{type: {kind}, process_count_per_instance: {ranks}}}\n"
         f"limits: {{grace_period: {grace}}}\n"
     )
 
@@ -70,6 +71,21 @@ def test_a_cancelled_rank_under_a_shell_saves_its_work_in_the_grace_period(saver
     result = job.wait(30)
     assert result is not None and result.state == "cancelled"
     _saved_once(saver, [0, 1])  # one SIGTERM each, and 2 s to save
+    assert job_processes(job.job_id) == []
+
+
+@pytest.mark.slow
+@pytest.mark.mpi
+def test_mpiruns_ranks_get_the_whole_grace_period_not_open_mpis_second(saver, store):
+    """mpirun would give its ranks SIGCONT, a second, SIGTERM, a second, SIGKILL; its ranks
+    on the agent's node get one SIGTERM from the agent instead, and the grace period."""
+    spec = _spec(f"{sys.executable} saver.py {saver}", kind="mpi", nodes=2)
+    job = launch(spec, store=store, cwd=saver)
+    _wait_for([saver / f"ready-{rank}" for rank in range(4)])
+    job.cancel()
+    result = job.wait(30)
+    assert result is not None and result.state == "cancelled", result.describe()
+    _saved_once(saver, [0, 1, 2, 3])  # one SIGTERM each, and 2 s to save
     assert job_processes(job.job_id) == []
 
 

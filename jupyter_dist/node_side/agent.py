@@ -86,6 +86,39 @@ def _stat_fields(pid):
         return None
 
 
+def _command_name(pid):
+    """The process's command name (/proc/PID/comm), or "" when it is gone."""
+    try:
+        with open(f"/proc/{pid}/comm") as handle:
+            return handle.read().strip()
+    except OSError:
+        return ""
+
+
+# Shells that die of a SIGTERM while they wait for the command they run.
+_SHELLS = frozenset({"sh", "dash", "bash", "zsh", "ksh"})
+
+
+def _waiting_shell(pid, live):
+    """Whether `pid` is a shell waiting for a child of the tree."""
+    return _command_name(pid) in _SHELLS and any(_parent_of(p) == pid for p in live)
+
+
+def _held_launchers(live):
+    """The MPI launchers among `live` whose live children are all ranks of this node (each
+    carries a rank in its environment): none starts a daemon elsewhere, whose ranks only
+    the launcher can reach."""
+    held = set()
+    for pid in live:
+        if _command_name(pid) not in MPI_LAUNCHERS:
+            continue
+        children = [child for child in live if _parent_of(child) == pid]
+        # (a rank of 0 is a rank: _rank_of's False and None are not)
+        if children and all(type(_rank_of(child)) is int for child in children):
+            held.add(pid)
+    return held
+
+
 def _parent_of(pid):
     fields = _stat_fields(pid)
     return int(fields[1]) if fields else None
@@ -426,17 +459,37 @@ class Tree:
         process group at the first call, then each other process of the tree once no live
         process of the tree is its parent. A launcher (torchrun, mpirun) passes it on to its
         workers itself; a process orphaned meanwhile (its shell died) or daemonized has
-        nobody to. Called again while the grace period runs; returns the processes that
-        were still alive (none: the tree is gone)."""
+        nobody to. An MPI launcher whose ranks all run here (`_held_launchers`) would pass
+        it on late and cut the grace period to about a second (Open MPI: SIGCONT, a second,
+        SIGTERM, a second, SIGKILL): its ranks get it from us instead, what runs in each
+        rank's process group but the shell waiting for it (the shell would die of it, and
+        the launcher would take that as the rank's end and stop the others its way), and
+        the launcher none while they live: it ends when they do. Called again while the
+        grace period runs; returns the processes that were still alive (none: the tree is
+        gone)."""
         first = self.root not in self.termed
         self.refresh(orphans=first)
         live = set(self._live())
+        held = _held_launchers(live)
         if first:
-            with contextlib.suppress(OSError):
-                os.killpg(self.root, signal.SIGTERM)
-            self.termed.update([pid for pid in live if _group_of(pid) == self.root], [self.root])
+            group = {pid for pid in live if _group_of(pid) == self.root} | {self.root}
+            if held.isdisjoint(group):  # else its members but the launcher, one by one
+                with contextlib.suppress(OSError):
+                    os.killpg(self.root, signal.SIGTERM)
+                self.termed.update(group)
         for pid in sorted(live - self.termed):
-            if _group_of(pid) != self.root and _parent_of(pid) in live:
+            if pid in held:
+                continue  # its ranks get it from us; it ends when they do
+            parent = _parent_of(pid)
+            if parent in held:  # a rank: what runs in its group, its shell aside
+                group = {p for p in live if _group_of(p) == _group_of(pid)} | {pid}
+                for member in sorted(group):
+                    if not _waiting_shell(member, live):
+                        with contextlib.suppress(OSError):
+                            os.kill(member, signal.SIGTERM)
+                self.termed.update(group)
+                continue
+            if _group_of(pid) != self.root and parent in live:
                 continue  # its parent, one of ours, passes it on
             with contextlib.suppress(OSError):
                 os.kill(pid, signal.SIGTERM)
@@ -454,6 +507,10 @@ class Tree:
         return [pid for pid in pids if (_stat_fields(pid) or ["Z"])[0] != "Z"]
 
 
+# Launchers that give their ranks about a second between SIGTERM and SIGKILL (Open MPI's
+# mpirun and daemons, MPICH's hydra): the agent signals their ranks itself.
+MPI_LAUNCHERS = frozenset({"mpirun", "mpiexec", "orterun", "orted", "prterun", "prted",
+                           "hydra_pmi_proxy", "mpiexec.hydra"})  # fmt: skip
 _TICKS = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
 _PAGE = os.sysconf("SC_PAGE_SIZE") if hasattr(os, "sysconf") else 4096
 # torchrun and per-process ranks, Open MPI, MPICH and Slurm, horovodrun --gloo
