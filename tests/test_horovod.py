@@ -11,7 +11,14 @@ import time
 from dataclasses import replace
 
 import pytest
-from helpers import EXAMPLES, execute_notebook, job_processes, run_cli, stream_text
+from helpers import (
+    EXAMPLES,
+    execute_notebook,
+    job_processes,
+    not_private,
+    run_cli,
+    stream_text,
+)
 
 from jupyter_dist.backends.ssh import horovodrun_ssh, ssh_config
 from jupyter_dist.run.launch import launch, make_plan, run
@@ -66,6 +73,7 @@ def test_the_example_runs_as_it_is_on_local_nodes(store):
     (proc,) = record.plan()["processes"]
     assert proc["argv"][:4] == ["horovodrun", "-np", "4", "--hostfile"]
     assert job_processes(record.job_id) == []
+    assert not_private(store.root) == []
 
 
 def test_gloo_on_local_nodes(store):

@@ -20,6 +20,7 @@ from helpers import (
     EXAMPLES,
     await_text,
     interrupt_and_reply,
+    not_private,
     result_reports,
     run_cli,
     running_kernel,
@@ -101,6 +102,7 @@ def test_ddp_runs_as_job_steps_on_the_allocations_nodes(
         assert report["world_size"] == 4 and report["env"]["MASTER_ADDR"] == node0
         assert report["allreduce"] == 10.0  # 1 + 2 + 3 + 4: every rank took part
     assert "[rank 3] " in done.stdout
+    assert not_private(store.root) == []  # what the agents wrote on the nodes too
 
 
 def test_a_failing_rank_stops_the_others_with_the_root_cause(allocation, store, tmp_path):
@@ -145,6 +147,7 @@ def test_mpi_allreduce_starts_its_ranks_through_slurm(allocation, slurm_cluster,
         assert report["host"] == f"sln{rank // 2 + 1}"
         assert report["master"][0] == node0
         assert report["hostfile"] == [f"{node0} slots=2", f"{node1} slots=2"]
+    assert not_private(store.root) == []  # the nodes' job folders are the store's here
 
 
 @pytest.mark.parametrize("mpi_args", ["[--gloo]", "[]"])

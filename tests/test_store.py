@@ -61,13 +61,17 @@ def test_every_feature_keeps_the_store_private(kernel_env):
 
     old = os.umask(0o022)  # what most machines have
     try:
-        execute_notebook(
+        nb = execute_notebook(
             "y = 41",
             "%%distrun --nodes 2 -i y -o x\nx = y",
             "%distrun session start --nodes 1 --procs-per-node 2",
             "%%distrun -i y -o z\nz = y + 1",
             "%distrun session stop",
+            "%%distrun --type dask --nodes 1 -p 1 --threads 1\n",  # an interactive cluster
+            "print(client.submit(lambda: 6 * 7).result())",
+            "%distrun dask stop",
         )
+        assert nb.cells[7].outputs[0]["text"] == "42\n"  # the cluster served its client
         store = JobStore(kernel_env)
         hang = parse_spec(json.dumps({
             "script": HANG_SCRIPT, "environment_variables": {"OMP_NUM_THREADS": "1"},
@@ -91,15 +95,19 @@ def test_every_feature_keeps_the_store_private(kernel_env):
             "command: hostname\nresources: {instance_count: 2}\n"
             "distribution: {type: mpi, process_count_per_instance: 1}\n"
         )
-        for spec in (mpi, parse_spec(DASK_JOB)):
+        torchrun = parse_spec(  # its per-worker logs, as torchrun writes them
+            "command: 'true'\nresources: {instance_count: 2}\n"
+            "distribution: {type: pytorch, process_count_per_instance: 2, launcher: torchrun}\n"
+        )
+        for spec in (mpi, parse_spec(DASK_JOB), torchrun):
             result = run(spec, store=store, grace_period=1)
             assert result.ok, result.describe()
     finally:
         os.umask(old)
     jobs = [record.path for record in store.jobs()]
-    assert len(jobs) == 5, jobs
+    assert len(jobs) == 7, jobs
     made = {p.name for job in jobs for p in job.rglob("*")}
-    assert {"pyhook", "stacks", "out", "push.b64", "sitecustomize.py"} <= made, made
+    assert {"pyhook", "stacks", "out", "push.b64", "sitecustomize.py", "torchrun-1"} <= made, made
     assert any(name.startswith("cell-") for name in made) and "hostfile" in " ".join(made)
     assert not_private(store.root) == []
 

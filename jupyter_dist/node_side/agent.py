@@ -59,6 +59,7 @@ ranks from it; the launcher's side of the protocol (handshake, stdin commands) s
 
 import base64
 import contextlib
+import glob
 import json
 import os
 import shutil
@@ -818,7 +819,32 @@ class Agent:
             self.tree.kill()  # leftovers of a finished process are not kept running
         if self.tree.cgroup is not None:
             self.tree.cgroup.remove()
+        _make_private(os.environ.get("DISTRUN_JOB_DIR"), LAUNCHER_LOGS)
         return 128 - code if code < 0 else code
+
+
+# What launchers write into the job's folder with the umask they were given (torchrun's
+# per-worker logs, 0755 folders of 0644 files): made private once their tree is gone, as
+# everything in the job's folder is. (They sit in the job's 0700 folder meanwhile.)
+LAUNCHER_LOGS = "torchrun-*"
+
+
+def _make_private(job_dir, pattern):
+    """Every folder 0700 and file 0600 (a program 0700) below `job_dir`'s `pattern`."""
+    if not job_dir:
+        return
+    for top in glob.glob(os.path.join(glob.escape(job_dir), pattern)):
+        for folder, _dirs, files in os.walk(top):
+            paths = [(folder, 0o700)]
+            for name in files:
+                path = os.path.join(folder, name)
+                with contextlib.suppress(OSError):
+                    program = os.stat(path, follow_symlinks=False).st_mode & 0o100
+                    paths.append((path, 0o700 if program else 0o600))
+            for path, mode in paths:
+                if not os.path.islink(path):
+                    with contextlib.suppress(OSError):
+                        os.chmod(path, mode)
 
 
 def _runs_agent(pid):
