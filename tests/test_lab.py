@@ -152,6 +152,11 @@ def test_a_cell_shows_every_rank_and_the_inspector(lab_page):
     assert [(c[3], c[4]) for c in cells] == [("0", "0"), ("0", "1"), ("1", "0"), ("1", "1")]
     assert {c[6] for c in cells} == {"4"} and {c[8] for c in cells} == {"succeeded"}
     assert re.fullmatch(r"127\.0\.0\.1:\d+", cells[0][7])
+    # A short job's CPU and memory lines span their cells (they were a few pixels wide).
+    widths = view.locator("td.distrun-meter svg polyline").evaluate_all(
+        "lines => lines.map(l => l.getBBox().width)"
+    )
+    assert len(widths) == 8 and min(widths) >= 60, widths
     _shot(page, "1-ddp-cell-inspector")
     view.screenshot(path=str(ARTIFACTS / "live-view.png"))
     # A rank's chip shows that rank's output alone.

@@ -38,8 +38,9 @@ export function bytes(size) {
   return mib >= 1024 ? `${(mib / 1024).toFixed(1)} GiB` : `${Math.round(mib)} MiB`;
 }
 
-// A sparkline of `values` (oldest first) as an SVG: a line scaled to `top` (or the highest
-// value), drawn in the text colour of its cell.
+// A sparkline of `values` (oldest first, the last METER_POINTS) as an SVG: a line scaled to
+// `top` (or the highest value), drawn in the text colour of its cell, across the whole
+// width however few the readings (one reading: a level line), so a short job's reads too.
 export function sparkline(values, top, width = 64, height = 14) {
   const ns = "http://www.w3.org/2000/svg";
   const svg = document.createElementNS(ns, "svg");
@@ -47,11 +48,12 @@ export function sparkline(values, top, width = 64, height = 14) {
   svg.setAttribute("width", String(width));
   svg.setAttribute("height", String(height));
   svg.setAttribute("viewBox", `0 0 ${width} ${height}`);
-  const high = Math.max(top || 0, ...values, 1e-9);
-  const step = width / Math.max(METER_POINTS - 1, 1);
-  const start = width - step * (values.length - 1);
-  const points = values.map((v, i) =>
-    `${(start + i * step).toFixed(1)},${(height - 1 - (v / high) * (height - 2)).toFixed(1)}`);
+  const shown = values.slice(-METER_POINTS);
+  const drawn = shown.length === 1 ? [shown[0], shown[0]] : shown;
+  const high = Math.max(top || 0, ...drawn, 1e-9);
+  const step = width / Math.max(drawn.length - 1, 1);
+  const points = drawn.map((v, i) =>
+    `${(i * step).toFixed(1)},${(height - 1 - (v / high) * (height - 2)).toFixed(1)}`);
   const line = document.createElementNS(ns, "polyline");
   line.setAttribute("points", points.join(" "));
   svg.appendChild(line);
