@@ -8,13 +8,11 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import re
 import signal
 import sys
 import threading
 from collections.abc import Sequence
 from pathlib import Path
-from typing import TextIO
 
 from jupyter_dist import job_commands
 from jupyter_dist.backends import declared_options
@@ -22,86 +20,25 @@ from jupyter_dist.describe import (
     PLAN_COLUMNS,
     command_masker,
     format_commands,
-    last_state,
     plan_rows,
 )
-from jupyter_dist.diagnose.stall import describe_stall
 from jupyter_dist.errors import DistrunError
-from jupyter_dist.events import (
-    JobListener,
-    JobResult,
-    OutputLine,
-    ProcessState,
-    exit_text,
-)
+from jupyter_dist.events import JobResult
 from jupyter_dist.export import FORMATS, ExportTarget, export, write
 from jupyter_dist.job_commands import (
     EXIT_FAILED,
     EXIT_INTERRUPTED,
     EXIT_OK,
+    TerminalPrinter,
     print_checks,
     print_table,
+    wants_colour,
 )
 from jupyter_dist.masking import masked_plan
 from jupyter_dist.nodes import load_inventory
 from jupyter_dist.options import CLI_RUN, CLI_SPEC, LaunchOptions, add_to
 from jupyter_dist.spec import JobSpec, load_spec
 from jupyter_dist.store import JobStore
-
-_COLOURS = ("36", "33", "35", "32", "34", "31", "96", "93", "95", "92", "94", "91")
-# Escape sequences (CSI, OSC, and the two-byte ones) and the other C0 controls but tab.
-_CONTROLS = re.compile(
-    r"\x1b\[[0-?]*[ -/]*[@-~]|\x1b\][^\x07\x1b]*(?:\x07|\x1b\\)?|\x1b[ -/]+[0-~]|\x1b[ -~]?"
-    r"|[\x00-\x08\x0a-\x1a\x1c-\x1f\x7f]"
-)
-
-
-class TerminalPrinter(JobListener):
-    """Prints every line with its rank or role as prefix; colours on a terminal."""
-
-    def __init__(self, out: TextIO = sys.stdout, err: TextIO = sys.stderr, colour: bool = False):
-        self.out, self.err, self.colour = out, err, colour
-        self._colour_of: dict[str, str] = {}
-        self._lock = threading.Lock()
-
-    def _prefix(self, key: str, label: str) -> str:
-        if not self.colour:
-            return f"[{label}] "
-        code = self._colour_of.setdefault(key, _COLOURS[len(self._colour_of) % len(_COLOURS)])
-        return f"\x1b[{code}m[{label}]\x1b[0m "
-
-    def _text(self, text: str) -> str:
-        """A line as the terminal gets it: as printed, where colours are on; else without
-        escape sequences or control characters (no colour, no retitled window, no moved
-        cursor), a progress bar's last state only."""
-        if self.colour:
-            return text
-        return _CONTROLS.sub("", last_state(text))
-
-    def on_lines(self, lines: list[OutputLine]) -> None:
-        with self._lock:
-            for stream in ("stdout", "stderr"):
-                text = "".join(
-                    f"{self._prefix(line.key, line.label)}{self._text(line.text)}\n"
-                    for line in lines
-                    if line.stream == stream
-                )
-                if text:
-                    target = self.out if stream == "stdout" else self.err
-                    target.write(text)
-                    target.flush()
-
-    def on_process(self, state: ProcessState) -> None:
-        if state.state == "failed":
-            with self._lock:
-                how = exit_text(state.exit_code, state.signal)
-                self.err.write(f"[{state.label}] failed: {how}\n")
-                self.err.flush()
-
-    def on_stall(self, notice: str | None, summary: list[str]) -> None:
-        with self._lock:
-            self.err.write(describe_stall(notice, summary))
-            self.err.flush()
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -251,10 +188,9 @@ def cmd_run(args: argparse.Namespace, store: JobStore) -> int:
     from jupyter_dist.run.launch import prepare_job, start_and_wait
 
     spec = _load(args)
-    colour = args.color == "always" or (args.color == "auto" and sys.stdout.isatty())
-    if os.environ.get("NO_COLOR") and args.color == "auto":
-        colour = False
-    printer = TerminalPrinter(colour=colour)
+    if args.detach:
+        return _run_detached(args, spec, store)
+    printer = TerminalPrinter(colour=wants_colour(args.color))
     inventory = load_inventory(args.nodes_file)
     job = prepare_job(spec, listeners=[printer], store=store, inventory=inventory)
     print(
@@ -268,6 +204,21 @@ def cmd_run(args: argparse.Namespace, store: JobStore) -> int:
         print(f"job {job.job_id} cancelled: every process was stopped", file=sys.stderr)
         return EXIT_INTERRUPTED
     return _report(result)
+
+
+def _run_detached(args: argparse.Namespace, spec: JobSpec, store: JobStore) -> int:
+    from jupyter_dist.run.supervisor import detach
+
+    load_inventory(args.nodes_file)  # a bad inventory is said here, before anything starts
+    detached = detach(spec, store=store, cwd=os.getcwd(), nodes_file=args.nodes_file)
+    print(
+        f"job {detached.job_id}: {detached.summary}; every rank runs, detached (its "
+        f"supervisor is pid {detached.supervisor_pid}). Follow it: jupyter distrun attach "
+        f"{detached.job_id}; stop it: jupyter distrun cancel {detached.job_id}",
+        file=sys.stderr,
+    )
+    print(detached.job_id)
+    return EXIT_OK
 
 
 def _interrupt_on(*signals: signal.Signals) -> None:

@@ -1,5 +1,6 @@
 """The commands over the job store that both the terminal (`jupyter distrun COMMAND`) and
-the notebook (`%distrun COMMAND`) offer: nodes, jobs, inspect, cancel, stacks, logs. Each
+the notebook (`%distrun COMMAND`) offer: nodes, jobs, inspect, cancel, stacks, logs, attach,
+and the rank-prefixed printing of a job's lines they share with `run`. Each
 reads the store (and, for nodes, the inventory's backend) and prints; neither front owns
 them, so neither calls the other.
 
@@ -12,9 +13,13 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
+import re
 import sys
+import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
+from typing import TextIO
 
 from jupyter_dist.backends import inventory_backend
 from jupyter_dist.describe import (
@@ -29,8 +34,9 @@ from jupyter_dist.describe import (
 from jupyter_dist.diagnose.meters import mib, summarize
 from jupyter_dist.diagnose.stacks import METHODS as STACK_METHODS
 from jupyter_dist.diagnose.stacks import StackDump
+from jupyter_dist.diagnose.stall import describe_stall
 from jupyter_dist.errors import DamagedJob, DistrunError
-from jupyter_dist.events import FINAL_STATES
+from jupyter_dist.events import FINAL_STATES, JobListener, OutputLine, ProcessState, exit_text
 from jupyter_dist.nodes import load_inventory
 from jupyter_dist.options import BY_NAME
 from jupyter_dist.run.requests import (
@@ -42,6 +48,69 @@ from jupyter_dist.run.requests import (
 from jupyter_dist.store import JobStore, natural_order
 
 EXIT_OK, EXIT_FAILED, EXIT_USAGE, EXIT_INTERRUPTED = 0, 1, 2, 130
+
+
+_COLOURS = ("36", "33", "35", "32", "34", "31", "96", "93", "95", "92", "94", "91")
+# Escape sequences (CSI, OSC, and the two-byte ones) and the other C0 controls but tab.
+_CONTROLS = re.compile(
+    r"\x1b\[[0-?]*[ -/]*[@-~]|\x1b\][^\x07\x1b]*(?:\x07|\x1b\\)?|\x1b[ -/]+[0-~]|\x1b[ -~]?"
+    r"|[\x00-\x08\x0a-\x1a\x1c-\x1f\x7f]"
+)
+
+
+class TerminalPrinter(JobListener):
+    """Prints every line with its rank or role as prefix; colours on a terminal."""
+
+    def __init__(self, out: TextIO = sys.stdout, err: TextIO = sys.stderr, colour: bool = False):
+        self.out, self.err, self.colour = out, err, colour
+        self._colour_of: dict[str, str] = {}
+        self._lock = threading.Lock()
+
+    def _prefix(self, key: str, label: str) -> str:
+        if not self.colour:
+            return f"[{label}] "
+        code = self._colour_of.setdefault(key, _COLOURS[len(self._colour_of) % len(_COLOURS)])
+        return f"\x1b[{code}m[{label}]\x1b[0m "
+
+    def _text(self, text: str) -> str:
+        """A line as the terminal gets it: as printed, where colours are on; else without
+        escape sequences or control characters (no colour, no retitled window, no moved
+        cursor), a progress bar's last state only."""
+        if self.colour:
+            return text
+        return _CONTROLS.sub("", last_state(text))
+
+    def on_lines(self, lines: list[OutputLine]) -> None:
+        with self._lock:
+            for stream in ("stdout", "stderr"):
+                text = "".join(
+                    f"{self._prefix(line.key, line.label)}{self._text(line.text)}\n"
+                    for line in lines
+                    if line.stream == stream
+                )
+                if text:
+                    target = self.out if stream == "stdout" else self.err
+                    target.write(text)
+                    target.flush()
+
+    def on_process(self, state: ProcessState) -> None:
+        if state.state == "failed":
+            with self._lock:
+                how = exit_text(state.exit_code, state.signal)
+                self.err.write(f"[{state.label}] failed: {how}\n")
+                self.err.flush()
+
+    def on_stall(self, notice: str | None, summary: list[str]) -> None:
+        with self._lock:
+            self.err.write(describe_stall(notice, summary))
+            self.err.flush()
+
+
+def wants_colour(choice: str, out: TextIO = sys.stdout) -> bool:
+    """--color auto|always|never: auto is a terminal's, unless NO_COLOR is set."""
+    if choice == "auto":
+        return out.isatty() and not os.environ.get("NO_COLOR")
+    return choice == "always"
 
 
 def add_parsers(sub: argparse._SubParsersAction, common: argparse.ArgumentParser) -> None:
@@ -57,6 +126,20 @@ def add_parsers(sub: argparse._SubParsersAction, common: argparse.ArgumentParser
 
     inspect = sub.add_parser("inspect", parents=[common], help="who is who in a job")
     inspect.add_argument("job", help="job id (or a unique prefix)")
+
+    attach = sub.add_parser(
+        "attach", parents=[common],
+        help="a job's recent lines, then its new ones as they come, until it ends; Ctrl-C "
+        "detaches and leaves it running",
+    )  # fmt: skip
+    attach.add_argument("job", help="job id (or a unique prefix)")
+    attach.add_argument(
+        "--tail", type=int, default=200, metavar="N",
+        help="how many of the lines already stored to show first (default 200)",
+    )  # fmt: skip
+    attach.add_argument(
+        "--color", choices=("auto", "always", "never"), default="auto", help="colour prefixes"
+    )
 
     cancel = sub.add_parser(
         "cancel", parents=[common], help="stop a running job on every node (from anywhere)"
@@ -327,9 +410,48 @@ def cmd_logs(args: argparse.Namespace, store: JobStore) -> int:
     return EXIT_OK
 
 
+def cmd_attach(args: argparse.Namespace, store: JobStore) -> int:
+    """Follow a job from the store (run/follow.py): its last lines, then the new ones, as
+    `run` prints them; the job's outcome and exit code at its end. An interrupt detaches."""
+    from jupyter_dist.run.follow import Follower
+
+    if args.tail < 0:
+        raise DistrunError(f"--tail {args.tail}: give a number of lines, 0 or more")
+    record = store.get(args.job)
+    follower = Follower(record, history=args.tail)
+    printer = TerminalPrinter(colour=wants_colour(args.color))
+    print(
+        f"job {record.job_id} ({follower.state()}): following it; Ctrl-C detaches and "
+        "leaves it running",
+        file=sys.stderr,
+    )
+    try:
+        printer.on_lines(follower.history())
+        while True:
+            ended = follower.ended()  # before the read: what it wrote last is then read
+            lines = follower.new_lines()
+            printer.on_lines(lines)
+            if ended:
+                break
+            if not lines:
+                time.sleep(ATTACH_POLL_S)
+    except KeyboardInterrupt:
+        print(
+            f"\ndetached from job {record.job_id}; it runs on (stop it: jupyter distrun "
+            f"cancel {record.job_id})",
+            file=sys.stderr,
+        )
+        return EXIT_OK
+    result = follower.result()
+    print(result.describe(), file=sys.stderr)
+    return EXIT_OK if result.ok else EXIT_FAILED
+
+
+ATTACH_POLL_S = 0.2  # how often an attached front looks for new lines when there were none
+
 COMMANDS = {
     "nodes": cmd_nodes, "jobs": cmd_jobs, "logs": cmd_logs, "inspect": cmd_inspect,
-    "cancel": cmd_cancel, "stacks": cmd_stacks,
+    "cancel": cmd_cancel, "stacks": cmd_stacks, "attach": cmd_attach,
 }  # fmt: skip
 
 

@@ -49,9 +49,11 @@ from jupyter_dist.spec import JobSpec, dump_yaml, load_spec, script_command, spe
 from jupyter_dist.store import JobStore
 
 LINE_COMMANDS = (
-    "jobs", "logs", "inspect", "stacks", "cancel", "nodes", "run", "form", "dask", "session",
+    "jobs", "logs", "inspect", "stacks", "cancel", "attach", "nodes", "run", "form", "dask",
+    "session",
 )  # fmt: skip
-JOB_COMMANDS = ("logs", "inspect", "stacks", "cancel")  # JOB defaults to this kernel's latest job
+# JOB defaults to this kernel's latest job
+JOB_COMMANDS = ("logs", "inspect", "stacks", "cancel", "attach")
 
 
 class JobFailed(DistrunError):
@@ -213,7 +215,8 @@ class DistrunMagics(Magics):
 
         As a line magic: `%distrun jobs`, `%distrun logs [JOB] [--rank R]`,
         `%distrun inspect [JOB]`, `%distrun stacks [JOB]` (every rank's Python stack, of a
-        running job or session), `%distrun cancel JOB`, `%distrun nodes`,
+        running job or session), `%distrun cancel JOB`, `%distrun attach [JOB]` (follow a
+        job from anywhere; an interrupt detaches), `%distrun nodes`,
         `%distrun run SPEC.yml`, `%distrun form`, `%distrun dask start|stop`.
 
         `--export FORMAT` writes the cell and its options for another scheduler (sbatch,
@@ -277,7 +280,20 @@ class DistrunMagics(Magics):
                 self._dry_run(spec, inventory)
                 return
             if interactive:
+                if args.detach:
+                    raise SpecError(
+                        "--detach applies to a job; an interactive Dask cluster serves this "
+                        "kernel's client (it stops with it)"
+                    )
                 self._start_dask(spec, inventory, args)
+                return
+            if args.detach:
+                if outs:
+                    raise SpecError(
+                        "--out needs the cell to wait for the job's end; with --detach, have "
+                        "the ranks save what you need to files"
+                    )
+                self._detach(spec, args.nodes_file or self.nodes_file or None, extra)
                 return
             job = self._run(spec, inventory, extra)
             if outs:
@@ -352,6 +368,11 @@ class DistrunMagics(Magics):
                             ("--dry-run", args.dry_run), ("--new", args.new)):  # fmt: skip
             if value:
                 raise SpecError(f"{flag} applies to a cell, not to %distrun session start")
+        if args.detach:
+            raise SpecError(
+                "--detach applies to a job's cell; a session lives in this kernel (it stops "
+                "with it)"
+            )
         self._configured_defaults(args)
         spec = LaunchOptions.take(args, declared_options()).to_spec("", base_dir=os.getcwd())
         inventory = load_inventory(args.nodes_file or self.nodes_file or None)
@@ -420,6 +441,22 @@ class DistrunMagics(Magics):
         if not result.ok:  # the live view shows the cause in full: the error points at it
             raise JobFailed(result, shown_above=in_view)
         return job
+
+    def _detach(self, spec: JobSpec, nodes_file: str | None, extra: dict[str, str]) -> None:
+        """Start the job under a supervisor of its own (run/supervisor.py): the cell returns
+        once every rank runs, and the job outlives this kernel."""
+        from jupyter_dist.run.supervisor import detach
+
+        detached = detach(
+            spec, store=JobStore(), cwd=os.getcwd(), nodes_file=nodes_file, extra_files=extra
+        )
+        DistrunMagics.last_job_id = detached.job_id
+        print(
+            f"job {detached.job_id}: {detached.summary}; every rank runs, detached: it runs "
+            f"on if this kernel stops.\nFollow it: %distrun attach {detached.job_id} (or "
+            f"jupyter distrun attach {detached.job_id}); stop it: %distrun cancel "
+            f"{detached.job_id}"
+        )
 
     def _view_mode(self) -> str:
         """`widget` or `text`: as configured, else what the front end surely renders."""

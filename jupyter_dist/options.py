@@ -145,6 +145,9 @@ OPTIONS: tuple[Option, ...] = (
     Option("grace_period", "how long a stopped process has between SIGTERM and SIGKILL, to "
            "save its work (default 5)", kind="int", metavar="SECONDS", bounds=(0, 3600),
            fronts=_RUN),
+    Option("detach", "keep the job running when this kernel or terminal goes: return once "
+           "every rank runs; follow it with attach, stop it with cancel", kind="flag",
+           fronts=_RUN),
 )  # fmt: skip
 
 BY_NAME = {option.name: option for option in OPTIONS}
@@ -196,6 +199,7 @@ class LaunchOptions:
     stall_timeout: int | None = None
     grace_period: int | None = None
     on_stall: str | None = None
+    detach: bool = False  # who owns the job (run/supervisor.py), not what the spec says
     backend: str | None = None  # the spec's backend section, with the backends' options:
     backend_options: dict[Option, Any] = field(default_factory=dict)  # declared by backends
 

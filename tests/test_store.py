@@ -70,6 +70,7 @@ def test_every_feature_keeps_the_store_private(kernel_env):
             "%%distrun --type dask --nodes 1 -p 1 --threads 1\n",  # an interactive cluster
             "print(client.submit(lambda: 6 * 7).result())",
             "%distrun dask stop",
+            "%%distrun --detach --nodes 2\nprint('detached')",  # its supervisor's log too
         )
         assert nb.cells[7].outputs[0]["text"] == "42\n"  # the cluster served its client
         store = JobStore(kernel_env)
@@ -104,10 +105,21 @@ def test_every_feature_keeps_the_store_private(kernel_env):
             assert result.ok, result.describe()
     finally:
         os.umask(old)
+    from jupyter_dist.run.requests import wait_until_ended
+
+    assert [wait_until_ended(record, 60) for record in store.jobs()].count("succeeded") >= 6
     jobs = [record.path for record in store.jobs()]
-    assert len(jobs) == 7, jobs
+    assert len(jobs) == 8, jobs
     made = {p.name for job in jobs for p in job.rglob("*")}
-    assert {"pyhook", "stacks", "out", "push.b64", "sitecustomize.py", "torchrun-1"} <= made, made
+    assert {
+        "pyhook",
+        "stacks",
+        "out",
+        "push.b64",
+        "sitecustomize.py",
+        "torchrun-1",
+        "supervisor.log",
+    } <= made, made
     assert any(name.startswith("cell-") for name in made) and "hostfile" in " ".join(made)
     assert not_private(store.root) == []
 

@@ -31,7 +31,7 @@ from pathlib import Path
 
 from jupyter_dist.errors import DistrunError
 from jupyter_dist.events import FINAL_STATES, JobListener, JobResult
-from jupyter_dist.run.requests import effective_state
+from jupyter_dist.run.requests import effective_state, pid_alive
 from jupyter_dist.store import PRIVATE_FILE, JobStore, UnknownJob, private_dir
 
 # A claim whose job's folder is not there yet is a job starting now, for so long; after
@@ -156,12 +156,8 @@ class PortClaims:
         pid, host = holder.get("pid"), holder.get("host")
         if not isinstance(pid, int) or host != socket.gethostname():
             return bool(holder)  # another machine's owner: assume it runs
-        try:
-            os.kill(pid, 0)
-        except ProcessLookupError:
+        if not pid_alive(pid):
             return False
-        except PermissionError:
-            pass
         theirs = holder.get("store")
         store = JobStore(Path(theirs)) if isinstance(theirs, str) else self.store
         try:

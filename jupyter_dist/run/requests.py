@@ -43,19 +43,25 @@ def effective_state(status: dict[str, Any]) -> str:
     if state in FINAL_STATES or state == "unknown":
         return state
     pid, host = status.get("owner_pid"), status.get("owner_host")
-    if isinstance(pid, int) and host == socket.gethostname() and not _alive(pid):
+    if isinstance(pid, int) and host == socket.gethostname() and not pid_alive(pid):
         return "lost"
     return state
 
 
-def _alive(pid: int) -> bool:
+def pid_alive(pid: int) -> bool:
+    """Whether process `pid` of this machine still runs: not gone, and not a zombie (an
+    owner killed after its parent ended waits for a reaper that may never come)."""
     try:
         os.kill(pid, 0)
     except ProcessLookupError:
         return False
     except PermissionError:
         return True  # someone else's process: alive
-    return True
+    try:
+        with open(f"/proc/{pid}/stat") as handle:
+            return handle.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except (OSError, IndexError):
+        return True  # no /proc here: kill's answer stands
 
 
 def cancel_requested(record: JobRecord) -> str | None:

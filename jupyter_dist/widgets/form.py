@@ -23,6 +23,7 @@ from jupyter_dist.nodes import Inventory, load_inventory
 from jupyter_dist.options import BY_NAME, FORM, LaunchOptions, Option, offered
 from jupyter_dist.run.job import GRACE_PERIOD_S
 from jupyter_dist.spec import JOB_TYPES, JobSpec, spec_from_dict
+from jupyter_dist.store import JobStore
 from jupyter_dist.widgets.live import run_with_view
 
 _LAUNCHERS = {"pytorch": ["per_process", "torchrun"], "mpi": ["mpirun", "horovodrun"]}
@@ -45,6 +46,7 @@ _CAPTIONS = {
     "stall_timeout": "stall timeout (s)", "grace_period": "grace period (s)",
     "timeout": "timeout (s)", "ps_count": "parameter servers", "name": "job name",
     "code": "code folder", "env": "environment", "slurm_job": "allocation",
+    "detach": "keep running when the notebook closes",
 }  # fmt: skip
 _PLACEHOLDERS = {
     "env": "NAME=VALUE, one a line", "code": "folder shipped to every node (optional)",
@@ -190,7 +192,8 @@ class SubmitForm(w.VBox):
                 w.GridBox([self.export_format, self.export_to, self.image], layout=w.Layout(
                     grid_template_columns="repeat(auto-fit, minmax(240px, 1fr))",
                     grid_gap="0 16px", width="95%")),
-                self.problem, w.HBox([self.submit_button, self.export_button]), self.output,
+                self.problem, w.HBox([self.submit_button, self.export_button, c["detach"]]),
+                self.output,
             ],
             layout=w.Layout(padding="4px 8px", border="var(--jp-border-width, 1px) solid "
                             "var(--jp-border-color2, #ddd)"),
@@ -262,6 +265,8 @@ class SubmitForm(w.VBox):
         if spec is None:
             return None
         self.output.clear_output()
+        if self.options().detach:
+            return self._detach(spec)
         with self.output:
             try:
                 inventory = self.inventory if not self.inventory.is_local else None
@@ -273,6 +278,26 @@ class SubmitForm(w.VBox):
                 print(result.describe())
         self.last_result = result
         return result
+
+    def _detach(self, spec: JobSpec) -> str | None:
+        """Start the job under a supervisor of its own, as `%%distrun --detach` does; its
+        id and how to follow it show below the form. Returns the job's id."""
+        from jupyter_dist.run.supervisor import detach
+
+        try:
+            detached = detach(spec, store=JobStore(), cwd=os.getcwd(),
+                              nodes_file=self.nodes_file)  # fmt: skip
+        except DistrunError as exc:
+            self.problem.value = _problem_html(str(exc))
+            return None
+        said = (
+            f"Job {detached.job_id}: {detached.summary}; every rank runs, detached: it runs "
+            f"on when this notebook closes. Follow it: %distrun attach {detached.job_id}; "
+            f"stop it: %distrun cancel {detached.job_id}"
+        )
+        with self.output:
+            display(w.HTML(html.escape(said)))
+        return detached.job_id
 
     def export(self) -> Exported | None:
         """Write the job as the format chosen, as `%%distrun --export` does; the files

@@ -1,0 +1,176 @@
+"""Jobs that outlive their front: `run --detach` and `%%distrun --detach` hand the job to a
+supervisor of its own and return once every rank runs; `attach` follows it from anywhere
+(an interrupt detaches); the job keeps every line through a killed kernel; a killed
+supervisor leaves nothing running and the job reads "lost"."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+from helpers import execute_notebook, job_processes, not_private, run_cli, running_kernel
+
+from jupyter_dist.run.requests import wait_until_ended
+from jupyter_dist.store import JobStore
+
+pytestmark = pytest.mark.slow  # each starts real jobs and waits for them
+
+# 2 nodes x 2 ranks, each printing `count` numbered lines a tenth of a second apart.
+COUNTED = (
+    "command: for i in $(seq 1 {count}); do echo line $i of rank $RANK; sleep 0.1; done\n"
+    "resources: {{instance_count: 2}}\n"
+    "distribution: {{type: pytorch, process_count_per_instance: 2}}\n"
+)
+
+
+def _spec(tmp_path: Path, count: int) -> Path:
+    path = tmp_path / "job.yml"
+    path.write_text(COUNTED.format(count=count))
+    return path
+
+
+def _every_line(store: JobStore, job_id: str, count: int) -> None:
+    record = store.get(job_id)
+    for rank in range(4):
+        said = [line.text for line in record.iter_log(f"rank-{rank}", "stdout")]
+        assert said == [f"line {i} of rank {rank}" for i in range(1, count + 1)], rank
+
+
+def _detached(tmp_path: Path, store: JobStore, count: int) -> tuple[str, int]:
+    done = run_cli("run", str(_spec(tmp_path, count)), "--detach", store=store, timeout=60)
+    assert done.returncode == 0, done.stderr
+    job_id = done.stdout.strip()
+    status = store.get(job_id).status()
+    return job_id, status["owner_pid"]
+
+
+def test_run_detach_returns_while_the_job_runs_and_attach_follows_it_to_its_end(store, tmp_path):
+    job_id, supervisor = _detached(tmp_path, store, count=40)
+    record = store.get(job_id)
+    status = record.status()
+    assert status["state"] == "running"  # returned while every rank runs
+    assert status["owner_pid"] != os.getpid() and os.path.exists(f"/proc/{supervisor}")
+    assert len(job_processes(job_id)) >= 4
+    followed = run_cli("attach", job_id, "--tail", "1000", store=store, timeout=60)
+    assert followed.returncode == 0, followed.stderr
+    for rank in range(4):  # what was stored before it attached, then the rest as it came
+        printed = [line for line in followed.stdout.splitlines() if f"of rank {rank}" in line]
+        assert printed == [f"[rank {rank}] line {i} of rank {rank}" for i in range(1, 41)]
+    assert f"Job {job_id} succeeded" in followed.stderr
+    _every_line(store, job_id, 40)
+    deadline = time.monotonic() + 10
+    while os.path.exists(f"/proc/{supervisor}") and time.monotonic() < deadline:
+        time.sleep(0.1)  # a supervisor never outlives its job
+    assert not os.path.exists(f"/proc/{supervisor}")
+    assert not_private(store.root) == []  # its supervisor.log too
+
+
+def test_an_interrupted_attach_detaches_and_the_job_runs_on(store, tmp_path):
+    job_id, _ = _detached(tmp_path, store, count=100)
+    attached = subprocess.Popen(
+        [sys.executable, "-m", "jupyter_dist.cli", "attach", job_id, "--store", str(store.root)],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
+    )  # fmt: skip
+    assert "line" in attached.stdout.readline()  # following
+    attached.send_signal(signal.SIGINT)
+    _, err = attached.communicate(timeout=30)
+    assert attached.returncode == 0 and f"detached from job {job_id}; it runs on" in err
+    record = store.get(job_id)
+    assert record.status()["state"] == "running" and len(job_processes(job_id)) >= 4
+    cancelled = run_cli("cancel", job_id, store=store, timeout=60)
+    assert cancelled.returncode == 0, cancelled.stderr
+    assert record.status()["state"] == "cancelled"
+    assert job_processes(job_id) == []
+
+
+def test_a_killed_supervisor_leaves_nothing_and_the_job_reads_lost(store, tmp_path):
+    job_id, supervisor = _detached(tmp_path, store, count=300)
+    assert len(job_processes(job_id)) >= 4
+    os.kill(supervisor, signal.SIGKILL)
+    deadline = time.monotonic() + 20
+    while job_processes(job_id) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert job_processes(job_id) == []  # every rank stopped, as when a kernel dies
+    listed = json.loads(run_cli("jobs", "--json", store=store).stdout)
+    assert [j["state"] for j in listed if j["job_id"] == job_id] == ["lost"]
+    followed = run_cli("attach", job_id, "--tail", "3", store=store, timeout=30)
+    assert followed.returncode == 1 and f"Job {job_id} lost" in followed.stderr
+
+
+def test_a_detached_job_that_cannot_start_is_one_line_and_one_that_fails_says_why(store, tmp_path):
+    path = tmp_path / "job.yml"
+    path.write_text("command: 'true'\ncode: missing-folder\n")
+    done = run_cli("run", str(path), "--detach", store=store, timeout=60)
+    assert done.returncode == 2 and done.stderr.count("\n") == 1, done.stderr
+    assert done.stderr.startswith("error: ") and "missing-folder" in done.stderr
+    assert store.jobs() == []  # nothing was started
+    path.write_text("command: no-such-program-here\nresources: {instance_count: 2}\n")
+    done = run_cli("run", str(path), "--detach", store=store, timeout=60)
+    assert done.returncode == 0, done.stderr  # it started: its ranks fail on their own
+    followed = run_cli("attach", done.stdout.strip(), store=store, timeout=60)
+    assert followed.returncode == 1
+    assert "Root cause: rank 0 on local0" in followed.stderr or "Root cause: rank 1" in (
+        followed.stderr
+    )
+    assert "command not found" in followed.stderr
+    assert job_processes(done.stdout.strip()) == []
+
+
+def test_a_detached_cell_outlives_its_kernel_with_every_line(kernel_env):
+    """The cell returns while the job runs; the kernel is killed; the job ends on its own
+    with every line stored, and another kernel attaches to it and sees its end."""
+    store = JobStore(kernel_env)
+    with running_kernel() as (km, kc):
+        reply = kc.execute_interactive(
+            "%%distrun --detach --nodes 2 --procs-per-node 2\n"
+            "import os, time\n"
+            "for i in range(1, 51):\n"
+            "    print(f\"line {i} of rank {os.environ['RANK']}\", flush=True)\n"
+            "    time.sleep(0.1)\n",
+            timeout=60,
+        )
+        assert reply["content"]["status"] == "ok"
+        (record,) = store.jobs()
+        assert record.status()["state"] == "running"  # the cell returned while it runs
+        km.shutdown_kernel(now=True)  # the kernel is killed
+    assert wait_until_ended(record, 60) == "succeeded"
+    _every_line(store, record.job_id, 50)
+    nb = execute_notebook(f"%distrun attach {record.job_id} --tail 2")
+    text = "".join(o.get("text", "") for o in nb.cells[1].outputs)
+    assert "[rank 3] line 50 of rank 3" in text and "succeeded" in text
+    assert job_processes(record.job_id) == []
+
+
+def test_detach_refuses_what_needs_the_kernel(kernel_env):
+    nb = execute_notebook(
+        "%%distrun --detach -o x\nx = 1",
+        "%distrun session start --detach",
+        "%%distrun --detach --type dask\n",
+        allow_errors=True,
+    )
+    errors = [c.outputs[0].get("evalue", "") for c in nb.cells[1:]]
+    assert errors[0].startswith("--out needs the cell to wait for the job's end")
+    assert errors[1].startswith("--detach applies to a job's cell; a session lives")
+    assert errors[2].startswith("--detach applies to a job; an interactive Dask cluster")
+    assert JobStore(kernel_env).jobs() == []
+
+
+def test_the_forms_keep_running_box_detaches_the_job(kernel_env):
+    nb = execute_notebook(
+        "from jupyter_dist.widgets.form import SubmitForm\nf = SubmitForm()\n"
+        "f.script.value = 'print(\"from the form\")'\nf.nodes.value = 2\n"
+        "f.controls['detach'].value = True\nimport os\nprint(f.submit(), os.getpid())",
+    )
+    job_id, kernel = nb.cells[1].outputs[-1]["text"].split()
+    record = JobStore(kernel_env).get(job_id)
+    assert wait_until_ended(record, 60) == "succeeded"
+    assert record.status()["owner_pid"] != int(kernel)  # its supervisor's, not the kernel's
+    said = [line.text for line in record.iter_log("rank-1", "stdout")]
+    assert said == ["from the form"]
