@@ -396,6 +396,21 @@ class SshProcess(AgentProcess):
         code = self.channel.recv_exit_status()
         return 255 if code == -1 else code  # -1: no status at all, the link died
 
+    @property
+    def exit_note(self) -> str | None:
+        """As the agent's, with what became of the connection: what ended it, or that it
+        is still up and only this session ended without the agent's last word."""
+        note = super().exit_note
+        if note != self.silent_exit:
+            return note
+        transport = self.channel.get_transport()
+        problem = transport.get_exception() if transport is not None else None
+        if problem is not None:  # EOFError: the far end went away
+            return f"{note} ({type(problem).__name__}: {problem})".replace(": )", ")")
+        if transport is not None and transport.is_active():
+            return f"{note} (its session closed without the agent's exit report)"
+        return f"{note} (the connection closed)"
+
 
 def ssh_config(nodes: list[Node]) -> str:
     """An OpenSSH client config that reaches `nodes` as the inventory says, host by host."""
