@@ -48,6 +48,25 @@ experiment_name: pytorch-cifar-distributed-example
 description: Train a basic convolutional neural network with PyTorch on CIFAR-10.
 """
 
+# A rank that needs 2 s after SIGTERM to save, and notes each time its handler runs.
+SAVER = """\
+import os, signal, sys, time
+folder = sys.argv[1]
+rank = os.environ.get("RANK") or os.environ["OMPI_COMM_WORLD_RANK"]  # torch's, or MPI's
+note = os.path.join(folder, "rank-" + rank + ".txt")
+def save(*_):
+    with open(note, "a") as f:
+        f.write("term\\n")
+    time.sleep(2)
+    with open(note, "a") as f:
+        f.write("saved\\n")
+    sys.exit(0)
+signal.signal(signal.SIGTERM, save)
+open(os.path.join(folder, "ready-" + rank), "w").close()
+print("READY", flush=True)
+time.sleep(300)
+"""
+
 # 2 nodes x 2 ranks that each say "started", then wait to be stopped.
 LONG_JOB = (
     "command: echo started; sleep 300\nresources: {instance_count: 2}\n"

@@ -12,29 +12,10 @@ import time
 from pathlib import Path
 
 import pytest
-from helpers import interrupt_and_reply, job_processes, running_kernel
+from helpers import SAVER, interrupt_and_reply, job_processes, running_kernel
 
 from jupyter_dist.run.launch import launch
 from jupyter_dist.spec import parse_spec
-
-# A rank that needs 2 s after SIGTERM to save, and notes each time its handler runs.
-SAVER = """\
-import os, signal, sys, time
-folder = sys.argv[1]
-rank = os.environ.get("RANK") or os.environ["OMPI_COMM_WORLD_RANK"]  # torch's, or MPI's
-note = os.path.join(folder, "rank-" + rank + ".txt")
-def save(*_):
-    with open(note, "a") as f:
-        f.write("term\\n")
-    time.sleep(2)
-    with open(note, "a") as f:
-        f.write("saved\\n")
-    sys.exit(0)
-signal.signal(signal.SIGTERM, save)
-open(os.path.join(folder, "ready-" + rank), "w").close()
-print("READY", flush=True)
-time.sleep(300)
-"""
 
 
 @pytest.fixture

@@ -17,6 +17,7 @@ import yaml
 from helpers import (
     EXAMPLES,
     LONG_JOB,
+    SAVER,
     not_private,
     result_reports,
     run_cli,
@@ -93,6 +94,30 @@ def test_mpi_across_two_ssh_nodes(ssh_nodes, store, tmp_path):
         assert report["master"][0] == hosts[0]  # AZ_BATCH_MASTER_NODE, as on Azure ML
         assert report["hostfile"] == [f"{hosts[0]} slots=2", f"{hosts[1]} slots=2"]
     assert sorted(results) == [0, 1, 2, 3]
+
+
+def test_mpi_ranks_on_both_nodes_get_the_whole_grace_period(ssh_nodes, store, tmp_path):
+    """Node 0's ranks are mpirun's children: its agent gives them the SIGTERM; node 1's
+    were started by Open MPI's daemon there, outside any agent: the launcher's side
+    signals them there (`agent.py --term`). Every rank saves in its 2 s, once, and mpirun's
+    own second (SIGCONT, a second, SIGTERM, a second, SIGKILL) never cuts one short."""
+    (tmp_path / "saver.py").write_text(SAVER)
+    spec = _spec(f"""\
+        command: python {tmp_path / "saver.py"} {tmp_path}
+        resources: {{instance_count: 2}}
+        distribution: {{type: mpi, process_count_per_instance: 2}}
+    """)
+    job = launch(spec, store=store, inventory=ssh_nodes.load_inventory(tmp_path), grace_period=6)
+    deadline = time.monotonic() + 60
+    while not all((tmp_path / f"ready-{rank}").exists() for rank in range(4)):
+        assert time.monotonic() < deadline, "the ranks never said they were ready"
+        time.sleep(0.1)
+    job.cancel()
+    result = job.wait(60)
+    assert result is not None and result.state == "cancelled", result.describe()
+    for rank in range(4):
+        assert (tmp_path / f"rank-{rank}.txt").read_text() == "term\nsaved\n", rank
+    assert ssh_nodes.job_processes(job.job_id) == []
 
 
 def test_more_processes_on_a_node_than_one_connection_has_sessions(ssh_nodes, store, tmp_path):

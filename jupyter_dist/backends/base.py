@@ -172,6 +172,13 @@ class Backend(ABC):
         """Kill whatever still carries the job's id on the named nodes (the last safety net
         after every agent stopped its tree); the pids killed. Never raises."""
 
+    def terminate_ranks(self, job_id: str, node_names: set[str]) -> list[int]:
+        """SIGTERM the job's MPI ranks that no agent of the job holds on the named nodes
+        (an MPI launcher's daemons started them there: the agent's `--term`), at the start
+        of a stop; the pids signalled. Never raises. Nothing to do where every process
+        runs under an agent of the job (the default)."""
+        return []
+
     @abstractmethod
     def run_on_node(self, node: Node, argv: list[str], timeout: float = 60) -> tuple[int, str, str]:
         """Run a short command on the node (a node-side helper such as node_side/stacks.py,

@@ -14,6 +14,7 @@ the notebook's Python, the job store and the code folder are used in place.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import posixpath
 import queue
@@ -246,14 +247,23 @@ class SlurmBackend(LocalBackend):
 
     def sweep(self, job_id: str, node_names: set[str]) -> list[int]:
         """The agent's sweep on every node where one did not report a clean exit."""
+        return self._agents_say("--sweep", job_id, node_names)
 
-        def sweep_node(node: Node) -> list[int]:
-            argv = [node.python, str(AGENT_SOURCE), "--sweep", job_id]
-            code, out, _ = self.run_on_node(node, argv)
-            return [int(p) for p in out.split()] if code == 0 else []
+    def terminate_ranks(self, job_id: str, node_names: set[str]) -> list[int]:
+        return self._agents_say("--term", job_id, node_names)
+
+    def _agents_say(self, flag: str, job_id: str, node_names: set[str]) -> list[int]:
+        """The agent's one-shot `flag` (--sweep, --term) on the named nodes, as job steps."""
+
+        def on_node(node: Node) -> list[int]:
+            with contextlib.suppress(Exception):  # never raises: a node gone has nothing
+                argv = [node.python, str(AGENT_SOURCE), flag, job_id]
+                code, out, _ = self.run_on_node(node, argv)
+                return [int(p) for p in out.split()] if code == 0 else []
+            return []
 
         nodes = [Node(name, name, "slurm", sys.executable) for name in sorted(node_names)]
-        return [pid for pids in _on_every_node(nodes, sweep_node) for pid in pids]
+        return [pid for pids in _on_every_node(nodes, on_node) for pid in pids]
 
     def mpi_launch(self, ctx: PlanContext) -> MpiLaunch:
         return mpi_launch(ctx)

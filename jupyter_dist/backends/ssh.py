@@ -620,18 +620,24 @@ class SshBackend(Backend):
     def sweep(self, job_id: str, node_names: set[str]) -> list[int]:
         """Kill anything of the job still running on the named nodes: those where an agent
         did not report a clean exit (elsewhere the agent already took its tree down)."""
+        return self._agents_say("--sweep", job_id, node_names)
 
-        def sweep_node(node: Node) -> list[int]:
+    def terminate_ranks(self, job_id: str, node_names: set[str]) -> list[int]:
+        return self._agents_say("--term", job_id, node_names)
+
+    def _agents_say(self, flag: str, job_id: str, node_names: set[str]) -> list[int]:
+        """The agent's one-shot `flag` (--sweep, --term) for the job on the named nodes, at
+        once: the pids it printed. Never raises."""
+
+        def on_node(node: Node) -> list[int]:
             agent = posixpath.join(node.workdir, agent_file_name())
             with contextlib.suppress(Exception):
-                code, out, _ = self.connections.run(
-                    node, [node.python, agent, "--sweep", job_id], 30
-                )
+                code, out, _ = self.connections.run(node, [node.python, agent, flag, job_id], 30)
                 return [int(p) for p in out.split()] if code == 0 else []
             return []
 
         nodes = [n for n in self._nodes.values() if n.name in node_names]
-        return [pid for pids in parallel(nodes, sweep_node) for pid in pids]
+        return [pid for pids in parallel(nodes, on_node) for pid in pids]
 
 
 def _code_key(folder: Path) -> str:

@@ -5,6 +5,7 @@ the node's Python. Usage::
 
     python agent.py [--cwd DIR] [--grace SECONDS] [--stdin] [--usage SECONDS] -- COMMAND...
     python agent.py --sweep JOB_ID     (kill what is left of a job on this machine)
+    python agent.py --term JOB_ID      (SIGTERM the job's MPI ranks that no agent holds)
 
 It starts COMMAND in a session of its own with this Python's folder first on PATH (after
 $DISTRUN_PATH_FIRST, a folder of the job's own programs, where the plan names one) and the
@@ -106,18 +107,44 @@ def _waiting_shell(pid, live):
 
 
 def _held_launchers(live):
-    """The MPI launchers among `live` whose live children are all ranks of this node (each
-    carries a rank in its environment): none starts a daemon elsewhere, whose ranks only
-    the launcher can reach."""
-    held = set()
-    for pid in live:
-        if _command_name(pid) not in MPI_LAUNCHERS:
+    """The MPI launchers among `live` that still have children: their ranks here, or their
+    links (ssh, srun) to their daemons on other nodes, whose ranks the launcher's side
+    signals there (`terminate_ranks`)."""
+    launchers = {pid for pid in live if _command_name(pid) in MPI_LAUNCHERS}
+    return {_parent_of(pid) for pid in live} & launchers
+
+
+def _terminate_rank(pid, live):
+    """SIGTERM to what runs in `pid`'s process group but a shell waiting for a child (it
+    would die of it, and its launcher would take that as the rank's end); the group."""
+    group = {p for p in live if _group_of(p) == _group_of(pid)} | {pid}
+    for member in sorted(group):
+        if not _waiting_shell(member, live):
+            with contextlib.suppress(OSError):
+                os.kill(member, signal.SIGTERM)
+    return group
+
+
+def terminate_ranks(job_id):
+    """SIGTERM, once each, the job's MPI ranks on this machine that no agent of the job
+    holds: a daemon of the launcher on another node started them (Open MPI's orted, over
+    ssh or srun), and would give them about a second. Returns their pids."""
+    marker = f"DISTRUN_JOB_ID={job_id}".encode()
+    token_prefix = f"{TOKEN_VAR}=".encode()
+    live = set(_all_pids()) - {os.getpid()}
+    launchers = {pid for pid in live if _command_name(pid) in MPI_LAUNCHERS}
+    termed = set()
+    for pid in sorted(live):
+        if pid in termed or _parent_of(pid) not in launchers or type(_rank_of(pid)) is not int:
             continue
-        children = [child for child in live if _parent_of(child) == pid]
-        # (a rank of 0 is a rank: _rank_of's False and None are not)
-        if children and all(type(_rank_of(child)) is int for child in children):
-            held.add(pid)
-    return held
+        pairs = _environ(pid) or []
+        if marker not in pairs:
+            continue
+        token = next((p[len(token_prefix) :] for p in pairs if p.startswith(token_prefix)), b"")
+        if _live_agent(_agent_of_token(token.decode(errors="replace")), marker):
+            continue  # an agent's own: it stops it
+        termed |= _terminate_rank(pid, live)
+    return sorted(termed)
 
 
 def _parent_of(pid):
@@ -401,6 +428,7 @@ class Tree:
         self.cgroup = cgroup  # the tree's own cgroup, where the machine allows one
         self.seen = {root}
         self.termed = set()  # processes sent SIGTERM (terminate)
+        self.terminating = False  # terminate was called
         self.lock = threading.Lock()
 
     def refresh(self, orphans=False):
@@ -460,36 +488,32 @@ class Tree:
         process group at the first call, then each other process of the tree once no live
         process of the tree is its parent. A launcher (torchrun, mpirun) passes it on to its
         workers itself; a process orphaned meanwhile (its shell died) or daemonized has
-        nobody to. An MPI launcher whose ranks all run here (`_held_launchers`) would pass
-        it on late and cut the grace period to about a second (Open MPI: SIGCONT, a second,
-        SIGTERM, a second, SIGKILL): its ranks get it from us instead, what runs in each
-        rank's process group but the shell waiting for it (the shell would die of it, and
-        the launcher would take that as the rank's end and stop the others its way), and
-        the launcher none while they live: it ends when they do. Called again while the
-        grace period runs; returns the processes that were still alive (none: the tree is
+        nobody to. An MPI launcher (`_held_launchers`) would pass it on late and cut the
+        grace period to about a second (Open MPI: SIGCONT, a second, SIGTERM, a second,
+        SIGKILL): its ranks here get it from us instead, what runs in each rank's process
+        group but the shell waiting for it (the shell would die of it, and the launcher
+        would take that as the rank's end and stop the others its way); its ranks on other
+        nodes get it from the launcher's side (`terminate_ranks`, there); the launcher gets
+        none while it has children: it ends when they do. Called again while the grace
+        period runs; returns the processes that were still alive (none: the tree is
         gone)."""
-        first = self.root not in self.termed
+        first, self.terminating = not self.terminating, True
         self.refresh(orphans=first)
         live = set(self._live())
         held = _held_launchers(live)
-        if first:
-            group = {pid for pid in live if _group_of(pid) == self.root} | {self.root}
-            if held.isdisjoint(group):  # else its members but the launcher, one by one
-                with contextlib.suppress(OSError):
-                    os.killpg(self.root, signal.SIGTERM)
-                self.termed.update(group)
+        group = {pid for pid in live if _group_of(pid) == self.root} | {self.root}
+        if self.root not in self.termed and held.isdisjoint(group):  # else one by one
+            with contextlib.suppress(OSError):
+                os.killpg(self.root, signal.SIGTERM)
+            self.termed.update(group)
         for pid in sorted(live - self.termed):
             if pid in held:
                 continue  # its ranks get it from us; it ends when they do
             parent = _parent_of(pid)
-            if parent in held:  # a rank: what runs in its group, its shell aside
-                group = {p for p in live if _group_of(p) == _group_of(pid)} | {pid}
-                for member in sorted(group):
-                    if not _waiting_shell(member, live):
-                        with contextlib.suppress(OSError):
-                            os.kill(member, signal.SIGTERM)
-                self.termed.update(group)
-                continue
+            if parent in held:
+                if type(_rank_of(pid)) is int:  # a rank: what runs in its group, its shell aside
+                    self.termed.update(_terminate_rank(pid, live))
+                continue  # else the launcher's link to its daemons elsewhere: kept meanwhile
             if _group_of(pid) != self.root and parent in live:
                 continue  # its parent, one of ours, passes it on
             with contextlib.suppress(OSError):
@@ -855,7 +879,8 @@ def _runs_agent(pid):
     except OSError:
         return False
     script = os.path.basename(argv[1]) if len(argv) > 1 else b""
-    return script.startswith(b"agent") and script.endswith(b".py") and b"--sweep" not in argv
+    helper = b"--sweep" in argv or b"--term" in argv  # a one-shot, not a process's agent
+    return script.startswith(b"agent") and script.endswith(b".py") and not helper
 
 
 def _agent_of_token(token):
@@ -923,6 +948,9 @@ def parse(argv):
 def main():
     if sys.argv[1:2] == ["--sweep"] and len(sys.argv) == 3:
         print(" ".join(str(pid) for pid in sweep(sys.argv[2])))
+        sys.exit(0)
+    if sys.argv[1:2] == ["--term"] and len(sys.argv) == 3:
+        print(" ".join(str(pid) for pid in terminate_ranks(sys.argv[2])))
         sys.exit(0)
     command, cwd, grace, stdin, usage_every = parse(sys.argv[1:])
     agent = Agent(command, cwd, grace, stdin, usage_every)

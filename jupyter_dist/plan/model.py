@@ -18,6 +18,10 @@ def rank_key(rank: int) -> tuple[str, str]:
     return f"rank-{rank}", f"rank {rank}"
 
 
+# The roles of an MPI launcher in a plan: one process on node 0 that starts every rank.
+MPI_LAUNCHER_ROLES = ("mpirun", "horovodrun")
+
+
 @dataclass(frozen=True)
 class PlannedFile:
     """A file the runner writes on a node before starting processes (an MPI hostfile)."""

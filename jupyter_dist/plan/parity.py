@@ -11,20 +11,18 @@ and what to set.
 
 from __future__ import annotations
 
-from jupyter_dist.plan.model import LaunchPlan, ProcessPlan
+from jupyter_dist.plan.model import MPI_LAUNCHER_ROLES, LaunchPlan, ProcessPlan
 
 # The processes on a node whose environment its ranks get: a rank's own, torchrun's for
 # its workers (mpirun passes its own on to every node's ranks).
 _STARTERS = ("rank", "torchrun")
-# One process on node 0 that starts every rank of every node.
-_MPI_LAUNCHERS = ("mpirun", "horovodrun")
 
 
 def parity_notes(plan: LaunchPlan) -> list[str]:
     """One line per finding in `plan`, in a fixed order."""
     found: dict[tuple, list[str]] = {}  # (kind, details...) -> node names
     per_node = _ranks_per_node(plan)
-    mpirun = next((p for p in plan.processes if p.role in _MPI_LAUNCHERS), None)
+    mpirun = next((p for p in plan.processes if p.role in MPI_LAUNCHER_ROLES), None)
     for node in plan.nodes:
         name, gpus = node["name"], node.get("gpus")
         own = [p for p in plan.processes if p.node == name and p.role in _STARTERS]
@@ -150,7 +148,7 @@ def _ranks_per_node(plan: LaunchPlan) -> dict[str, int]:
 
 
 def _ranks_of(proc: ProcessPlan, plan: LaunchPlan) -> list[tuple[str, int]]:
-    if proc.role in _MPI_LAUNCHERS:  # its ranks are spread evenly over the job's nodes
+    if proc.role in MPI_LAUNCHER_ROLES:  # its ranks are spread evenly over the job's nodes
         share = len(proc.ranks) // max(len(plan.nodes), 1)
         return [(node["name"], share) for node in plan.nodes]
     if proc.role in ("rank", "torchrun"):

@@ -29,7 +29,7 @@ from jupyter_dist.events import (
     describe_exit,
 )
 from jupyter_dist.nodes import Node
-from jupyter_dist.plan.model import LaunchPlan, ProcessPlan
+from jupyter_dist.plan.model import MPI_LAUNCHER_ROLES, LaunchPlan, ProcessPlan
 from jupyter_dist.plan.summary import launch_summary
 from jupyter_dist.run.output import OutputPipeline
 from jupyter_dist.run.requests import owner_fields
@@ -440,6 +440,19 @@ class Job:
             threading.Thread(
                 target=escalate, args=(handles, self.grace_period, all_ended), daemon=True
             ).start()
+            elsewhere = self._mpi_daemon_nodes()
+            if elsewhere:  # their ranks hear it from us, not a second before SIGKILL
+                threading.Thread(
+                    target=self._backend.terminate_ranks, args=(self.job_id, elsewhere),
+                    daemon=True, name=f"distrun-{self.job_id}-term",
+                ).start()  # fmt: skip
+
+    def _mpi_daemon_nodes(self) -> set[str]:
+        """The nodes where an MPI launcher's daemons run the job's ranks, outside any agent
+        of ours: those with no process of the plan, in a job with an mpirun."""
+        if not any(p.role in MPI_LAUNCHER_ROLES for p in self.plan.processes):
+            return set()
+        return {n["name"] for n in self.plan.nodes} - {p.node for p in self.plan.processes}
 
     def _finish_when_all_gone(self) -> None:
         with self._state_lock:
