@@ -192,15 +192,15 @@ def cmd_run(args: argparse.Namespace, store: JobStore) -> int:
         return _run_detached(args, spec, store)
     printer = TerminalPrinter(colour=wants_colour(args.color))
     inventory = load_inventory(args.nodes_file)
+    # From here on `kill` is Ctrl-C: whoever saw the job's line below may send it at once.
+    _interrupt_on(signal.SIGTERM, signal.SIGHUP)
     job = prepare_job(spec, listeners=[printer], store=store, inventory=inventory)
-    print(
-        f"job {job.job_id}: {job.summary}; logs in {job.record.path}",
-        file=sys.stderr,
-    )
     try:
-        _interrupt_on(signal.SIGTERM, signal.SIGHUP)
+        print(f"job {job.job_id}: {job.summary}; logs in {job.record.path}", file=sys.stderr)
         result = start_and_wait(job)
     except KeyboardInterrupt:
+        job.cancel("interrupted")  # where start_and_wait did not get to (a no-op where it did)
+        job.wait()
         print(f"job {job.job_id} cancelled: every process was stopped", file=sys.stderr)
         return EXIT_INTERRUPTED
     return _report(result)

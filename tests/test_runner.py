@@ -487,3 +487,20 @@ def test_a_killed_node_agent_fails_the_job_fast_and_leaves_nothing(store):
         from jupyter_dist.node_side.agent import sweep
 
         sweep(job.job_id)
+
+
+def test_a_job_stopped_before_it_started_ends_at_once(store):
+    """An interrupt between planning and starting (a `kill` right after the job's line) must
+    not leave it pending for ever, or a front waiting on it: it ends, cancelled, at once."""
+    from jupyter_dist.run.launch import prepare_job
+
+    spec = parse_spec("command: sleep 30\ndistribution: {type: pytorch, master_port: 29977}\n")
+    job = prepare_job(spec, store=store)
+    job.cancel("interrupted")
+    result = job.wait(5)
+    assert result is not None and result.state == "cancelled"
+    assert {p.state for p in result.processes} == {"stopped"}
+    assert store.get(job.job_id).status()["state"] == "cancelled"
+    again = prepare_job(spec, store=store)  # its fixed port was given back
+    again.cancel()
+    assert again.wait(5).state == "cancelled"

@@ -267,7 +267,7 @@ def test_a_fifo_in_the_code_folder_is_skipped_and_named_and_sigterm_while_starti
     assert proc.returncode == 130 and "cancelled: every process was stopped" in err, err
     latest = max(store.jobs(), key=lambda job: job.job_id)
     status = latest.status()
-    assert (status["state"], status["message"]) == ("cancelled", "interrupted while it started")
+    assert status["state"] == "cancelled" and status["message"].startswith("interrupted"), status
     assert ssh_nodes.job_processes(latest.job_id) == []
 
 

@@ -425,11 +425,15 @@ class Job:
             self._stopping = True
             self._stop_started = time.time()
             self._final_state = final_state
+            never_started = self.state == "pending"
             running = [
                 (name, h)
                 for name, h in self._handles.items()
                 if self.processes[name].state == "running"
             ]
+        if never_started:  # stopped before it started (an interrupt in between): it ends now
+            self._finish_when_all_gone()
+            return
         if running:
             names = [name for name, _ in running]
 
