@@ -18,7 +18,7 @@ import k8s_schema
 import pytest
 from helpers import AZURE_JOB, DASK_JOB, EXAMPLES, execute_notebook, run_cli, stream_text
 
-from jupyter_dist.backends.slurm import salloc_argv
+from jupyter_dist.backends.slurm import allocation_options
 from jupyter_dist.errors import ExportError
 from jupyter_dist.export import ExportTarget, export, write
 from jupyter_dist.spec import load_spec, parse_spec
@@ -274,7 +274,7 @@ def test_sbatch_asks_slurm_for_what_the_slurm_backend_would(tmp_path):
     )
     text = export(spec, "sbatch", ExportTarget.at(f"{tmp_path}/")).files["distrun_job.sbatch"]
     lines = [line.removeprefix("#SBATCH ") for line in text.splitlines() if "#SBATCH" in line]
-    asked = salloc_argv(spec)[2:]
+    asked = allocation_options(spec)
     assert lines == [
         *(a.replace("=jupyter-dist", "=big-run") for a in asked), "--time=2",
     ]  # fmt: skip

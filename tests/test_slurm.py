@@ -18,6 +18,7 @@ import pytest
 from helpers import (
     DASK_JOB,
     EXAMPLES,
+    LONG_JOB,
     await_text,
     interrupt_and_reply,
     not_private,
@@ -25,6 +26,8 @@ from helpers import (
     run_cli,
     running_kernel,
 )
+
+from jupyter_dist.run.requests import effective_state
 
 pytestmark = pytest.mark.slurm
 
@@ -336,6 +339,32 @@ def test_outside_an_allocation_one_is_asked_for_used_and_given_back(slurm_cluste
     for rank in range(4):
         assert f"[rank {rank}] rank {rank} on sln{rank // 2 + 1}" in done.stdout
     assert slurm_cluster.jobs() == []  # given back when the job ended
+
+
+def test_a_detached_jobs_allocation_never_outlives_its_supervisor(slurm_cluster, store, tmp_path):
+    """A detached job asks for its allocation from its supervisor, which holds it (salloc
+    runs HOLDER while it lives). A detached job that ends gives it back; so does a killed
+    supervisor (SIGKILL: no chance to scancel), and nothing is left on the nodes."""
+    import os
+    import signal
+
+    spec = tmp_path / "long.yml"
+    spec.write_text(LONG_JOB)
+    env = slurm_cluster.env
+    options = ("--backend", "slurm", "--partition", "debug", "--time", "00:05:00")
+    started = run_cli("run", str(spec), "--detach", *options, store=store, env=env, timeout=120)
+    assert started.returncode == 0, started.stderr[-3000:]
+    record = store.get(started.stdout.strip())
+    assert len(slurm_cluster.jobs()) == 1  # its allocation
+    os.kill(record.status()["owner_pid"], signal.SIGKILL)
+    deadline = time.monotonic() + 30
+    while (slurm_cluster.jobs() or any(slurm_cluster.pids(n) for n in slurm_cluster.nodes)) and (
+        time.monotonic() < deadline
+    ):
+        time.sleep(0.2)
+    assert slurm_cluster.jobs() == []  # given back, by salloc, when its holder's pipe closed
+    assert not any(slurm_cluster.pids(n) for n in slurm_cluster.nodes)
+    assert effective_state(record.status()) == "lost"
 
 
 def test_a_bad_partition_is_one_line_naming_the_valid_ones(slurm_cluster, store, tmp_path):

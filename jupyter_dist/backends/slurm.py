@@ -1,9 +1,10 @@
 """The Slurm backend: a job's processes run as job steps on the nodes of a Slurm allocation.
 Inside one (JupyterLab or `jupyter distrun run` started under `salloc`/`sbatch`, where
-SLURM_JOB_ID is set), its nodes; outside, an allocation asked for here (`salloc
---no-shell`, sized from the spec, with the spec's `backend:` options: partition, time,
-gpus_per_node, account, qos, constraint), shown while it is pending, given back when the
-job ends, fails or is cancelled (an interrupt while pending gives it back too).
+SLURM_JOB_ID is set), its nodes; outside, an allocation asked for here (`salloc`, sized
+from the spec, with the spec's `backend:` options: partition, time, gpus_per_node, account,
+qos, constraint), shown while it is pending, given back when the job ends, fails or is
+cancelled (an interrupt while pending gives it back too), and when the process that holds
+it dies, even by SIGKILL (`HOLDER`).
 
 No SSH: every process is one `srun --jobid JOB --nodelist NODE -N1 -n1 --overlap ...
 agent.py ...`, run from here, whose pipes carry the agent's protocol like a local process's.
@@ -133,6 +134,7 @@ class SlurmBackend(LocalBackend):
     def __init__(self, job_id: str | None = None, report=None) -> None:
         self.job_id = job_id or os.environ.get("SLURM_JOB_ID", "")
         self.allocated = False  # whether this backend asked for the allocation (and frees it)
+        self._holder: subprocess.Popen | None = None  # the salloc that holds it (HOLDER)
         self._report = report or (lambda text: print(text, file=sys.stderr, flush=True))
 
     def acquire(self, spec: JobSpec, inventory: Inventory, workdir: str, cwd: str) -> list[Node]:
@@ -189,14 +191,20 @@ class SlurmBackend(LocalBackend):
         if self.allocated:
             self.allocated = False
             _cancel(self.job_id)
+        holder, self._holder = self._holder, None
+        if holder is not None:  # its end is salloc's: the allocation is given back
+            with contextlib.suppress(OSError):
+                holder.stdin.close()
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                holder.wait(timeout=COMMAND_TIMEOUT_S)
 
     def _allocate(self, spec: JobSpec) -> str:
-        """`salloc --no-shell` sized from the spec: its job id once granted. While it is
+        """salloc sized from the spec, running HOLDER: its job id once granted. While it is
         pending, says why (squeue's reason) whenever the reason changes, and when it is
         granted; a request Slurm can never grant is withdrawn; an interrupt gives it back."""
         _require("salloc")
         proc = subprocess.Popen(
-            salloc_argv(spec), stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
+            salloc_argv(spec), stdin=subprocess.PIPE, stdout=subprocess.DEVNULL,
             stderr=subprocess.PIPE, text=True, start_new_session=True,
         )  # fmt: skip
         lines: queue.Queue[str | None] = queue.Queue()  # salloc's stderr; None once it ends
@@ -219,6 +227,7 @@ class SlurmBackend(LocalBackend):
                         if reason:
                             waited = time.monotonic() - asked_at
                             self._report(f"slurm: job {job_id} granted after {waited:.0f} s")
+                        self._holder = proc  # its stdin, our pipe, holds the allocation
                         return job_id
                     next_poll = 0.0  # ask why at once
                 if job_id and time.monotonic() >= next_poll:
@@ -239,7 +248,7 @@ class SlurmBackend(LocalBackend):
                 _cancel(job_id)
             raise
         finally:
-            if proc.poll() is None:
+            if proc is not self._holder and proc.poll() is None:
                 proc.wait(timeout=COMMAND_TIMEOUT_S)
 
     def choose_ports(self, requests: list[PortRequest], nodes: list[Node]) -> dict[str, int]:
@@ -371,9 +380,17 @@ def allocation_options(spec: JobSpec, name: str = "jupyter-dist") -> list[str]:
     return argv
 
 
+# What salloc runs on this machine while the backend holds its allocation: it reads its
+# stdin, our pipe, to the end. When the backend releases the allocation, or its owner dies
+# (a kernel or a supervisor, even by SIGKILL), the pipe closes, it ends, and salloc gives
+# the allocation back: none outlives its owner.
+HOLDER = [sys.executable, "-c", "import sys; sys.stdin.buffer.read()"]
+
+
 def salloc_argv(spec: JobSpec) -> list[str]:
-    """The salloc that asks for the job's nodes, with the spec's backend options."""
-    return ["salloc", "--no-shell", *allocation_options(spec)]
+    """The salloc that asks for the job's nodes, with the spec's backend options, and holds
+    them while HOLDER runs."""
+    return ["salloc", *allocation_options(spec), *HOLDER]
 
 
 def _pump(stream, lines: queue.Queue) -> None:
