@@ -12,10 +12,11 @@ import time
 from pathlib import Path
 
 import pytest
-from helpers import LONG_JOB, job_processes, start_cli_run
+from helpers import LONG_JOB, job_processes, run_cli, start_cli_run
 from tornado.httpclient import HTTPClientError
 
 from jupyter_dist.run.launch import run
+from jupyter_dist.run.requests import wait_until_ended
 from jupyter_dist.spec import load_spec
 from jupyter_dist.store import JobStore
 
@@ -183,6 +184,26 @@ async def test_cancel_reaches_the_process_that_owns_the_job(jp_fetch, home, tmp_
 
     code, reply = await _json(jp_fetch, "distrun", "jobs", job_id, "cancel", method="POST")
     assert code == 200 and reply["state"] == "cancelled"
+
+
+@pytest.mark.slow
+async def test_a_detached_job_is_listed_read_and_cancelled_like_any(jp_fetch, home, tmp_path):
+    """What the sidebar shows of a detached job: it runs, its supervisor (no kernel, no
+    terminal) answers the Stacks and Cancel buttons' requests."""
+    spec = tmp_path / "long.yml"
+    spec.write_text(LONG_JOB)
+    store = JobStore()
+    done = await asyncio.to_thread(run_cli, "run", str(spec), "--detach", store=store, timeout=60)
+    assert done.returncode == 0, done.stderr
+    job_id = done.stdout.strip()
+    code, jobs = await _json(jp_fetch, "distrun", "jobs")
+    assert [(j["job_id"], j["state"]) for j in jobs] == [(job_id, "running")]
+    code, dump = await _json(jp_fetch, "distrun", "jobs", job_id, "stacks", method="POST")
+    assert code == 200 and dump["heading"].startswith(f"Stacks of job {job_id}")
+    code, reply = await _json(jp_fetch, "distrun", "jobs", job_id, "cancel", method="POST")
+    assert code == 202 and reply["message"] == "asked to stop"
+    state = await asyncio.to_thread(wait_until_ended, store.get(job_id), 30)
+    assert state == "cancelled" and job_processes(job_id) == []
 
 
 async def test_stacks_are_read_by_the_jobs_owner_and_kept(jp_fetch, home, tmp_path):
