@@ -19,6 +19,7 @@ from helpers import (
     DASK_JOB,
     EXAMPLES,
     LONG_JOB,
+    SAVER,
     await_text,
     interrupt_and_reply,
     not_private,
@@ -151,6 +152,49 @@ def test_mpi_allreduce_starts_its_ranks_through_slurm(allocation, slurm_cluster,
         assert report["master"][0] == node0
         assert report["hostfile"] == [f"{node0} slots=2", f"{node1} slots=2"]
     assert not_private(store.root) == []  # the nodes' job folders are the store's here
+
+
+def test_mpi_ranks_on_both_nodes_get_the_grace_period(allocation, store, tmp_path):
+    """Every rank under mpirun on both nodes saves in the grace period, once. (Node 2's
+    ranks run under Open MPI's daemon, a job step mpirun started there. These test nodes
+    share one PID namespace and srun passes the environment on, so node 1's agent sees
+    them too, as its own; on separate machines the launcher's `agent.py --term` step
+    reaches them, which the SSH test checks.)"""
+    (tmp_path / "saver.py").write_text(SAVER)
+    spec = _spec(
+        tmp_path,
+        f"""\
+        command: python {tmp_path / "saver.py"} {tmp_path}
+        resources: {{instance_count: 2}}
+        distribution: {{type: mpi, process_count_per_instance: 2}}
+    """,
+    )
+    ready = [tmp_path / f"ready-{rank}" for rank in range(4)]
+    code, err = _cancelled_when_ready(spec, store, allocation, ready)
+    assert code == 130, err
+    for rank in range(4):
+        assert (tmp_path / f"rank-{rank}.txt").read_text() == "term\nsaved\n", rank
+
+
+def _cancelled_when_ready(spec: Path, store, allocation: dict, ready: list[Path]):
+    """`jupyter distrun run SPEC` inside the allocation, Ctrl-C once every `ready` file
+    exists: its exit code and stderr."""
+    import os
+    import signal
+
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "jupyter_dist.cli", "run", str(spec), "--store", str(store.root)],
+        stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
+        env={**os.environ, **allocation},
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
+    )  # fmt: skip
+    deadline = time.monotonic() + 90
+    while not all(path.exists() for path in ready):
+        assert time.monotonic() < deadline and proc.poll() is None, "the ranks never got ready"
+        time.sleep(0.1)
+    proc.send_signal(signal.SIGINT)
+    _, err = proc.communicate(timeout=60)
+    return proc.returncode, err
 
 
 @pytest.mark.parametrize("mpi_args", ["[--gloo]", "[]"])
