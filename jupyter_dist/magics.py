@@ -13,6 +13,7 @@ interrupt cancels every process on every node.
 
 from __future__ import annotations
 
+import argparse
 import contextlib
 import os
 import shlex
@@ -457,6 +458,31 @@ class DistrunMagics(Magics):
             f"jupyter distrun attach {detached.job_id}); stop it: %distrun cancel "
             f"{detached.job_id}"
         )
+        if self._view_mode() == "widget":  # followed from the store; the kernel is free
+            from jupyter_dist.widgets.live import follow_in_view
+
+            follow_in_view(JobStore().get(detached.job_id))
+
+    def _attach_view(self, words: list[str]) -> None:
+        """`%distrun attach [JOB] [--tail N]` under the live view: the job's view, followed
+        from the store while the kernel is free (stop it with %distrun cancel)."""
+        from jupyter_dist.widgets.live import follow_in_view
+
+        parser = argparse.ArgumentParser(prog="%distrun attach", add_help=False)
+        parser.add_argument("job", nargs="?")
+        parser.add_argument("--tail", type=int, default=200)
+        parser.add_argument("--color")  # the terminal's; the view has its own colours
+        try:
+            args = parser.parse_args(words)
+        except SystemExit:
+            raise SpecError("%distrun attach [JOB] [--tail N]: bad arguments") from None
+        job = args.job or self.last_job_id
+        if not job:
+            raise SpecError(
+                "%distrun attach: no job has run in this kernel yet; give a job id "
+                "(%distrun jobs lists them)"
+            )
+        follow_in_view(JobStore().get(job), history=max(0, args.tail))
 
     def _view_mode(self) -> str:
         """`widget` or `text`: as configured, else what the front end surely renders."""
@@ -550,6 +576,11 @@ class DistrunMagics(Magics):
                 self._run(load_spec(words[1]), load_inventory(self.nodes_file or None), {})
             return
         from jupyter_dist import job_commands  # the same commands as the terminal's
+
+        if words[0] == "attach" and self._view_mode() == "widget":
+            with _one_line_errors():
+                self._attach_view(words[1:])
+            return
 
         if words[0] in JOB_COMMANDS and (len(words) == 1 or words[1].startswith("-")):
             if not self.last_job_id:  # no JOB given: the latest job of this kernel

@@ -174,3 +174,28 @@ def test_the_forms_keep_running_box_detaches_the_job(kernel_env):
     assert record.status()["owner_pid"] != int(kernel)  # its supervisor's, not the kernel's
     said = [line.text for line in record.iter_log("rank-1", "stdout")]
     assert said == ["from the form"]
+
+
+def test_a_detached_cells_live_view_follows_the_job_while_the_kernel_is_free(kernel_env):
+    """Under the live view, the detached cell returns while the job runs; the view follows
+    it from the store (lines, states, the end) while other cells run. `%distrun attach`
+    shows a view of a finished job with its last lines."""
+    view = "from jupyter_dist.widgets.live import LiveView\nv = LiveView.last\n"
+    nb = execute_notebook(
+        "%config DistrunMagics.view = 'widget'",
+        "%%distrun --detach --nodes 2 --procs-per-node 2\n"
+        "import os, time\n"
+        "for i in range(1, 21):\n"
+        "    print(f\"line {i} of rank {os.environ['RANK']}\", flush=True)\n"
+        "    time.sleep(0.1)\n",
+        view + "print(v.state)",  # the kernel is free: this runs while the job does
+        view + "import time\ndeadline = time.time() + 60\n"
+        "while v.state != 'succeeded' and time.time() < deadline:\n    time.sleep(0.2)\n"
+        "print(v.state, v.lines_total, sorted({p['state'] for p in v.processes}))",
+        "%distrun attach --tail 5",
+        view + "import time\ntime.sleep(1)\nprint(v.state, v.lines_total)",
+    )
+    said = [cell.outputs[-1]["text"].strip() for cell in nb.cells[3:5]]
+    assert said[0] == "running"
+    assert said[1] == "succeeded 80 ['succeeded']"  # every line, each rank's end
+    assert nb.cells[6].outputs[-1]["text"].strip() == "succeeded 5"

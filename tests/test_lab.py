@@ -52,6 +52,14 @@ if rank == 41:
     raise SystemExit("rank 41 gives up")
 time.sleep(120)"""
 
+# A detached job, in a notebook of its own: the cell returns while it runs.
+DETACHED_CELL = """\
+%%distrun --detach --nodes 2 --procs-per-node 2 --name lab-detached
+import os, time
+for i in range(1, 31):
+    print(f"line {i} of rank {os.environ['RANK']}", flush=True)
+    time.sleep(0.2)"""
+
 # A warm session, in a notebook of its own: each cell run in it has a view of its own.
 SESSION_CELLS = [
     "%distrun session start --nodes 2 --name lab-session",
@@ -68,6 +76,7 @@ def lab(tmp_path_factory):
         server, "distrun.ipynb", ["%load_ext jupyter_dist", DDP_CELL, LONG_CELL, RANKS_64_CELL]
     )
     labserver.write_notebook(server, "session.ipynb", ["%load_ext jupyter_dist", *SESSION_CELLS])
+    labserver.write_notebook(server, "detached.ipynb", ["%load_ext jupyter_dist", DETACHED_CELL])
     yield server
     labserver.stop(server)
 
@@ -446,5 +455,29 @@ def test_each_cell_of_a_session_has_a_view_of_its_own(lab_page, lab):
         cells.nth(4).locator(".jp-OutputArea", has_text="Session lab-session stopped").wait_for(
             timeout=60_000
         )
+    finally:
+        page.close()
+
+
+def test_a_detached_cell_frees_the_kernel_and_its_view_follows_the_job(lab_page, lab):
+    """The cell returns once every rank runs: the kernel is idle while its view, fed from
+    the store by a thread of the kernel's, follows the job to its end."""
+    page = lab_page.context.browser.new_page(viewport={"width": 1400, "height": 1000})
+    try:
+        page.goto(lab.page_url("/lab/workspaces/distrun-detached/tree/detached.ipynb?reset"))
+        page.locator(".jp-StatusBar-Widget", has_text="| Idle").first.wait_for()
+        _run_cell(page, 0, wait=True)
+        _run_cell(page, 1, wait=True)  # it has its execution count: the cell has returned
+        view = page.locator(".jp-Notebook .jp-Cell").nth(1).locator(".distrun-live")
+        view.locator(".distrun-job-state", has_text="running").wait_for(timeout=60_000)
+        page.locator(".jp-StatusBar-Widget", has_text="| Idle").first.wait_for()
+        assert "line" in view.locator(".distrun-lines").inner_text()
+        _shot(page, "10-detached-running")
+        view.locator(".distrun-job-state", has_text="succeeded").wait_for(timeout=60_000)
+        lines = view.locator(".distrun-lines").inner_text()
+        for rank in range(4):
+            assert f"[rank {rank}] line 30 of rank {rank}" in lines
+        assert view.locator(".distrun-counts").inner_text() == "all succeeded"
+        _shot(page, "10-detached-done")
     finally:
         page.close()

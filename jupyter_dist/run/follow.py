@@ -1,4 +1,5 @@
-"""Following a job from its store, from any process: what `attach` shows.
+"""Following a job from its store, from any process: what `attach` shows, as text
+(`Follower`) or in a live view (`FollowedJob`, which a view takes as it takes a `Job`).
 
     follower = Follower(record, history=200)
     lines = follower.history()      # the last 200 lines of the job so far, in time order
@@ -14,11 +15,25 @@ A line still being written waits for its newline.
 
 from __future__ import annotations
 
+import contextlib
 import heapq
+import threading
+import time
+from collections.abc import Callable
 from datetime import datetime
+from typing import Any
 
-from jupyter_dist.events import FINAL_STATES, JobResult, OutputLine, ProcessState, RootCause
+from jupyter_dist.diagnose.meters import Meters
+from jupyter_dist.events import (
+    FINAL_STATES,
+    JobListener,
+    JobResult,
+    OutputLine,
+    ProcessState,
+    RootCause,
+)
 from jupyter_dist.plan import LaunchPlan
+from jupyter_dist.plan.summary import launch_summary
 from jupyter_dist.run.requests import effective_state
 from jupyter_dist.store import JobRecord
 
@@ -66,16 +81,11 @@ class Follower:
         status = self.record.status()
         state = effective_state(status)
         cause = status.get("root_cause")
-        processes = [
-            ProcessState(**entry)
-            for entry in (status.get("processes") or {}).values()
-            if isinstance(entry, dict) and set(entry) <= set(ProcessState.__dataclass_fields__)
-        ]
         message = status.get("message")
         if state == "lost":
             message = "its owner is gone (the process that ran it was killed)"
         return JobResult(
-            job_id=self.record.job_id, state=state, processes=processes,
+            job_id=self.record.job_id, state=state, processes=processes_of(status),
             root_cause=RootCause(**cause) if isinstance(cause, dict) else None,
             store_path=str(self.record.path), message=message,
             started=status.get("started"), ended=status.get("ended"),
@@ -84,6 +94,92 @@ class Follower:
     def _line(self, key: str, line: dict[str, str]) -> OutputLine:
         label = self._labels.get(key, key)
         return OutputLine(key, label, line["stream"], line["text"], _seconds(line["ts"]))
+
+
+def processes_of(status: dict[str, Any]) -> list[ProcessState]:
+    """The processes' states a job stored (those it could not have written left out)."""
+    fields = set(ProcessState.__dataclass_fields__)
+    return [
+        ProcessState(**entry)
+        for entry in (status.get("processes") or {}).values()
+        if isinstance(entry, dict) and set(entry) <= fields and {"name", "label"} <= set(entry)
+    ]
+
+
+class FollowedJob:
+    """A job another process runs (a detached job's supervisor), as a view sees a `Job`:
+    its id, name, summary, plan, record, processes' states, meters, start and end; and its
+    listeners get its new lines, its processes' changes and its end, read from the store
+    by `follow` until it ends. The view's Stacks reach the supervisor through the store,
+    as any view's do."""
+
+    def __init__(self, record: JobRecord, history: int = 0):
+        self.record, self.job_id = record, record.job_id
+        self.plan = LaunchPlan.from_dict(record.plan())
+        status = record.status()
+        self.name = str(status.get("name") or self.plan.job_type)
+        self.summary = launch_summary(self.plan)
+        self.processes = {state.name: state for state in processes_of(status)}
+        self.started, self.ended = status.get("started"), status.get("ended")
+        self.meters = Meters()
+        self._listeners: list[JobListener] = []
+        self._follower = Follower(record, history)
+        self._history = history
+        self._usage_since = time.time() - 60  # the last minute of meters, as a live view's
+        self._lock = threading.Lock()
+
+    def add_listener(self, listener: JobListener) -> None:
+        with self._lock:
+            self._listeners.append(listener)
+
+    def remove_listener(self, listener: JobListener) -> None:
+        with self._lock:
+            if listener in self._listeners:
+                self._listeners.remove(listener)
+
+    def follow(self, on_tick: Callable[[], None] | None = None) -> JobResult:
+        """Read the store until the job has ended, telling the listeners (and calling
+        `on_tick` after each read, a view's chance to draw); the job's result."""
+        lines = self._follower.history() if self._history else []
+        while True:
+            ended = self._follower.ended()  # before the read: its last lines are then read
+            lines += self._follower.new_lines()
+            if lines:
+                self._emit("on_lines", lines)
+            self._refresh()
+            if on_tick is not None:
+                on_tick()
+            if ended:
+                result = self._follower.result()
+                self.ended = result.ended
+                self._emit("on_finish", result)
+                return result
+            if not lines:
+                time.sleep(FOLLOW_POLL_S)
+            lines = []
+
+    def _refresh(self) -> None:
+        """New process states and meters from the store, to the listeners."""
+        status = self.record.status()
+        self.started = status.get("started") or self.started
+        for state in processes_of(status):
+            if state != self.processes.get(state.name):
+                self.processes[state.name] = state
+                self._emit("on_process", state)
+        for sample in self.record.usage(since=self._usage_since):
+            self._usage_since = max(self._usage_since, float(sample["t"]) + 0.001)
+            reading = {k: v for k, v in sample.items() if k not in ("t", "p")}
+            self.meters.update(str(sample["p"]), reading, now=float(sample["t"]))
+
+    def _emit(self, method: str, payload: Any) -> None:
+        with self._lock:
+            listeners = list(self._listeners)
+        for listener in listeners:
+            with contextlib.suppress(Exception):  # one view's trouble is not the others'
+                getattr(listener, method)(payload)
+
+
+FOLLOW_POLL_S = 0.25  # how often a followed job's store is read when nothing came
 
 
 def _seconds(stamp: str) -> float:

@@ -7,6 +7,9 @@ cell's thread ticks about ten times a second), never re-sending history. The bro
 `max_lines` lines per tab; the full log stays in the store. The view's plain-text form
 (what nbconvert, papermill and terminals keep) is its status and the last lines.
 
+A detached job's view (`follow_in_view`) takes the same events from the store, read by a
+thread of its own while the kernel is free for other cells (run/follow.py).
+
 A page loaded again (a reload, a second browser) draws what it missed: its view sees
 `lines_total` ahead of what it holds and asks once; the answer is the last `max_lines` of
 every tab, read from the store.
@@ -14,6 +17,7 @@ every tab, read from the store.
 
 from __future__ import annotations
 
+import contextlib
 import threading
 import time
 from collections import deque
@@ -27,7 +31,7 @@ from jupyter_dist.diagnose.stall import describe_stall
 from jupyter_dist.events import JobListener, JobResult, OutputLine, ProcessState
 from jupyter_dist.plan.parity import describe, parity_notes
 from jupyter_dist.spec import JobSpec
-from jupyter_dist.store import JobStore
+from jupyter_dist.store import JobRecord, JobStore
 
 MAX_LINES_PER_MESSAGE = 5000
 MIN_INTERVAL_S = 0.1
@@ -247,6 +251,30 @@ def run_with_view(spec: JobSpec, inventory, store: JobStore | None = None, extra
         # The final state, and the text form kept by notebooks saved without widgets.
         handle.update(view.settled())
     return job, result, view
+
+
+def follow_in_view(record: JobRecord, history: int = 0) -> LiveView:
+    """A live view of a job another process runs (a detached job), displayed in the cell
+    and kept up to date from the store by a thread of its own: the cell returns at once,
+    and the kernel is free for other cells while the view follows the job to its end."""
+    from IPython.display import display
+
+    from jupyter_dist.run.follow import FollowedJob
+    from jupyter_dist.run.requests import effective_state
+
+    job = FollowedJob(record, history=history)
+    state = effective_state(record.status())
+    view = LiveView.last = LiveView(job, state="starting" if state == "pending" else state)
+    handle = display(view, display_id=True)
+
+    def follow() -> None:
+        with contextlib.suppress(Exception):  # a store gone while it runs: the view stops
+            job.follow(on_tick=view.tick)
+            view.tick(force=True)
+            handle.update(view.settled())
+
+    threading.Thread(target=follow, daemon=True, name=f"distrun-view-{record.job_id}").start()
+    return view
 
 
 class _Collector(JobListener):
