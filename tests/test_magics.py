@@ -37,6 +37,7 @@ def test_a_pytorch_job_from_a_cell(kernel_env):
     )
 
 
+@pytest.mark.slow
 def test_a_finished_cell_ends_like_python_without_finalization_crashes(kernel_env, tmp_path):
     # What a normal exit does still happens: threads are waited for, exit handlers run with
     # the cell's globals, files the cell left open are flushed, C's stdout is not lost
