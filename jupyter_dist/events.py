@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import signal
+import threading
 from dataclasses import asdict, dataclass, field
 from typing import Any, NamedTuple
 
@@ -194,3 +195,21 @@ class JobListener:
         """The job looks stuck (`notice`, one line; `summary`: its grouped stacks, one line
         per group, the odd ones first, taken as it was flagged), or, with None, it moves
         again (diagnose/stall.py)."""
+
+
+class Listened:
+    """What a job's views subscribe through: `add_listener` and `remove_listener` over the
+    `_listeners` list, under `_emit_lock` (the lock its events are sent under, so that a
+    listener added meanwhile misses none and gets none twice)."""
+
+    _listeners: list[JobListener]
+    _emit_lock: threading.Lock
+
+    def add_listener(self, listener: JobListener) -> None:
+        with self._emit_lock:
+            self._listeners.append(listener)
+
+    def remove_listener(self, listener: JobListener) -> None:
+        with self._emit_lock:
+            if listener in self._listeners:
+                self._listeners.remove(listener)

@@ -28,6 +28,7 @@ from jupyter_dist.events import (
     FINAL_STATES,
     JobListener,
     JobResult,
+    Listened,
     OutputLine,
     ProcessState,
     RootCause,
@@ -106,7 +107,7 @@ def processes_of(status: dict[str, Any]) -> list[ProcessState]:
     ]
 
 
-class FollowedJob:
+class FollowedJob(Listened):
     """A job another process runs (a detached job's supervisor), as a view sees a `Job`:
     its id, name, summary, plan, record, processes' states, meters, start and end; and its
     listeners get its new lines, its processes' changes and its end, read from the store
@@ -126,16 +127,7 @@ class FollowedJob:
         self._follower = Follower(record, history)
         self._history = history
         self._usage_since = time.time() - 60  # the last minute of meters, as a live view's
-        self._lock = threading.Lock()
-
-    def add_listener(self, listener: JobListener) -> None:
-        with self._lock:
-            self._listeners.append(listener)
-
-    def remove_listener(self, listener: JobListener) -> None:
-        with self._lock:
-            if listener in self._listeners:
-                self._listeners.remove(listener)
+        self._emit_lock = threading.Lock()
 
     def follow(self, on_tick: Callable[[], None] | None = None) -> JobResult:
         """Read the store until the job has ended, telling the listeners (and calling
@@ -172,7 +164,7 @@ class FollowedJob:
             self.meters.update(str(sample["p"]), reading, now=float(sample["t"]))
 
     def _emit(self, method: str, payload: Any) -> None:
-        with self._lock:
+        with self._emit_lock:
             listeners = list(self._listeners)
         for listener in listeners:
             with contextlib.suppress(Exception):  # one view's trouble is not the others'

@@ -23,6 +23,7 @@ from jupyter_dist.events import (
     FINAL_STATES,
     JobListener,
     JobResult,
+    Listened,
     OutputLine,
     ProcessState,
     RootCause,
@@ -40,7 +41,7 @@ GRACE_PERIOD_S = 5.0  # between SIGTERM and SIGKILL when a process is stopped
 DRAIN_S = 2.0  # how long a process's output may still come after its agent is gone
 
 
-class Job:
+class Job(Listened):
     """One launched plan. Create it, `start()` it, then `wait()` or `cancel()`."""
 
     def __init__(
@@ -109,15 +110,6 @@ class Job:
         self._write_status()
 
     # -- public API ----------------------------------------------------------------------
-
-    def add_listener(self, listener: JobListener) -> None:
-        with self._emit_lock:
-            self._listeners.append(listener)
-
-    def remove_listener(self, listener: JobListener) -> None:
-        with self._emit_lock:
-            if listener in self._listeners:
-                self._listeners.remove(listener)
 
     def start(self) -> Job:
         """Start every process, or none: a failure to start stops what had started."""
