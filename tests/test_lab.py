@@ -481,3 +481,51 @@ def test_a_detached_cell_frees_the_kernel_and_its_view_follows_the_job(lab_page,
         _shot(page, "10-detached-done")
     finally:
         page.close()
+
+
+def test_a_detached_job_outlives_the_jupyter_server_and_the_new_ones_sidebar_shows_it(
+    lab_page, tmp_path
+):
+    """A detached cell's job, then the Jupyter server stopped (its kernels with it) and
+    started again on the same store: the new server's sidebar shows the job running, then
+    succeeded, with every line stored."""
+    from jupyter_dist.run.requests import wait_until_ended
+    from jupyter_dist.store import JobStore
+
+    cell = (
+        "%%distrun --detach --nodes 2 --procs-per-node 2 --name lab-outlives\n"
+        "import os, time\n"
+        "for i in range(1, 101):\n"
+        "    print(f\"line {i} of rank {os.environ['RANK']}\", flush=True)\n"
+        "    time.sleep(0.1)"
+    )
+    first = labserver.start(tmp_path)
+    labserver.write_notebook(first, "outlives.ipynb", ["%load_ext jupyter_dist", cell])
+    browser = lab_page.context.browser
+    page = browser.new_page(viewport={"width": 1400, "height": 1000})
+    try:
+        page.goto(first.page_url("/lab/workspaces/outlives/tree/outlives.ipynb?reset"))
+        page.locator(".jp-StatusBar-Widget", has_text="| Idle").first.wait_for()
+        _run_cell(page, 0, wait=True)
+        _run_cell(page, 1, wait=True)
+        page.locator(".distrun-job-state", has_text="running").wait_for(timeout=60_000)
+    finally:
+        page.close()
+        labserver.stop(first)  # the server and its kernel go
+    (record,) = JobStore(first.home / "jobs").jobs()
+    second = labserver.start(tmp_path)  # the same store
+    page = browser.new_page(viewport={"width": 1400, "height": 1000})
+    try:
+        page.goto(second.page_url("/lab/workspaces/outlives/tree/outlives.ipynb?reset"))
+        sidebar = _open_sidebar(page)
+        job = sidebar.locator(".jp-distrun-job", has_text="lab-outlives")
+        job.and_(page.locator("[data-state='running']")).wait_for(timeout=30_000)
+        _shot(page, "11-detached-after-a-server-restart")
+        job.and_(page.locator("[data-state='succeeded']")).wait_for(timeout=60_000)
+    finally:
+        page.close()
+        labserver.stop(second)
+    assert wait_until_ended(record, 10) == "succeeded"
+    for rank in range(4):  # no line lost across the restart
+        said = [line.text for line in record.iter_log(f"rank-{rank}", "stdout")]
+        assert said == [f"line {i} of rank {rank}" for i in range(1, 101)]
