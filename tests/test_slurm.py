@@ -61,13 +61,16 @@ def _described(pids: list[int]) -> list[str]:
     return found
 
 
-def _run_in_background(spec: Path, slurm_cluster, tmp_path: Path) -> subprocess.Popen:
+def _run_in_background(spec: Path, slurm_cluster, tmp_path: Path, *extra: str) -> subprocess.Popen:
     """`jupyter distrun run SPEC --backend slurm` from outside any allocation, started."""
+    import signal
+
     env = {k: v for k, v in slurm_cluster.env.items() if k != "SLURM_JOB_ID"}
     return subprocess.Popen(
         [sys.executable, "-m", "jupyter_dist.cli", "run", str(spec), "--backend", "slurm",
-         "--store", str(tmp_path / "jobs")],
+         "--store", str(tmp_path / "jobs"), *extra],
         env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
     )  # fmt: skip
 
 
@@ -483,6 +486,44 @@ def test_an_interrupt_while_pending_gives_the_request_back(allocation, slurm_clu
         assert time.monotonic() < deadline, "the pending request was not given back"
         time.sleep(0.2)
     assert slurm_cluster.jobs() == [allocation["SLURM_JOB_ID"]]
+
+
+def test_a_detached_jobs_pending_request_is_shown_and_an_interrupt_gives_it_back(
+    allocation, slurm_cluster, tmp_path
+):
+    """Detached, the request is its supervisor's: its pending reason still reaches the
+    terminal, and Ctrl-C there, before the job runs, stops the supervisor, which takes the
+    request off the queue. Nothing of it remains, the supervisor included."""
+    import os
+    import signal
+
+    spec = _spec(tmp_path, "command: hostname\nresources: {instance_count: 2}\n"
+                 "distribution: {type: pytorch, process_count_per_instance: 2}\n")  # fmt: skip
+    proc = _run_in_background(spec, slurm_cluster, tmp_path, "--detach")
+    line = proc.stderr.readline()
+    found = re.match(r"slurm: job (\d+) is pending \((Resources|Priority|Nodes.*|None)\)", line)
+    assert found, line
+    pending = found.group(1)
+    supervisors = _supervisors()
+    assert len(supervisors) == 1
+    os.kill(proc.pid, signal.SIGINT)
+    assert proc.wait(timeout=60) == 130
+    deadline = time.monotonic() + 20
+    while pending in slurm_cluster.jobs() or _supervisors():
+        assert time.monotonic() < deadline, (slurm_cluster.jobs(), _supervisors())
+        time.sleep(0.2)
+    assert slurm_cluster.jobs() == [allocation["SLURM_JOB_ID"]]
+    assert list((tmp_path / "jobs").glob("*/status.json")) == []  # never planned: no job
+
+
+def _supervisors() -> list[int]:
+    """This machine's jupyter-dist supervisors."""
+    import psutil
+
+    return [
+        p.pid for p in psutil.process_iter(["cmdline"])
+        if "jupyter_dist.run.supervisor" in (p.info["cmdline"] or [])
+    ]  # fmt: skip
 
 
 def test_a_pending_request_runs_once_the_nodes_are_free(allocation, slurm_cluster, tmp_path):

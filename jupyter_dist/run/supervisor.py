@@ -12,14 +12,18 @@ answers cancel and stacks requests (run/requests.py), and exits once the job has
 `status.json` names it (`owner_pid`, `owner_host`): if it dies, the job reads "lost", and
 its ranks stop as they stop when a kernel dies (their agents lose its pipe).
 
-The handshake, on the supervisor's stdout, one line each: `planned JOB_ID SUMMARY`, then
+The handshake, on the supervisor's stdout, one line each: `note TEXT` for what the backend
+says meanwhile (a pending Slurm request's reason), `planned JOB_ID SUMMARY`, then
 `running`; or `error MESSAGE` (nothing started) or `failed MESSAGE` (the start failed).
 After it the supervisor's stdout is /dev/null and what it says goes to `supervisor.log`
-in the job's folder. SIGTERM, SIGHUP and SIGINT to the supervisor cancel the job.
+in the job's folder. SIGTERM, SIGHUP and SIGINT to the supervisor cancel the job; before
+it runs, they stop the start and give back what was asked for (an interrupted front sends
+SIGTERM).
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
@@ -27,7 +31,7 @@ import subprocess
 import sys
 import tempfile
 import threading
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
@@ -68,9 +72,12 @@ def detach(
     nodes_file: str | None = None,
     grace_period: float | None = None,
     extra_files: Mapping[str, str] | None = None,
+    on_note: Callable[[str], None] = lambda text: print(text, file=sys.stderr, flush=True),
 ) -> Detached:
     """Start `spec` under a supervisor; returns once every rank runs. DistrunError with the
-    reason when it could not be planned or started (nothing is left running then)."""
+    reason when it could not be planned or started (nothing is left running then). What
+    the backend says meanwhile (a pending Slurm request) goes to `on_note`. An interrupt
+    meanwhile stops the supervisor, which gives back what it asked for, and propagates."""
     request = LaunchRequest(
         spec_yaml=spec.to_yaml(), base_dir=str(spec._base_dir), store_root=str(store.root),
         cwd=cwd, nodes_file=nodes_file, grace_period=grace_period,
@@ -93,16 +100,42 @@ def detach(
     try:
         for line in supervisor.stdout:
             word, _, rest = line.rstrip("\n").partition(" ")
-            if word == "planned":
+            if word == "note":
+                on_note(rest)
+            elif word == "planned":
                 job_id, _, summary = rest.partition(" ")
             elif word == "running":
                 return Detached(job_id, summary, supervisor.pid)
             elif word in ("error", "failed"):
                 raise DistrunError(rest)
+    except KeyboardInterrupt:  # the front was interrupted before its job runs: so is it
+        supervisor.terminate()
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            supervisor.wait(timeout=START_TIMEOUT_S)
+        raise
     finally:
         supervisor.stdout.close()
     code = supervisor.wait()
     raise DistrunError(f"the job's supervisor ended before its job started (exit code {code})")
+
+
+class _Notes:
+    """The supervisor's stderr until the handshake ends: each line the front should show
+    (a Slurm request's pending reason) goes to it as `note LINE`."""
+
+    def __init__(self) -> None:
+        self._held = ""
+
+    def write(self, text: str) -> int:
+        self._held += text
+        *lines, self._held = self._held.split("\n")
+        for line in lines:
+            if line.strip():
+                _say(f"note {line}")
+        return len(text)
+
+    def flush(self) -> None:
+        pass
 
 
 def _one_line(exc: Exception) -> str:
@@ -133,8 +166,17 @@ def supervise(request: LaunchRequest) -> int:
     from jupyter_dist.spec import parse_spec
 
     stop = threading.Event()  # asked to stop: once the job runs, it is cancelled
+
+    def asked_to_stop(*_: object) -> None:
+        if not stop.is_set() and not running.is_set():
+            stop.set()
+            raise KeyboardInterrupt  # before it runs: what was asked for is given back
+        stop.set()
+
+    running = threading.Event()
     for sig in (signal.SIGTERM, signal.SIGHUP, signal.SIGINT):
-        signal.signal(sig, lambda *_: stop.set())
+        signal.signal(sig, asked_to_stop)
+    sys.stderr = _Notes()  # what the backend says meanwhile (a pending Slurm request)
     try:
         spec = parse_spec(request.spec_yaml, base_dir=request.base_dir)
         job = prepare_job(
@@ -142,16 +184,24 @@ def supervise(request: LaunchRequest) -> int:
             inventory=load_inventory(request.nodes_file), grace_period=request.grace_period,
             extra_files=request.extra_files,
         )  # fmt: skip
+    except KeyboardInterrupt:
+        _say("error interrupted before it started; nothing runs")
+        return 0
     except Exception as exc:  # said in one line by the front, as `run` would say it
         _say(f"error {_one_line(exc)}")
         return 0
     _say(f"planned {job.job_id} {job.summary}")
     try:
         job.start()
+    except KeyboardInterrupt:  # the job is marked cancelled, and nothing of it runs
+        _say("error interrupted while it started; nothing runs")
+        return 0
     except Exception as exc:  # the job is marked failed, and nothing of it runs
         _say(f"failed {_one_line(exc)}")
         return 0
+    running.set()
     _say("running")
+    sys.stderr = sys.__stderr__
     _quiet_stdout(job.record.path / SUPERVISOR_LOG)
     while job.wait(0.5) is None:
         if stop.is_set():
