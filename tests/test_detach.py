@@ -142,7 +142,7 @@ def test_a_detached_cell_outlives_its_kernel_with_every_line(kernel_env):
         km.shutdown_kernel(now=True)  # the kernel is killed
     assert wait_until_ended(record, 60) == "succeeded"
     _every_line(store, record.job_id, 50)
-    nb = execute_notebook(f"%distrun attach {record.job_id} --tail 2")
+    nb = execute_notebook(f"%distrun attach {record.job_id} --tail 40")
     text = "".join(o.get("text", "") for o in nb.cells[1].outputs)
     assert "[rank 3] line 50 of rank 3" in text and "succeeded" in text
     assert job_processes(record.job_id) == []
