@@ -420,11 +420,12 @@ def cmd_attach(args: argparse.Namespace, store: JobStore) -> int:
     record = store.get(args.job)
     follower = Follower(record, history=args.tail)
     printer = TerminalPrinter(colour=wants_colour(args.color))
-    if follower.ended():
+    status = record.status()
+    if follower.ended(status):
         said = f"its last {args.tail} lines"
     else:
         said = "following it; Ctrl-C detaches and leaves it running"
-    print(f"job {record.job_id} ({follower.state()}): {said}", file=sys.stderr)
+    print(f"job {record.job_id} ({follower.state(status)}): {said}", file=sys.stderr)
     try:
         printer.on_lines(follower.history())
         while True:

@@ -30,8 +30,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from jupyter_dist.errors import DistrunError
-from jupyter_dist.events import FINAL_STATES, JobListener, JobResult
-from jupyter_dist.run.requests import effective_state, pid_alive
+from jupyter_dist.events import JobListener, JobResult
+from jupyter_dist.run.requests import SETTLED_STATES, effective_state, pid_alive
 from jupyter_dist.store import PRIVATE_FILE, JobStore, UnknownJob, private_dir
 
 # A claim whose job's folder is not there yet is a job starting now, for so long; after
@@ -167,7 +167,7 @@ class PortClaims:
             return not isinstance(since, (int, float)) or time.time() - since < _STARTING_S
         except DistrunError:  # its store is not one any more
             return False
-        return state not in FINAL_STATES and state not in ("lost", "damaged")
+        return state not in SETTLED_STATES
 
 
 class ReleaseClaims(JobListener):

@@ -25,7 +25,6 @@ from typing import Any
 
 from jupyter_dist.diagnose.meters import Meters
 from jupyter_dist.events import (
-    FINAL_STATES,
     JobListener,
     JobResult,
     Listened,
@@ -35,7 +34,7 @@ from jupyter_dist.events import (
 )
 from jupyter_dist.plan import LaunchPlan
 from jupyter_dist.plan.summary import launch_summary
-from jupyter_dist.run.requests import effective_state
+from jupyter_dist.run.requests import SETTLED_STATES, effective_state
 from jupyter_dist.store import JobRecord
 
 PAGE = 5000  # lines of one log per read
@@ -70,12 +69,13 @@ class Follower:
             per_key.append([self._line(key, line) for line in lines])
         return list(heapq.merge(*per_key, key=lambda line: line.time))
 
-    def state(self) -> str:
-        return effective_state(self.record.status())
+    def state(self, status: dict[str, Any] | None = None) -> str:
+        """The job's effective state, from `status` where the caller has just read it."""
+        return effective_state(self.record.status() if status is None else status)
 
-    def ended(self) -> bool:
+    def ended(self, status: dict[str, Any] | None = None) -> bool:
         """Whether the job is over: a final state, or lost with its owner."""
-        return self.state() in (*FINAL_STATES, "lost", "damaged")
+        return self.state(status) in SETTLED_STATES
 
     def result(self) -> JobResult:
         """The outcome as the job stored it (a lost job's says who was lost)."""
@@ -134,11 +134,12 @@ class FollowedJob(Listened):
         `on_tick` after each read, a view's chance to draw); the job's result."""
         lines = self._follower.history() if self._history else []
         while True:
-            ended = self._follower.ended()  # before the read: its last lines are then read
+            status = self.record.status()  # before the read: its last lines are then read
+            ended = self._follower.ended(status)
             lines += self._follower.new_lines()
             if lines:
                 self._emit("on_lines", lines)
-            self._refresh()
+            self._refresh(status)
             if on_tick is not None:
                 on_tick()
             if ended:
@@ -150,9 +151,8 @@ class FollowedJob(Listened):
                 time.sleep(FOLLOW_POLL_S)
             lines = []
 
-    def _refresh(self) -> None:
-        """New process states and meters from the store, to the listeners."""
-        status = self.record.status()
+    def _refresh(self, status: dict[str, Any]) -> None:
+        """New process states (from `status`) and meters from the store, to the listeners."""
         self.started = status.get("started") or self.started
         for state in processes_of(status):
             if state != self.processes.get(state.name):

@@ -30,6 +30,11 @@ STACKS_REQUEST_FILE = "stacks-request.json"
 POLL_SECONDS = 0.2  # how often an owner looks for a request
 
 
+# The effective states after which nothing of a job changes any more: it ended, its owner
+# is gone, or its status cannot be read (then nobody can be asked either).
+SETTLED_STATES = (*FINAL_STATES, "lost", "damaged")
+
+
 def owner_fields() -> dict[str, Any]:
     """What a job's status says about its owner, so others can tell if it is still alive."""
     return {"owner_pid": os.getpid(), "owner_host": socket.gethostname()}
