@@ -415,10 +415,8 @@ def cmd_attach(args: argparse.Namespace, store: JobStore) -> int:
     `run` prints them; the job's outcome and exit code at its end. An interrupt detaches."""
     from jupyter_dist.run.follow import Follower
 
-    if args.tail < 0:
-        raise DistrunError(f"--tail {args.tail}: give a number of lines, 0 or more")
     record = store.get(args.job)
-    follower = Follower(record, history=args.tail)
+    follower = Follower(record, history=checked_tail(args.tail))
     printer = TerminalPrinter(colour=wants_colour(args.color))
     status = record.status()
     if follower.ended(status):
@@ -446,6 +444,13 @@ def cmd_attach(args: argparse.Namespace, store: JobStore) -> int:
     result = follower.result()
     print(result.describe(), file=sys.stderr)
     return EXIT_OK if result.ok else EXIT_FAILED
+
+
+def checked_tail(tail: int) -> int:
+    """attach's --tail, or a one-line DistrunError for a count no log has."""
+    if tail < 0:
+        raise DistrunError(f"--tail {tail}: give a number of lines, 0 or more")
+    return tail
 
 
 ATTACH_POLL_S = 0.2  # how often an attached front looks for new lines when there were none
@@ -478,6 +483,11 @@ def run_command(args: argparse.Namespace, commands: Mapping[str, Command] = COMM
 def main(argv: Sequence[str], prog: str = "%distrun") -> int:
     """One job command, parsed from `argv` (argparse's SystemExit on --help or bad
     arguments, as a terminal's would)."""
+    return run_command(parse(argv, prog))
+
+
+def parse(argv: Sequence[str], prog: str = "%distrun") -> argparse.Namespace:
+    """A job command's arguments (argparse's SystemExit on --help or bad arguments)."""
     parser = argparse.ArgumentParser(prog=prog, add_help=True)
     common = argparse.ArgumentParser(add_help=False)
     common.add_argument(
@@ -486,4 +496,4 @@ def main(argv: Sequence[str], prog: str = "%distrun") -> int:
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     sub.required = True
     add_parsers(sub, common)
-    return run_command(parser.parse_args(argv))
+    return parser.parse_args(argv)

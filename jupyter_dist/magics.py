@@ -13,7 +13,6 @@ interrupt cancels every process on every node.
 
 from __future__ import annotations
 
-import argparse
 import contextlib
 import os
 import shlex
@@ -463,26 +462,15 @@ class DistrunMagics(Magics):
 
             follow_in_view(JobStore().get(detached.job_id))
 
-    def _attach_view(self, words: list[str]) -> None:
-        """`%distrun attach [JOB] [--tail N]` under the live view: the job's view, followed
-        from the store while the kernel is free (stop it with %distrun cancel)."""
+    def _attach_view(self, args: Any) -> None:
+        """`%distrun attach [JOB] [--tail N]` under the live view (its arguments parsed as
+        the terminal's): the job's view, followed from the store while the kernel is free
+        (stop it with %distrun cancel)."""
+        from jupyter_dist import job_commands
         from jupyter_dist.widgets.live import follow_in_view
 
-        parser = argparse.ArgumentParser(prog="%distrun attach", add_help=False)
-        parser.add_argument("job", nargs="?")
-        parser.add_argument("--tail", type=int, default=200)
-        parser.add_argument("--color")  # the terminal's; the view has its own colours
-        try:
-            args = parser.parse_args(words)
-        except SystemExit:
-            raise SpecError("%distrun attach [JOB] [--tail N]: bad arguments") from None
-        job = args.job or self.last_job_id
-        if not job:
-            raise SpecError(
-                "%distrun attach: no job has run in this kernel yet; give a job id "
-                "(%distrun jobs lists them)"
-            )
-        follow_in_view(JobStore().get(job), history=max(0, args.tail))
+        store = JobStore(args.store) if args.store else JobStore()
+        follow_in_view(store.get(args.job), history=job_commands.checked_tail(args.tail))
 
     def _view_mode(self) -> str:
         """`widget` or `text`: as configured, else what the front end surely renders."""
@@ -577,11 +565,6 @@ class DistrunMagics(Magics):
             return
         from jupyter_dist import job_commands  # the same commands as the terminal's
 
-        if words[0] == "attach" and self._view_mode() == "widget":
-            with _one_line_errors():
-                self._attach_view(words[1:])
-            return
-
         if words[0] in JOB_COMMANDS and (len(words) == 1 or words[1].startswith("-")):
             if not self.last_job_id:  # no JOB given: the latest job of this kernel
                 raise _user_error(
@@ -590,11 +573,16 @@ class DistrunMagics(Magics):
                 )
             words.insert(1, self.last_job_id)
         try:
-            code = job_commands.main(words)
+            args = job_commands.parse(words)
         except SystemExit as exc:  # argparse: --help (0), or a bad option, said above (2)
             if exc.code in (0, None):
                 return
             raise _user_error(f"%distrun {words[0]}: bad arguments (see above)") from None
+        if args.command == "attach" and self._view_mode() == "widget":
+            with _one_line_errors():
+                self._attach_view(args)
+            return
+        code = job_commands.run_command(args)
         if code == job_commands.EXIT_USAGE:
             raise _user_error(f"%distrun {words[0]} failed (see above)")
 
