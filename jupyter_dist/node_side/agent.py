@@ -65,6 +65,7 @@ import json
 import os
 import shutil
 import signal
+import stat
 import subprocess
 import sys
 import threading
@@ -101,25 +102,26 @@ def _command_name(pid):
 _SHELLS = frozenset({"sh", "dash", "bash", "zsh", "ksh"})
 
 
-def _waiting_shell(pid, live):
-    """Whether `pid` is a shell waiting for a child of the tree."""
-    return _command_name(pid) in _SHELLS and any(_parent_of(p) == pid for p in live)
+def _family(pids):
+    """Each process's parent and process group, read once from /proc (None: gone)."""
+    return {pid: _parent_of(pid) for pid in pids}, {pid: _group_of(pid) for pid in pids}
 
 
-def _held_launchers(live):
-    """The MPI launchers among `live` that still have children: their ranks here, or their
-    links (ssh, srun) to their daemons on other nodes, whose ranks the launcher's side
-    signals there (`terminate_ranks`)."""
-    launchers = {pid for pid in live if _command_name(pid) in MPI_LAUNCHERS}
-    return {_parent_of(pid) for pid in live} & launchers
+def _held_launchers(parents):
+    """The MPI launchers among `parents`' processes that still have children: their ranks
+    here, or their links (ssh, srun) to their daemons on other nodes, whose ranks the
+    launcher's side signals there (`terminate_ranks`)."""
+    launchers = {pid for pid in parents if _command_name(pid) in MPI_LAUNCHERS}
+    return set(parents.values()) & launchers
 
 
-def _terminate_rank(pid, live):
+def _terminate_rank(pid, parents, groups):
     """SIGTERM to what runs in `pid`'s process group but a shell waiting for a child (it
     would die of it, and its launcher would take that as the rank's end); the group."""
-    group = {p for p in live if _group_of(p) == _group_of(pid)} | {pid}
+    group = {p for p, g in groups.items() if g == groups.get(pid)} | {pid}
+    waiting = set(parents.values())  # processes with a live child
     for member in sorted(group):
-        if not _waiting_shell(member, live):
+        if not (member in waiting and _command_name(member) in _SHELLS):
             with contextlib.suppress(OSError):
                 os.kill(member, signal.SIGTERM)
     return group
@@ -131,11 +133,11 @@ def terminate_ranks(job_id):
     ssh or srun), and would give them about a second. Returns their pids."""
     marker = f"DISTRUN_JOB_ID={job_id}".encode()
     token_prefix = f"{TOKEN_VAR}=".encode()
-    live = set(_all_pids()) - {os.getpid()}
-    launchers = {pid for pid in live if _command_name(pid) in MPI_LAUNCHERS}
+    parents, groups = _family(set(_all_pids()) - {os.getpid()})
+    launchers = {pid for pid in parents if _command_name(pid) in MPI_LAUNCHERS}
     termed = set()
-    for pid in sorted(live):
-        if pid in termed or _parent_of(pid) not in launchers or type(_rank_of(pid)) is not int:
+    for pid in sorted(parents):
+        if pid in termed or parents[pid] not in launchers or type(_rank_of(pid)) is not int:
             continue
         pairs = _environ(pid) or []
         if marker not in pairs:
@@ -143,7 +145,7 @@ def terminate_ranks(job_id):
         token = next((p[len(token_prefix) :] for p in pairs if p.startswith(token_prefix)), b"")
         if _live_agent(_agent_of_token(token.decode(errors="replace")), marker):
             continue  # an agent's own: it stops it
-        termed |= _terminate_rank(pid, live)
+        termed |= _terminate_rank(pid, parents, groups)
     return sorted(termed)
 
 
@@ -500,8 +502,9 @@ class Tree:
         first, self.terminating = not self.terminating, True
         self.refresh(orphans=first)
         live = set(self._live())
-        held = _held_launchers(live)
-        group = {pid for pid in live if _group_of(pid) == self.root} | {self.root}
+        parents, groups = _family(live)
+        held = _held_launchers(parents)
+        group = {pid for pid in live if groups[pid] == self.root} | {self.root}
         if self.root not in self.termed and held.isdisjoint(group):  # else one by one
             with contextlib.suppress(OSError):
                 os.killpg(self.root, signal.SIGTERM)
@@ -509,12 +512,12 @@ class Tree:
         for pid in sorted(live - self.termed):
             if pid in held:
                 continue  # its ranks get it from us; it ends when they do
-            parent = _parent_of(pid)
+            parent = parents[pid]
             if parent in held:
                 if type(_rank_of(pid)) is int:  # a rank: what runs in its group, its shell aside
-                    self.termed.update(_terminate_rank(pid, live))
+                    self.termed.update(_terminate_rank(pid, parents, groups))
                 continue  # else the launcher's link to its daemons elsewhere: kept meanwhile
-            if _group_of(pid) != self.root and parent in live:
+            if groups[pid] != self.root and parent in live:
                 continue  # its parent, one of ours, passes it on
             with contextlib.suppress(OSError):
                 os.kill(pid, signal.SIGTERM)
@@ -858,17 +861,16 @@ def _make_private(job_dir, pattern):
     if not job_dir:
         return
     for top in glob.glob(os.path.join(glob.escape(job_dir), pattern)):
-        for folder, _dirs, files in os.walk(top):
-            paths = [(folder, 0o700)]
+        for folder, _dirs, files in os.walk(top):  # (it enters no link to a folder)
+            if not os.path.islink(folder):  # `top` itself may be one
+                with contextlib.suppress(OSError):
+                    os.chmod(folder, 0o700)
             for name in files:
                 path = os.path.join(folder, name)
                 with contextlib.suppress(OSError):
-                    program = os.stat(path, follow_symlinks=False).st_mode & 0o100
-                    paths.append((path, 0o700 if program else 0o600))
-            for path, mode in paths:
-                if not os.path.islink(path):
-                    with contextlib.suppress(OSError):
-                        os.chmod(path, mode)
+                    info = os.lstat(path)
+                    if not stat.S_ISLNK(info.st_mode):  # a link's target is not the job's
+                        os.chmod(path, 0o700 if info.st_mode & 0o100 else 0o600)
 
 
 def _runs_agent(pid):

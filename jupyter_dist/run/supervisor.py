@@ -147,15 +147,15 @@ def _say(line: str) -> None:
     sys.stdout.flush()
 
 
-def _quiet_stdout(log: Path | None) -> None:
-    """After the handshake: the front may be gone, so nothing more goes to its pipe."""
-    target = os.open(log, os.O_WRONLY | os.O_CREAT | os.O_APPEND, PRIVATE_FILE) if log else None
+def _quiet_stdout(log: Path) -> None:
+    """After the handshake: the front may be gone, so nothing more goes to its pipe; what
+    the supervisor says goes to `log`."""
     devnull = os.open(os.devnull, os.O_WRONLY)
     os.dup2(devnull, 1)
-    if target is not None:
-        os.dup2(target, 2)
-        os.close(target)
     os.close(devnull)
+    target = os.open(log, os.O_WRONLY | os.O_CREAT | os.O_APPEND, PRIVATE_FILE)
+    os.dup2(target, 2)
+    os.close(target)
 
 
 def supervise(request: LaunchRequest) -> int:
