@@ -36,7 +36,7 @@ import posixpath
 import re
 from typing import Any
 
-from jupyter_dist.code_folder import CodeFolder, read_code_folder
+from jupyter_dist.code_folder import CodeFolder
 from jupyter_dist.export.pernode import node_template
 from jupyter_dist.export.symbolic import (
     placeholder,
@@ -81,9 +81,7 @@ class _Pods:
         code: CodeFolder | None = None,
     ):
         self.spec, self.target, self.fmt, self.cell = spec, target, fmt, cell
-        if code is None and spec.code is not None and not target.code_in_image:
-            code = read_code_folder(spec.code_dir(), ignore_files=True)
-        self.code = code
+        self.code = code  # what of the code folder travels: export() read it
         self.workdir = target.code_in_image or CODE_MOUNT
         self.code_files = _code_files(fmt, code, cell, target.stem + ".py")
         environment = spec.environment
