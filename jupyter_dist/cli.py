@@ -37,7 +37,7 @@ from jupyter_dist.job_commands import (
 from jupyter_dist.masking import masked_plan
 from jupyter_dist.nodes import load_inventory
 from jupyter_dist.options import CLI_RUN, CLI_SPEC, LaunchOptions, add_to
-from jupyter_dist.spec import JobSpec, load_spec
+from jupyter_dist.spec import LIMIT_KEYS, JobSpec, load_spec
 from jupyter_dist.store import JobStore
 
 
@@ -123,10 +123,7 @@ def _load(args: argparse.Namespace) -> JobSpec:
     spec = load_spec(args.spec)
     overrides: dict[str, object] = {
         "instance_count": args.nodes,
-        "timeout": getattr(args, "timeout", None),
-        "stall_timeout": getattr(args, "stall_timeout", None),
-        "grace_period": getattr(args, "grace_period", None),
-        "on_stall": getattr(args, "on_stall", None),
+        **{key: getattr(args, key, None) for key in LIMIT_KEYS},  # `run` offers them
     }
     if args.procs_per_node is not None:
         if spec.job_type == "tensorflow":

@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 import json
+import time
 from typing import Any
 
 from jupyter_dist.events import RootCause
 from jupyter_dist.masking import Masker, secret_values
 from jupyter_dist.plan.model import LaunchPlan
 from jupyter_dist.plan.summary import counted
+from jupyter_dist.run.follow import attempts_of
 from jupyter_dist.run.requests import effective_state
 
 PLAN_COLUMNS = (
@@ -80,7 +82,47 @@ def job_summary(status: dict[str, Any]) -> dict[str, Any]:
         "message": status.get("message"),
         # "looks stuck: ..." while a running job is quiet (diagnose/stall.py), else None
         "stalled": status.get("stalled") if state == "running" else None,
+        # A job that started again after a failure: "attempt 2 of 4", else None; and the
+        # earlier attempts' causes, one line each.
+        "attempt": _attempt_caption(status),
+        "attempts": [attempt.summary() for attempt in attempts_of(status)],
     }
+
+
+def _attempt_caption(status: dict[str, Any]) -> str | None:
+    ran, allowed = attempts_ran(status), status.get("attempts_allowed")
+    return f"attempt {ran} of {allowed}" if ran > 1 and isinstance(allowed, int) else None
+
+
+def attempts_ran(status: dict[str, Any]) -> int:
+    """How many attempts a job has begun (1 unless it started again after a failure)."""
+    return len(attempts_of(status)) + 1
+
+
+def attempt_rows(status: dict[str, Any], now: float | None = None) -> list[dict[str, Any]]:
+    """One row per attempt of a job allowed to start again (none for one that is not):
+    when it started, how long it ran, how it ended and why; the last row is the current."""
+    allowed = status.get("attempts_allowed")
+    if not isinstance(allowed, int) or allowed < 2:
+        return []
+    now = now or time.time()
+    rows = []
+    for attempt in attempts_of(status):
+        why = attempt.root_cause.summary() if attempt.root_cause else attempt.message or ""
+        rows.append(_attempt_row(attempt.number, allowed, attempt.started, attempt.ended,
+                                 "failed", why, now))  # fmt: skip
+    state = effective_state(status)
+    cause = status.get("root_cause")
+    why = RootCause(**cause).summary() if isinstance(cause, dict) else status.get("message")
+    started = status.get("attempt_started") or status.get("started")
+    rows.append(_attempt_row(len(rows) + 1, allowed, started, status.get("ended"), state,
+                             why or "", now))  # fmt: skip
+    return rows
+
+
+def _attempt_row(number, allowed, started, ended, state, why, now) -> dict[str, Any]:
+    return {"attempt": f"{number} of {allowed}", "took": duration(started, ended, now),
+            "state": state, "why": why}  # fmt: skip
 
 
 def job_size(summary: dict[str, Any]) -> str:

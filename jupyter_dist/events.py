@@ -154,6 +154,36 @@ class RootCause:
 
 
 @dataclass
+class Attempt:
+    """One ended attempt of a job that starts again after a failure (limits.max_restarts):
+    its number (the first is 1), when it ran, and why it ended."""
+
+    number: int
+    started: float | None
+    ended: float | None
+    root_cause: RootCause | None = None
+    message: str | None = None
+
+    def summary(self) -> str:
+        """ "attempt 1 (12.3 s): rank 1 on local1 (127.0.0.1) was killed by SIGKILL"."""
+        took = f" ({self.ended - self.started:.1f} s)" if self.started and self.ended else ""
+        why = self.root_cause.summary() if self.root_cause else (self.message or "failed")
+        return f"attempt {self.number}{took}: {why}"
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> Attempt:
+        cause = data.get("root_cause")
+        return cls(
+            number=int(data["number"]), started=data.get("started"), ended=data.get("ended"),
+            root_cause=RootCause(**cause) if isinstance(cause, dict) else None,
+            message=data.get("message"),
+        )  # fmt: skip
+
+
+@dataclass
 class JobResult:
     job_id: str
     state: str
@@ -163,6 +193,7 @@ class JobResult:
     message: str | None = None  # for cancelled / timed out jobs
     started: float | None = None  # epoch seconds
     ended: float | None = None
+    attempts: list[Attempt] = field(default_factory=list)  # the earlier ones, oldest first
 
     @property
     def ok(self) -> bool:
@@ -171,11 +202,20 @@ class JobResult:
     def describe(self) -> str:
         if self.ok:
             took = f" in {self.ended - self.started:.1f} s" if self.started and self.ended else ""
-            return f"Job {self.job_id} succeeded{took}."
-        if self.root_cause:
-            return f"Job {self.job_id} failed.\n{self.root_cause.format()}"
-        return f"Job {self.job_id} {self.state.replace('_', ' ')}: {self.message or ''}".rstrip(
-            ": "
+            text = f"Job {self.job_id} succeeded{took}."
+        elif self.root_cause:
+            text = f"Job {self.job_id} failed.\n{self.root_cause.format()}"
+        else:
+            text = f"Job {self.job_id} {self.state.replace('_', ' ')}: {self.message or ''}"
+            text = text.rstrip(": ")
+        return text + self.earlier_attempts()
+
+    def earlier_attempts(self) -> str:
+        """The earlier attempts' causes as lines to append ("" when it ran once)."""
+        if not self.attempts:
+            return ""
+        return f"\nIt ran {len(self.attempts) + 1} times; before this one:\n" + "\n".join(
+            f"  {attempt.summary()}" for attempt in self.attempts
         )
 
 
@@ -190,6 +230,10 @@ class JobListener:
 
     def on_finish(self, result: JobResult) -> None:
         """The job ended; every process is gone."""
+
+    def on_attempt(self, number: int, of: int, previous: Attempt) -> None:
+        """The job starts again, as attempt `number` of at most `of`, because the attempt
+        before (`previous`) failed; its processes start after the restart delay."""
 
     def on_stall(self, notice: str | None, summary: list[str]) -> None:
         """The job looks stuck (`notice`, one line; `summary`: its grouped stacks, one line

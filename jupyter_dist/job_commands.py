@@ -24,6 +24,8 @@ from typing import TextIO
 from jupyter_dist.backends import inventory_backend
 from jupyter_dist.describe import (
     INSPECT_COLUMNS,
+    attempt_rows,
+    attempts_ran,
     duration,
     inspect_rows,
     job_size,
@@ -36,7 +38,14 @@ from jupyter_dist.diagnose.stacks import METHODS as STACK_METHODS
 from jupyter_dist.diagnose.stacks import StackDump
 from jupyter_dist.diagnose.stall import describe_stall
 from jupyter_dist.errors import DamagedJob, DistrunError
-from jupyter_dist.events import FINAL_STATES, JobListener, OutputLine, ProcessState, exit_text
+from jupyter_dist.events import (
+    FINAL_STATES,
+    Attempt,
+    JobListener,
+    OutputLine,
+    ProcessState,
+    exit_text,
+)
 from jupyter_dist.nodes import load_inventory
 from jupyter_dist.options import BY_NAME
 from jupyter_dist.run.requests import (
@@ -45,7 +54,7 @@ from jupyter_dist.run.requests import (
     request_stacks,
     wait_until_ended,
 )
-from jupyter_dist.store import JobStore, natural_order
+from jupyter_dist.store import JobStore, attempt_marker, natural_order
 
 EXIT_OK, EXIT_FAILED, EXIT_USAGE, EXIT_INTERRUPTED = 0, 1, 2, 130
 
@@ -103,6 +112,12 @@ class TerminalPrinter(JobListener):
     def on_stall(self, notice: str | None, summary: list[str]) -> None:
         with self._lock:
             self.err.write(describe_stall(notice, summary))
+            self.err.flush()
+
+    def on_attempt(self, number: int, of: int, previous: Attempt) -> None:
+        with self._lock:
+            marker = attempt_marker(number).replace(" \u2500\u2500", f" of {of} \u2500\u2500")
+            self.err.write(f"{previous.summary()}\n{marker}\n")
             self.err.flush()
 
 
@@ -175,6 +190,9 @@ def add_parsers(sub: argparse._SubParsersAction, common: argparse.ArgumentParser
     logs.add_argument("--stream", choices=("stdout", "stderr", "both"), default="both")
     logs.add_argument("--timestamps", action="store_true", help="show each line's time")
     logs.add_argument("--cell", type=int, help="a session's job: only this cell's output")
+    logs.add_argument("--attempt", type=int, metavar="K",
+                      help="a job that started again after a failure: only attempt K's "
+                      "output (the first is 1)")  # fmt: skip
 
 
 METER_COLUMNS = ("rank", "cpu avg", "cpu peak", "memory avg", "memory peak")
@@ -321,6 +339,10 @@ def cmd_inspect(args: argparse.Namespace, store: JobStore) -> int:
     if configs:
         print(configs)
     print_checks(plan)
+    attempts = attempt_rows(status)
+    if attempts:
+        print()
+        print_table(attempts, list(attempts[0]), title="Attempts (limits.max_restarts)")
     meters = meter_rows(plan, record.usage())
     if meters:
         print()
@@ -398,10 +420,18 @@ def cmd_logs(args: argparse.Namespace, store: JobStore) -> int:
                 f"job {record.job_id} has no cell {args.cell} ("
                 + (f"its cells: {cells[0]}-{cells[-1]})" if cells else "it is not a session)")
             )
+    if args.attempt is not None:
+        ran = attempts_ran(record.status())
+        if not 1 <= args.attempt <= ran:
+            raise DistrunError(
+                f"job {record.job_id} has no attempt {args.attempt} (it ran "
+                + (f"attempts 1-{ran})" if ran > 1 else "once: attempt 1)")
+            )
     streams = ("stdout", "stderr") if args.stream == "both" else (args.stream,)
     prefix_each = len(wanted) > 1
     out = []
-    for ts, key, _stream, text in record.read_logs(wanted, streams, cell=args.cell):
+    lines = record.read_logs(wanted, streams, cell=args.cell, attempt=args.attempt)
+    for ts, key, _stream, text in lines:
         stamp = f"{ts} " if args.timestamps else ""
         label = f"[{key}] " if prefix_each else ""
         text = last_state(text)
@@ -413,7 +443,7 @@ def cmd_logs(args: argparse.Namespace, store: JobStore) -> int:
 def cmd_attach(args: argparse.Namespace, store: JobStore) -> int:
     """Follow a job from the store (run/follow.py): its last lines, then the new ones, as
     `run` prints them; the job's outcome and exit code at its end. An interrupt detaches."""
-    from jupyter_dist.run.follow import Follower
+    from jupyter_dist.run.follow import Follower, attempts_of
 
     record = store.get(args.job)
     follower = Follower(record, history=checked_tail(args.tail))
@@ -424,12 +454,20 @@ def cmd_attach(args: argparse.Namespace, store: JobStore) -> int:
     else:
         said = "following it; Ctrl-C detaches and leaves it running"
     print(f"job {record.job_id} ({follower.state(status)}): {said}", file=sys.stderr)
+    earlier = attempts_of(status)
+    if earlier:
+        print(f"attempt {len(earlier) + 1}; earlier:", file=sys.stderr)
+        for attempt in earlier:
+            print(f"  {attempt.summary()}", file=sys.stderr)
     try:
         printer.on_lines(follower.history())
         while True:
-            ended = follower.ended()  # before the read: what it wrote last is then read
+            status = record.status()
+            ended = follower.ended(status)  # before the read: what it wrote last is then read
             lines = follower.new_lines()
             printer.on_lines(lines)
+            for restart in follower.new_attempts(status):
+                printer.on_attempt(*restart)
             if ended:
                 break
             if not lines:

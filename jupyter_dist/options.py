@@ -27,8 +27,10 @@ from typing import Any
 from jupyter_dist.errors import SpecError
 from jupyter_dist.spec import (
     JOB_TYPES,
+    LIMIT_KEYS,
     MAX_NODES,
     MAX_PROCS_PER_NODE,
+    MAX_RESTARTS,
     MAX_SECONDS,
     JobSpec,
     spec_from_dict,
@@ -145,6 +147,12 @@ OPTIONS: tuple[Option, ...] = (
     Option("grace_period", "how long a stopped process has between SIGTERM and SIGKILL, to "
            "save its work (default 5)", kind="int", metavar="SECONDS", bounds=(0, 3600),
            fronts=_RUN),
+    Option("max_restarts", "start the whole job again, up to this many times, when a rank "
+           "fails or a node is lost; ranks read DISTRUN_RESTART_COUNT (default 0)",
+           kind="int", metavar="N", bounds=(0, MAX_RESTARTS), fronts=_RUN),
+    Option("restart_delay", "seconds between a failed attempt's end and the next one's "
+           "start (default 3)", kind="int", metavar="SECONDS", bounds=(0, 3600),
+           fronts=_RUN),
     Option("detach", "keep the job running when this kernel or terminal goes: return once "
            "every rank runs; follow it with attach, stop it with cancel", kind="flag",
            fronts=_RUN),
@@ -199,6 +207,8 @@ class LaunchOptions:
     stall_timeout: int | None = None
     grace_period: int | None = None
     on_stall: str | None = None
+    max_restarts: int | None = None
+    restart_delay: int | None = None
     detach: bool = False  # who owns the job (run/supervisor.py), not what the spec says
     backend: str | None = None  # the spec's backend section, with the backends' options:
     backend_options: dict[Option, Any] = field(default_factory=dict)  # declared by backends
@@ -244,12 +254,7 @@ class LaunchOptions:
             data["code"] = self.code
         if self.name:
             data["name"] = self.name
-        limits = {
-            key: value
-            for key, value in (("timeout", self.timeout), ("stall_timeout", self.stall_timeout),
-                               ("on_stall", self.on_stall), ("grace_period", self.grace_period))
-            if value is not None
-        }  # fmt: skip
+        limits = {key: getattr(self, key) for key in LIMIT_KEYS if getattr(self, key) is not None}
         if limits:
             data["limits"] = limits
         backend = self.backend_section()

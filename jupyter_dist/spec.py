@@ -54,6 +54,7 @@ RESERVED_ENV: dict[str, str] = {
         "AZUREML_MPI_HOSTFILE",
         "DASK_SCHEDULER_ADDRESS",
         "PYTHONUNBUFFERED",
+        "TORCHELASTIC_RESTART_COUNT",
     )
 }
 RESERVED_ENV["MASTER_PORT"] = "use distribution.master_port to choose it"
@@ -70,6 +71,7 @@ MAX_NODES = 4096
 MAX_PROCS_PER_NODE = 1024
 MAX_PROCESSES = 16384  # in one job, every node's together
 MAX_SECONDS = 31 * 24 * 3600  # a time limit of a month
+MAX_RESTARTS = 1000
 
 Count = count(1, MAX_PROCS_PER_NODE)
 
@@ -155,6 +157,15 @@ class Limits(StrictSection):
     # Ours: seconds a stopped process has between SIGTERM and SIGKILL (to save a checkpoint);
     # default run/job.GRACE_PERIOD_S.
     grace_period: count(0, 3600) | None = None
+    # Ours: how many times a failed job starts again under the same id (default 0), and
+    # the seconds between a failed attempt's end and the next one's start (default
+    # run/job.RESTART_DELAY_S).
+    max_restarts: count(0, MAX_RESTARTS) | None = None
+    restart_delay: count(0, 3600) | None = None
+
+
+# The keys of `limits:`, which with_overrides and the fronts' options set one by one.
+LIMIT_KEYS = tuple(Limits.model_fields)
 
 
 class BackendSection(StrictSection):
@@ -398,6 +409,14 @@ class JobSpec(StrictSection):
     def grace_period(self) -> int | None:
         return self.limits.grace_period if self.limits else None
 
+    @property
+    def max_restarts(self) -> int:
+        return (self.limits.max_restarts if self.limits else None) or 0
+
+    @property
+    def restart_delay(self) -> int | None:
+        return self.limits.restart_delay if self.limits else None
+
     def resolved_command(self) -> str | None:
         """The command with every `${{inputs.NAME}}` replaced by its value; with only a
         `script`, the command runs it."""
@@ -424,9 +443,8 @@ class JobSpec(StrictSection):
     def with_overrides(self, **changes: Any) -> JobSpec:
         """A copy with some keys changed, validated again (the same errors as the YAML).
 
-        Keys: `instance_count`, `nodes`, `timeout`, `stall_timeout`, `on_stall`,
-        `grace_period` (the limits), `backend` (a mapping merged into the backend section),
-        and any key of the distribution section.
+        Keys: `instance_count`, `nodes`, those of `limits:` (LIMIT_KEYS), `backend` (a
+        mapping merged into the backend section), and any key of the distribution section.
         """
         data = self.to_dict()
         dist = dict(data.get("distribution") or {"type": self.job_type})
@@ -437,7 +455,7 @@ class JobSpec(StrictSection):
                 data["resources"] = {**data.get("resources", {}), "instance_count": value}
             elif key == "nodes":
                 data["nodes"] = value
-            elif key in ("timeout", "stall_timeout", "on_stall", "grace_period"):
+            elif key in LIMIT_KEYS:
                 data["limits"] = {**data.get("limits", {}), key: value}
             elif key == "backend":  # {type: ..., option: value}: merged into the section
                 data["backend"] = {**(data.get("backend") or {}), **value}

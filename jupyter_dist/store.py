@@ -11,7 +11,10 @@ One folder per job under the store root::
 A log key is a rank ("rank-3") where the line is known to come from one, else the process
 name ("worker-1", "torchrun-0", "mpirun"). A warm session's rank logs hold every cell it ran,
 each after a marker line `── cell N ──` on stdout (`cell_marker`), written before the cell
-was sent, so `read_logs(..., cell=N)` can pick one cell's lines out.
+was sent, so `read_logs(..., cell=N)` can pick one cell's lines out. A job that started
+again after a failure (limits.max_restarts) has a marker `── attempt N ──` in the stdout of
+every key of attempt N ≥ 2 (`attempt_marker`), so `read_logs(..., attempt=N)` picks one
+attempt's lines out (attempt 1's come before the first marker).
 """
 
 from __future__ import annotations
@@ -37,11 +40,21 @@ STREAMS = ("stdout", "stderr")
 MAX_JOB_ID = 128  # ours are 26 characters
 _JOB_ID = re.compile(r"[A-Za-z0-9_.-]+")
 _CELL_MARKER = re.compile(r"\u2500\u2500 cell (\d+) \u2500\u2500")
+_ATTEMPT_MARKER = re.compile(r"\u2500\u2500 attempt (\d+) \u2500\u2500")
 
 
 def cell_marker(cell: int) -> str:
     """The stored line that opens a session cell's output in a rank's log."""
     return f"\u2500\u2500 cell {cell} \u2500\u2500"
+
+
+def attempt_marker(attempt: int) -> str:
+    """The stored line that opens a later attempt's output in each of its logs."""
+    return f"\u2500\u2500 attempt {attempt} \u2500\u2500"
+
+
+def is_attempt_marker(text: str) -> bool:
+    return _ATTEMPT_MARKER.fullmatch(text) is not None
 
 
 class UnknownJob(DistrunError):
@@ -182,6 +195,10 @@ class JobRecord:
             opener=_private_opener,
         )  # fmt: skip
 
+    def write_plan(self, plan: dict[str, Any]) -> None:
+        """Replace plan.json with the plan now running (a later attempt's)."""
+        write_atomic(self.path / "plan.json", json.dumps(plan, indent=1))
+
     def write_status(self, status: dict[str, Any]) -> None:
         write_atomic(self.path / "status.json", json.dumps(status, indent=1))
 
@@ -282,16 +299,23 @@ class JobRecord:
         streams: tuple[str, ...] = STREAMS,
         tail: int | None = None,
         cell: int | None = None,
+        attempt: int | None = None,
     ) -> list[tuple[str, str, str, str]]:
         """Lines of several keys merged by timestamp, as (ts, key, stream, text): every
         stored line, or with `tail` the last `tail` of each key; with `cell`, only the
-        lines of that session cell (between its marker and the next)."""
+        lines of that session cell (between its marker and the next); with `attempt`, only
+        that attempt's."""
         per_key = []
         for key in keys:
-            if cell is not None:
-                lines = _lines_of_cell(
+            if cell is not None or attempt is not None:
+                marker, number, first = (
+                    (_CELL_MARKER, cell, None)
+                    if cell is not None
+                    else (_ATTEMPT_MARKER, attempt, 1)
+                )
+                lines = _lines_between_markers(
                     [(line.ts, key, stream, line.text) for stream, line in self.read_log(key)],
-                    cell, streams,
+                    marker, number, streams, first,
                 )  # fmt: skip
                 lines = lines[-tail:] if tail else lines
             elif tail is None:
@@ -346,16 +370,21 @@ class JobRecord:
         return out, f"{ends[0]}.{ends[1]}"
 
 
-def _lines_of_cell(
-    lines: list[tuple[str, str, str, str]], cell: int, streams: tuple[str, ...]
+def _lines_between_markers(
+    lines: list[tuple[str, str, str, str]],
+    marker: re.Pattern[str],
+    number: int,
+    streams: tuple[str, ...],
+    first: int | None,
 ) -> list[tuple[str, str, str, str]]:
-    """The lines (one key's, merged by time) after `cell`'s marker and before the next."""
-    kept, current = [], None
+    """The lines (one key's, merged by time) after marker `number` and before the next;
+    those before any marker count as `first`'s."""
+    kept, current = [], first
     for line in lines:
-        marker = _CELL_MARKER.fullmatch(line[3]) if line[2] == "stdout" else None
-        if marker:
-            current = int(marker.group(1))
-        elif current == cell and line[2] in streams:
+        found = marker.fullmatch(line[3]) if line[2] == "stdout" else None
+        if found:
+            current = int(found.group(1))
+        elif current == number and line[2] in streams:
             kept.append(line)
     return kept
 

@@ -357,6 +357,38 @@ def test_what_azure_ml_does_itself_is_left_out_and_listed(tmp_path):
     assert load_spec(path).distribution.launcher == "per_process"
 
 
+def test_restarts_go_to_jobsets_failure_policy_and_elsewhere_are_said_to_be_left_out(tmp_path):
+    """A JobSet starts the whole job again, as our restarts do: it carries the count. The
+    formats that run a job once say so, and Azure's YAML stays loadable by its own loader."""
+    spec = parse_spec(
+        "command: python train.py\nresources: {instance_count: 2}\n"
+        "distribution: {type: pytorch}\nlimits: {max_restarts: 3, restart_delay: 5}\n"
+    )
+    (jobset,) = _documents(tmp_path / "js", spec, "jobset")
+    assert jobset["spec"]["failurePolicy"] == {"maxRestarts": 3}
+    assert not [n for n in export(spec, "jobset", ExportTarget.at(tmp_path, image="i")).notes()
+                if "max_restarts" in n]  # fmt: skip
+    for fmt in ("kubeflow", "skypilot", "sbatch", "azureml"):
+        image = {"image": "img"} if fmt != "sbatch" else {}
+        exported = export(spec, fmt, ExportTarget.at(f"{tmp_path}/{fmt}/", **image))
+        assert (
+            f"Not carried: limits.max_restarts: 3 ({fmt} runs the job once; jobset starts the "
+            "whole job again)"
+        ) in exported.notes()
+    (path,) = write(export(spec, "azureml", ExportTarget.at(f"{tmp_path}/az/", image="img")))
+    _azure_check(path)
+    header = path.read_text().split("$schema")[0]
+    assert "limits.max_restarts" in header and "limits.restart_delay" in header
+    done = run_cli("export", str(_write(tmp_path / "r.yml", spec.to_yaml())), "--to", "kubeflow",
+                   "--image", "img", "-o", str(tmp_path / "cli/"))  # fmt: skip
+    assert done.returncode == 0 and "Not carried: limits.max_restarts: 3" in done.stderr
+
+
+def _write(path: Path, text: str) -> Path:
+    path.write_text(text)
+    return path
+
+
 # -- what cannot be exported -------------------------------------------------------------
 
 

@@ -60,6 +60,17 @@ for i in range(1, 31):
     print(f"line {i} of rank {os.environ['RANK']}", flush=True)
     time.sleep(0.2)"""
 
+# A detached job that fails once, then starts again: rank 1 gives up on its first attempt.
+RESTARTING_CELL = """\
+%%distrun --detach --nodes 2 --max-restarts 2 --restart-delay 2 --name lab-restarts
+import os, sys, time
+attempt = int(os.environ["DISTRUN_RESTART_COUNT"])
+print(f"rank {os.environ['RANK']} on attempt {attempt}", flush=True)
+time.sleep(3)
+if os.environ["RANK"] == "1" and attempt == 0:
+    sys.exit("rank 1 gives up")
+time.sleep(6)"""
+
 # A warm session, in a notebook of its own: each cell run in it has a view of its own.
 SESSION_CELLS = [
     "%distrun session start --nodes 2 --name lab-session",
@@ -77,6 +88,7 @@ def lab(tmp_path_factory):
     )
     labserver.write_notebook(server, "session.ipynb", ["%load_ext jupyter_dist", *SESSION_CELLS])
     labserver.write_notebook(server, "detached.ipynb", ["%load_ext jupyter_dist", DETACHED_CELL])
+    labserver.write_notebook(server, "restarts.ipynb", ["%load_ext jupyter_dist", RESTARTING_CELL])
     yield server
     labserver.stop(server)
 
@@ -479,6 +491,47 @@ def test_a_detached_cell_frees_the_kernel_and_its_view_follows_the_job(lab_page,
             assert f"[rank {rank}] line 30 of rank {rank}" in lines
         assert view.locator(".distrun-counts").inner_text() == "all succeeded"
         _shot(page, "10-detached-done")
+    finally:
+        page.close()
+
+
+def test_a_restarting_job_shows_its_attempt_and_the_earlier_cause_in_view_and_sidebar(
+    lab_page, lab
+):
+    """A detached job (its view follows the store) fails once and starts again: the view's
+    chip says "attempt 2 of 3" and lists the first attempt's cause, readable in both
+    themes; the sidebar says the attempt too."""
+    page = lab_page.context.browser.new_page(viewport={"width": 1400, "height": 1000})
+    try:
+        page.goto(lab.page_url("/lab/workspaces/distrun-restarts/tree/restarts.ipynb?reset"))
+        page.locator(".jp-StatusBar-Widget", has_text="| Idle").first.wait_for()
+        _run_cell(page, 0, wait=True)
+        _run_cell(page, 1, wait=True)
+        view = page.locator(".jp-Notebook .jp-Cell").nth(1).locator(".distrun-live")
+        chip = view.locator(".distrun-attempt", has_text="attempt 2 of 3")
+        chip.wait_for(timeout=60_000)
+        earlier = view.locator(".distrun-attempts li")
+        assert earlier.count() == 1
+        assert "rank 1 on local1 (127.0.0.1) exited with code 1: rank 1 gives up" in (
+            earlier.inner_text()
+        )
+        view.locator(".distrun-job-state", has_text="running").wait_for(timeout=30_000)
+        sidebar = _open_sidebar(page)
+        row = sidebar.locator(".jp-distrun-job", has_text="lab-restarts")
+        row.locator(".jp-distrun-attempt", has_text="attempt 2 of 3").wait_for(timeout=15_000)
+        assert "rank 1 gives up" in row.locator(".jp-distrun-earlier-attempt").inner_text()
+        _assert_readable(chip)
+        view.screenshot(path=str(ARTIFACTS / "live-view-restarted.png"))
+        _shot(page, "11-restarted-running")
+        with _dark_theme(page):
+            _assert_readable(chip)
+            _assert_readable(earlier.first)
+            view.screenshot(path=str(ARTIFACTS / "live-view-restarted-dark.png"))
+        view.locator(".distrun-job-state", has_text="succeeded").wait_for(timeout=60_000)
+        lines = view.locator(".distrun-lines").inner_text()
+        assert "rank 1 on attempt 0" in lines and "rank 1 on attempt 1" in lines
+        assert "attempt 2 of 3" in view.locator(".distrun-attempt").inner_text()
+        _shot(page, "11-restarted-done")
     finally:
         page.close()
 

@@ -52,6 +52,8 @@ class Format:
     # The manifest carries the cell (and the code folder) to where the command runs.
     carries_code: bool = False
     options: tuple[str, ...] = ()  # the target options it reads (image, accelerator, ...)
+    # It starts the whole job again after a failure, as limits.max_restarts asks.
+    restarts: bool = False
 
 
 KUBECTL = "kubectl apply -f {name}"
@@ -63,7 +65,7 @@ FORMATS = {
     ),
     "jobset": Format(
         kubernetes.render_jobset, ".jobset.yaml", KUBECTL, carries_code=True,
-        options=("image", "code_in_image"),
+        options=("image", "code_in_image"), restarts=True,
     ),
     "skypilot": Format(
         skypilot.render, ".sky.yaml", "sky launch {name}", uploads_code=True,
@@ -85,6 +87,7 @@ class Exported:
     files: dict[str, str] = field(default_factory=dict)
     secrets: tuple[str, ...] = ()  # names of secret variables whose values the files hold
     left_out: str = ""  # what of the code folder the manifest does not carry, and why
+    not_carried: tuple[str, ...] = ()  # settings of the spec the format has no way to carry
 
     @property
     def manifest(self) -> str:
@@ -99,6 +102,7 @@ class Exported:
             )
         if self.left_out:
             said.append(f"Not carried from the code folder: {self.left_out}")
+        said += self.not_carried
         return said
 
     def how_to_run(self) -> str:
@@ -140,9 +144,16 @@ def export(spec: JobSpec, fmt: str, target: ExportTarget) -> Exported:
         code = read_code_folder(spec.code_dir(), ignore_files=True)
     manifest = chosen.render(runnable, target, files.get(script_file_name), code)
     secrets = tuple(sorted(name for name in spec.environment_variables if is_secret(name)))
+    not_carried = ()
+    if spec.max_restarts and not chosen.restarts:
+        restarting = ", ".join(name for name, f in FORMATS.items() if f.restarts)
+        not_carried = (
+            f"Not carried: limits.max_restarts: {spec.max_restarts} ({fmt} runs the job once; "
+            f"{restarting} starts the whole job again)",
+        )
     return Exported(
         format=fmt, folder=target.folder, files={manifest_name: manifest, **files},
-        secrets=secrets, left_out=code.left_out() if code else "",
+        secrets=secrets, left_out=code.left_out() if code else "", not_carried=not_carried,
     )  # fmt: skip
 
 

@@ -66,7 +66,7 @@ def render(
         elif value:
             left_out.append(key)
     limits = data.pop("limits", None) or {}
-    for key in ("stall_timeout", "on_stall", "grace_period"):
+    for key in ("stall_timeout", "on_stall", "grace_period", "max_restarts", "restart_delay"):
         if limits.pop(key, None) is not None:
             left_out.append(f"limits.{key}")
     if limits:

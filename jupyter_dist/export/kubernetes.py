@@ -251,7 +251,8 @@ def render_jobset(
         "metadata": {"name": pods.name},
         "spec": {
             "network": {"enableDNSHostnames": True},
-            "failurePolicy": {"maxRestarts": 0},
+            # As jupyter-dist's restarts: the whole job again, up to limits.max_restarts.
+            "failurePolicy": {"maxRestarts": spec.max_restarts},
             "replicatedJobs": [{"name": "node", "replicas": 1, "template": job_template}],
         },
     }

@@ -43,10 +43,12 @@ def plan(
     ports: Mapping[str, int],
     extra_files: Mapping[str, str] | None = None,
     mpi_launch: Callable[[PlanContext], MpiLaunch] = plain_mpi_launch,
+    restart_count: int = 0,
 ) -> LaunchPlan:
     """Every process of the job: node, argv, env, cwd, role and ranks. `extra_files`
     (name -> text) are written into the job's folder on every node; `mpi_launch` is the
-    backend's part of an MPI job's mpirun (Backend.mpi_launch)."""
+    backend's part of an MPI job's mpirun (Backend.mpi_launch); `restart_count` is the
+    attempt's number, counted from 0 (DISTRUN_RESTART_COUNT)."""
     if len(nodes) != spec.instance_count:
         raise SpecError(
             f"resources.instance_count is {spec.instance_count} but {len(nodes)} node(s) were given"
@@ -56,7 +58,7 @@ def plan(
     missing = [r.key for r in requests if r.key not in ports]
     if missing:
         raise ValueError(f"ports not chosen for: {', '.join(missing)}")
-    ctx = PlanContext(spec, list(nodes), job_id, ports, mpi_launch)
+    ctx = PlanContext(spec, list(nodes), job_id, ports, mpi_launch, restart_count)
     built = _PLANNERS[spec.job_type].build(ctx, spec.distribution)
     processes, files = built if isinstance(built, tuple) else (built, [])
     per_node = dict(extra_files or {})

@@ -45,6 +45,7 @@ class PlanContext:
     ports: Mapping[str, int]
     # The backend's part of an MPI launch (Backend.mpi_launch): how mpirun reaches the nodes.
     mpi_launch: Callable[[PlanContext], MpiLaunch] = plain_mpi_launch
+    restart_count: int = 0  # how many times the job started again after a failure
 
     @property
     def num_nodes(self) -> int:
@@ -78,6 +79,9 @@ class PlanContext:
             "DISTRUN_JOB_DIR": self.job_dir(self.nodes[node_rank]),
             "DISTRUN_NODE_RANK": str(node_rank),
             "DISTRUN_NUM_NODES": str(self.num_nodes),
+            # Both, so that a script written for torchrun's restarts reads ours unchanged.
+            "DISTRUN_RESTART_COUNT": str(self.restart_count),
+            "TORCHELASTIC_RESTART_COUNT": str(self.restart_count),
             "PYTHONUNBUFFERED": "1",
             **self.spec.environment_variables,
         }

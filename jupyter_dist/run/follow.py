@@ -25,6 +25,7 @@ from typing import Any
 
 from jupyter_dist.diagnose.meters import Meters
 from jupyter_dist.events import (
+    Attempt,
     JobListener,
     JobResult,
     Listened,
@@ -35,7 +36,7 @@ from jupyter_dist.events import (
 from jupyter_dist.plan import LaunchPlan
 from jupyter_dist.plan.summary import launch_summary
 from jupyter_dist.run.requests import SETTLED_STATES, effective_state
-from jupyter_dist.store import JobRecord
+from jupyter_dist.store import JobRecord, is_attempt_marker
 
 PAGE = 5000  # lines of one log per read
 
@@ -48,13 +49,27 @@ class Follower:
         plan = LaunchPlan.from_dict(record.plan())
         self._labels = {p.name: p.label for p in plan.processes}
         self._cursors: dict[str, str] = {}
+        self._attempts_seen = len(attempts_of(record.status()))
+
+    def new_attempts(self, status: dict[str, Any]) -> list[tuple[int, int, Attempt]]:
+        """The restarts since the last call (or since this follower was made), as a
+        listener's on_attempt gets them: (the new attempt's number, of how many, the
+        attempt that failed)."""
+        ended = attempts_of(status)
+        fresh, self._attempts_seen = (
+            ended[self._attempts_seen :],
+            max(self._attempts_seen, len(ended)),
+        )
+        allowed = status.get("attempts_allowed")
+        of = allowed if isinstance(allowed, int) else len(ended) + 1
+        return [(attempt.number + 1, of, attempt) for attempt in fresh]
 
     def history(self) -> list[OutputLine]:
         """The last `history` lines stored so far, every log's, in time order."""
         per_key = []
         for key in self.record.log_keys():
             lines, self._cursors[key] = self.record.read_range(key, tail=self.history_size)
-            per_key.append([self._line(key, line) for line in lines])
+            per_key.append(self._lines(key, lines))
         merged = list(heapq.merge(*per_key, key=lambda line: line.time))
         return merged[-self.history_size :] if self.history_size else []
 
@@ -66,7 +81,7 @@ class Follower:
             lines, self._cursors[key] = self.record.read_range(
                 key, self._cursors.get(key, "0.0"), limit=PAGE
             )
-            per_key.append([self._line(key, line) for line in lines])
+            per_key.append(self._lines(key, lines))
         return list(heapq.merge(*per_key, key=lambda line: line.time))
 
     def state(self, status: dict[str, Any] | None = None) -> str:
@@ -90,11 +105,27 @@ class Follower:
             root_cause=RootCause(**cause) if isinstance(cause, dict) else None,
             store_path=str(self.record.path), message=message,
             started=status.get("started"), ended=status.get("ended"),
+            attempts=attempts_of(status),
         )  # fmt: skip
 
-    def _line(self, key: str, line: dict[str, str]) -> OutputLine:
+    def _lines(self, key: str, lines: list[dict[str, str]]) -> list[OutputLine]:
+        """Stored lines as a listener gets them; an attempt's marker is not one (the
+        followers say the restart, as the job's own listeners are told)."""
         label = self._labels.get(key, key)
-        return OutputLine(key, label, line["stream"], line["text"], _seconds(line["ts"]))
+        return [
+            OutputLine(key, label, line["stream"], line["text"], _seconds(line["ts"]))
+            for line in lines
+            if not (line["stream"] == "stdout" and is_attempt_marker(line["text"]))
+        ]
+
+
+def attempts_of(status: dict[str, Any]) -> list[Attempt]:
+    """The ended attempts a job stored, oldest first (damaged entries left out)."""
+    found = []
+    for entry in status.get("attempts") or []:
+        with contextlib.suppress(KeyError, TypeError, ValueError):
+            found.append(Attempt.from_dict(entry))
+    return found
 
 
 def processes_of(status: dict[str, Any]) -> list[ProcessState]:
@@ -122,6 +153,10 @@ class FollowedJob(Listened):
         self.summary = launch_summary(self.plan)
         self.processes = {state.name: state for state in processes_of(status)}
         self.started, self.ended = status.get("started"), status.get("ended")
+        self.attempts = attempts_of(status)
+        self.attempt = len(self.attempts) + 1
+        allowed = status.get("attempts_allowed")
+        self.attempts_allowed = allowed if isinstance(allowed, int) else self.attempt
         self.meters = Meters()
         self._listeners: list[JobListener] = []
         self._follower = Follower(record, history)
@@ -154,6 +189,10 @@ class FollowedJob(Listened):
     def _refresh(self, status: dict[str, Any]) -> None:
         """New process states (from `status`) and meters from the store, to the listeners."""
         self.started = status.get("started") or self.started
+        for number, of, previous in self._follower.new_attempts(status):
+            self.attempts.append(previous)
+            self.attempt, self.attempts_allowed = number, of
+            self._emit("on_attempt", number, of, previous)
         for state in processes_of(status):
             if state != self.processes.get(state.name):
                 self.processes[state.name] = state
@@ -163,12 +202,12 @@ class FollowedJob(Listened):
             reading = {k: v for k, v in sample.items() if k not in ("t", "p")}
             self.meters.update(str(sample["p"]), reading, now=float(sample["t"]))
 
-    def _emit(self, method: str, payload: Any) -> None:
+    def _emit(self, method: str, *payload: Any) -> None:
         with self._emit_lock:
             listeners = list(self._listeners)
         for listener in listeners:
             with contextlib.suppress(Exception):  # one view's trouble is not the others'
-                getattr(listener, method)(payload)
+                getattr(listener, method)(*payload)
 
 
 FOLLOW_POLL_S = 0.25  # how often a followed job's store is read when nothing came

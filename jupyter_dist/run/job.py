@@ -1,7 +1,14 @@
 """A running job's state machine: start all-or-nothing, watch every process, fail fast,
-cancel, time out, and leave nothing running. Its helpers each do one job: run/output.py
-(lines to the store and listeners), diagnose/root_cause.py (why it failed), run/stopping.py
-(SIGTERM to SIGKILL, cancel requests from elsewhere)."""
+cancel, time out, start again after a failure when allowed, and leave nothing running. Its
+helpers each do one job: run/output.py (lines to the store and listeners),
+diagnose/root_cause.py (why it failed), run/stopping.py (SIGTERM to SIGKILL, cancel
+requests from elsewhere).
+
+States: pending -> running -> one of FINAL_STATES. A job with `Restarts` whose attempt
+failed goes running -> restarting -> running again (the next attempt, planned anew: fresh
+ports, DISTRUN_RESTART_COUNT), at most `Restarts.limit` times; its earlier attempts are kept
+as `Job.attempts`, and its logs hold a marker line where each later attempt starts
+(store.attempt_marker)."""
 
 from __future__ import annotations
 
@@ -11,6 +18,7 @@ import threading
 import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
 
 from jupyter_dist.backends.base import Backend, ProcessHandle
 from jupyter_dist.diagnose.hints import hint_for
@@ -21,6 +29,7 @@ from jupyter_dist.diagnose.stall import DEFAULT_STALL_TIMEOUT_S, StallWatch
 from jupyter_dist.errors import DistrunError
 from jupyter_dist.events import (
     FINAL_STATES,
+    Attempt,
     JobListener,
     JobResult,
     Listened,
@@ -35,10 +44,22 @@ from jupyter_dist.plan.summary import launch_summary
 from jupyter_dist.run.output import OutputPipeline
 from jupyter_dist.run.requests import owner_fields
 from jupyter_dist.run.stopping import escalate, watch_requests
-from jupyter_dist.store import JobRecord
+from jupyter_dist.store import JobRecord, attempt_marker
 
 GRACE_PERIOD_S = 5.0  # between SIGTERM and SIGKILL when a process is stopped
 DRAIN_S = 2.0  # how long a process's output may still come after its agent is gone
+RESTART_DELAY_S = 3.0  # between a failed attempt's end and the next one's start
+
+
+@dataclass(frozen=True)
+class Restarts:
+    """How a failed job starts again: at most `limit` times, `delay` seconds after the
+    failed attempt ended, with the plan `replan(restart_count)` gives (restart_count: 1 for
+    the second attempt); a replan that raises ends the job, failed, saying why."""
+
+    limit: int
+    delay: float
+    replan: Callable[[int], LaunchPlan]
 
 
 class Job(Listened):
@@ -56,11 +77,14 @@ class Job(Listened):
         messages: tuple[str, Callable[[ProcessPlan, str], None]] | None = None,
         stall_timeout: float = DEFAULT_STALL_TIMEOUT_S,
         on_stall: str = "warn",
+        restarts: Restarts | None = None,
     ):
         """`messages`: (mark, handler) for messages the processes print among their output
         (run/output.py); a warm session reads its ranks' cell reports so. A job quiet for
         `stall_timeout` seconds (0: never) looks stuck (diagnose/stall.py): its stacks are
-        taken and its listeners told; with `on_stall="kill"` it is also stopped."""
+        taken and its listeners told; with `on_stall="kill"` it is also stopped. With
+        `restarts`, a failed attempt (a rank failed, a node was lost, a stall killed it) is
+        followed by another; a cancel or a timeout ends the job."""
         self.plan = plan
         self.job_id = plan.job_id
         self.name = name or plan.job_type
@@ -77,12 +101,16 @@ class Job(Listened):
         self._readers: dict[str, list[threading.Thread]] = {}
         self._evidence = StderrEvidence()
         self._output = OutputPipeline(record, self._evidence, self._emit_lines, messages)
-        self.processes = {
-            p.name: ProcessState(
-                name=p.name, label=p.label, node=p.node, host=p.host, role=p.role, rank=p.rank
-            )
-            for p in plan.processes
-        }
+        self.processes = _process_states(plan)
+        self._restarts = restarts
+        self.attempt = 1  # counted from 1; DISTRUN_RESTART_COUNT is one less
+        self.attempts: list[Attempt] = []  # the ended ones, oldest first
+        self._attempt_started: float | None = None
+        self._restarting = False  # between a failed attempt's end and the next's start
+        self._restart_wake = threading.Event()  # a stop cuts the restart delay short
+        # The final state a stop asked for while processes started or the job restarted
+        # (a process that has not reported its start cannot be stopped yet).
+        self._pending_stop: str | None = None
         self.state = "pending"
         self.created = time.time()
         self.started: float | None = None
@@ -119,6 +147,24 @@ class Job(Listened):
             self.state = "running"
             self.started = time.time()
             self._starting = True  # a process that ends meanwhile must not end the job
+        self._start_attempt()
+        if self.timeout:
+            timer = threading.Timer(self.timeout, self._on_timeout)
+            timer.daemon = True
+            timer.start()
+        if self._stall is not None:
+            self._stall.start(f"distrun-{self.job_id}-stall")
+        threading.Thread(
+            target=watch_requests,
+            args=(self.record, self._done, self.cancel, self._stacks_for_request),
+            daemon=True, name=f"distrun-{self.job_id}-requests",
+        ).start()  # fmt: skip
+        return self
+
+    def _start_attempt(self) -> None:
+        """Start every process of the current plan, or none (see `start`); a stop asked for
+        meanwhile is carried out once they all run."""
+        self._attempt_started = time.time()
         started: list[tuple[ProcessPlan, ProcessHandle]] = []
         try:
             self._backend.prepare(self.plan, list(self._nodes.values()))
@@ -132,26 +178,19 @@ class Job(Listened):
             self._abort_start(started, "cancelled")
             raise
         except BaseException as exc:
-            self._message = f"could not start: {exc or type(exc).__name__}"
+            which = f"attempt {self.attempt} " if self.attempt > 1 else ""
+            self._message = f"{which}could not start: {exc or type(exc).__name__}"
             self._abort_start(started, "failed")
             raise
         finally:
             with self._state_lock:
                 self._starting = False
             self._finish_when_all_gone()
+        with self._state_lock:
+            pending, self._pending_stop = self._pending_stop, None
         self._write_status()
-        if self.timeout:
-            timer = threading.Timer(self.timeout, self._on_timeout)
-            timer.daemon = True
-            timer.start()
-        if self._stall is not None:
-            self._stall.start(f"distrun-{self.job_id}-stall")
-        threading.Thread(
-            target=watch_requests,
-            args=(self.record, self._done, self.cancel, self._stacks_for_request),
-            daemon=True, name=f"distrun-{self.job_id}-requests",
-        ).start()  # fmt: skip
-        return self
+        if pending:
+            self._stop_all(pending)
 
     def _start_processes(self, started: list[tuple[ProcessPlan, ProcessHandle]]) -> None:
         """Start every process at once (SSH round trips overlap), adding each one that
@@ -174,7 +213,10 @@ class Job(Listened):
 
     def _abort_start(self, started: list[tuple[ProcessPlan, ProcessHandle]], state: str) -> None:
         """Stop whatever started before the start failed elsewhere (or was interrupted);
-        the job ends in `state`."""
+        the job ends in `state`, with no attempt after (a start that fails is not the
+        training failing, and would fail again)."""
+        with self._state_lock:
+            self._pending_stop = self._pending_stop or state
         self._stop_all(state)
         waiters = []
         for proc, handle in started:
@@ -262,20 +304,29 @@ class Job(Listened):
 
     def cancel(self, reason: str = "cancelled by the user") -> None:
         """Stop every process (SIGTERM, then SIGKILL after the grace period)."""
-        with self._state_lock:
-            if self.state in FINAL_STATES or self._stopping:
-                return
-            self._message = reason
-        self._stop_all("cancelled")
+        self._request_stop("cancelled", reason)
 
     def end(self, reason: str) -> None:
         """Stop every process as the normal end of a job that serves until told to stop (an
         interactive Dask cluster): like `cancel`, but the job has succeeded."""
+        self._request_stop("succeeded", reason)
+
+    def _request_stop(self, final_state: str, reason: str) -> None:
+        """End the job in `final_state`: stop its processes now; or once those being
+        started have all reported their start; or, between attempts, instead of the next."""
         with self._state_lock:
-            if self.state in FINAL_STATES or self._stopping:
+            if (
+                self.state in FINAL_STATES
+                or self._pending_stop
+                or (self._stopping and not self._restarting)
+            ):
                 return
             self._message = reason
-        self._stop_all("succeeded")
+            if self._starting or self._restarting:
+                self._pending_stop = final_state
+                self._restart_wake.set()
+                return
+        self._stop_all(final_state)
 
     def feed(self, name: str, data: bytes) -> None:
         """Bytes for the stdin of process `name` (planned with stdin); DistrunError if it
@@ -403,11 +454,7 @@ class Job(Listened):
     # -- stopping ------------------------------------------------------------------------
 
     def _on_timeout(self) -> None:
-        with self._state_lock:
-            if self.state in FINAL_STATES or self._stopping:
-                return
-            self._message = f"timed out after {self.timeout:g} s"
-        self._stop_all("timed_out")
+        self._request_stop("timed_out", f"timed out after {self.timeout:g} s")
 
     def _stop_all(self, final_state: str) -> None:
         """Move to `final_state`, then stop what still runs: SIGTERM, grace, SIGKILL."""
@@ -452,7 +499,7 @@ class Job(Listened):
 
     def _finish_when_all_gone(self) -> None:
         with self._state_lock:
-            if self._done.is_set() or self._starting:
+            if self._done.is_set() or self._starting or self._restarting:
                 return
             if any(p.state == "running" for p in self.processes.values()):
                 return
@@ -475,8 +522,15 @@ class Job(Listened):
                     if p.stopped_by_us and p.label not in blamed
                 ]  # fmt: skip
                 self._root_cause.hint = hint_for(self._root_cause)
-            self.state = final
-            self.ended = time.time()
+            if final == "failed" and self._may_restart():
+                previous = self._end_attempt()
+            else:
+                previous = None
+                self.state = final
+                self.ended = time.time()
+        if previous is not None:
+            self._begin_restart(previous)
+            return
         if self._stall is not None:
             self._stall.stop()
         self._backend.sweep(self.job_id, self._unclean_nodes())  # nothing survives the job
@@ -490,6 +544,7 @@ class Job(Listened):
             message=self._message,
             started=self.started,
             ended=self.ended,
+            attempts=list(self.attempts),
         )
         self._write_status()
         with self._emit_lock:
@@ -497,6 +552,92 @@ class Job(Listened):
                 with contextlib.suppress(Exception):
                     listener.on_finish(self._result)
         self._done.set()
+
+    # -- restarts ------------------------------------------------------------------------
+
+    def _may_restart(self) -> bool:
+        """Whether a failed attempt is followed by another (under the state lock)."""
+        return (
+            self._restarts is not None
+            and self.attempt <= self._restarts.limit
+            and self._pending_stop is None
+        )
+
+    def _end_attempt(self) -> Attempt:
+        """Keep the failed attempt's cause and move to "restarting" (under the state lock)."""
+        ended = Attempt(
+            self.attempt, self._attempt_started, time.time(), self._root_cause, self._message
+        )
+        self.attempts.append(ended)
+        self.attempt += 1
+        self._root_cause = None
+        self._restarting = True
+        self.state = "restarting"
+        delay = self._restarts.delay if self._restarts else 0
+        self._message = (
+            f"attempt {ended.number} failed; attempt {self.attempt} of "
+            f"{self.attempts_allowed} starts in {delay:g} s"
+        )
+        return ended
+
+    @property
+    def attempts_allowed(self) -> int:
+        return 1 + (self._restarts.limit if self._restarts else 0)
+
+    def _begin_restart(self, previous: Attempt) -> None:
+        """The failed attempt is over: clear its nodes, tell the listeners, and start the
+        next one after the delay, in a thread of its own."""
+        self._backend.sweep(self.job_id, self._unclean_nodes())  # nothing of it survives
+        self._write_status()
+        with self._emit_lock:
+            for listener in self._listeners:
+                with contextlib.suppress(Exception):  # a listener of an older kind
+                    listener.on_attempt(self.attempt, self.attempts_allowed, previous)
+        threading.Thread(
+            target=self._restart, daemon=True, name=f"distrun-{self.job_id}-restart"
+        ).start()
+
+    def _restart(self) -> None:
+        assert self._restarts is not None
+        self._restart_wake.wait(self._restarts.delay)
+        next_plan, failure = None, None
+        if not self._restart_wake.is_set():
+            try:
+                next_plan = self._restarts.replan(self.attempt - 1)
+            except Exception as exc:  # an unreachable node, no free port: the job ends
+                failure = f"attempt {self.attempt} could not start: {exc or type(exc).__name__}"
+        with self._state_lock:
+            if next_plan is None or self._pending_stop:
+                self._restarting = False
+                self._final_state = self._pending_stop or "failed"
+                self._message = failure or self._message
+                next_plan = None
+            else:
+                self._begin_attempt(next_plan)
+        if next_plan is None:
+            self._finish_when_all_gone()
+            return
+        with contextlib.suppress(OSError):
+            self.record.write_plan(next_plan.to_dict())
+        for proc in next_plan.processes:  # where this attempt's lines start in each log
+            self._output.note(proc, attempt_marker(self.attempt))
+        for state in self.processes.values():
+            self._emit_process(state)
+        self._write_status()
+        with contextlib.suppress(Exception):  # it says why, and the job has ended
+            self._start_attempt()
+
+    def _begin_attempt(self, next_plan: LaunchPlan) -> None:
+        """Forget the failed attempt's processes and take the next plan (state lock held)."""
+        self.plan = next_plan
+        self.processes = _process_states(next_plan)
+        self._handles, self._readers = {}, {}
+        self._evidence = self._output.evidence = StderrEvidence()
+        self._message = None
+        self._stopping, self._stop_started = False, None
+        self.stall_notice = None
+        self._restarting, self._starting = False, True
+        self.state = "running"
 
     # -- reporting -----------------------------------------------------------------------
 
@@ -530,6 +671,10 @@ class Job(Listened):
                 "ended": self.ended,
                 "nodes": [n["name"] for n in self.plan.nodes],
                 "world_size": self.plan.world_size,
+                "attempt": self.attempt,
+                "attempt_started": self._attempt_started,
+                "attempts_allowed": self.attempts_allowed,
+                "attempts": [attempt.to_dict() for attempt in self.attempts],
                 **owner_fields(),
                 "processes": {n: s.to_dict() for n, s in self.processes.items()},
                 "root_cause": self._root_cause.to_dict() if self._root_cause else None,
@@ -541,3 +686,13 @@ class Job(Listened):
         # Snapshot and write under one lock: a stale snapshot must never be written last.
         with self._status_lock, contextlib.suppress(OSError):
             self.record.write_status(self.status())
+
+
+def _process_states(plan: LaunchPlan) -> dict[str, ProcessState]:
+    """Every process of `plan`, pending."""
+    return {
+        p.name: ProcessState(
+            name=p.name, label=p.label, node=p.node, host=p.host, role=p.role, rank=p.rank
+        )
+        for p in plan.processes
+    }

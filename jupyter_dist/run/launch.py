@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import functools
 import os
 import signal
 import threading
@@ -14,12 +15,13 @@ from jupyter_dist import node_side
 from jupyter_dist.backends import Backend, choose_backend
 from jupyter_dist.code_folder import read_code_folder
 from jupyter_dist.diagnose.stall import DEFAULT_STALL_TIMEOUT_S
+from jupyter_dist.errors import SpecError
 from jupyter_dist.events import JobListener, JobResult
 from jupyter_dist.node_side.agent import HOOK_FOLDER
 from jupyter_dist.nodes import Inventory, Node
 from jupyter_dist.plan import LaunchPlan, plan, port_requests
 from jupyter_dist.run.claims import PortClaims, ReleaseClaims, Wanted
-from jupyter_dist.run.job import GRACE_PERIOD_S, Job
+from jupyter_dist.run.job import GRACE_PERIOD_S, RESTART_DELAY_S, Job, Restarts
 from jupyter_dist.spec import JobSpec
 from jupyter_dist.store import JobStore
 
@@ -64,22 +66,46 @@ def make_plan(
         job_id = job_id or store.new_job_id()
         if hold_ports is not None:  # before they are checked: a holder is named, not a bind
             hold_ports(job_id, _fixed_ports(spec, nodes))
-        ports = chosen.choose_ports(port_requests(spec, nodes), nodes)
-        # Every node gets the startup hook that lets any Python of the job dump its stacks.
-        files = {**(extra_files or {}), STACK_HOOK_FILE: node_side.source("stack_hook.py")}
-        launch_plan = plan(spec, nodes, job_id, ports, files, chosen.mpi_launch)
-        if stdin:  # every process reads what the job feeds it (a warm session's ranks)
-            procs = [dataclasses.replace(p, stdin=True) for p in launch_plan.processes]
-            launch_plan = dataclasses.replace(launch_plan, processes=procs)
-        code = spec.code_dir()
-        if code is not None and not all(node.shares_files for node in nodes):
-            # Said with the plan: what the nodes' copies of the code folder will lack.
-            left_out = read_code_folder(code, ignore_files=False).left_out()
-            launch_plan = dataclasses.replace(launch_plan, code_left_out=left_out)
+        launch_plan = plan_attempt(spec, nodes, chosen, job_id, extra_files, stdin)
         return launch_plan, nodes, chosen
     except BaseException:
         chosen.release()
         raise
+
+
+def plan_attempt(
+    spec: JobSpec,
+    nodes: list[Node],
+    chosen: Backend,
+    job_id: str,
+    extra_files: Mapping[str, str] | None = None,
+    stdin: bool = False,
+    restart_count: int = 0,
+) -> LaunchPlan:
+    """One attempt's plan on checked nodes: free ports found now, the stack hook added,
+    DISTRUN_RESTART_COUNT set (`make_plan` gives the first; a restart asks again)."""
+    ports = chosen.choose_ports(port_requests(spec, nodes), nodes)
+    # Every node gets the startup hook that lets any Python of the job dump its stacks.
+    files = {**(extra_files or {}), STACK_HOOK_FILE: node_side.source("stack_hook.py")}
+    launch_plan = plan(spec, nodes, job_id, ports, files, chosen.mpi_launch, restart_count)
+    if stdin:  # every process reads what the job feeds it (a warm session's ranks)
+        procs = [dataclasses.replace(p, stdin=True) for p in launch_plan.processes]
+        launch_plan = dataclasses.replace(launch_plan, processes=procs)
+    code = spec.code_dir()
+    if code is not None and not all(node.shares_files for node in nodes):
+        # Said with the plan: what the nodes' copies of the code folder will lack.
+        left_out = read_code_folder(code, ignore_files=False).left_out()
+        launch_plan = dataclasses.replace(launch_plan, code_left_out=left_out)
+    return launch_plan
+
+
+def _replan(
+    spec: JobSpec, nodes: list[Node], chosen: Backend, job_id: str,
+    extra_files: Mapping[str, str] | None, restart_count: int,
+) -> LaunchPlan:  # fmt: skip
+    """The plan of a later attempt: its nodes checked again (one lost since is named)."""
+    nodes = chosen.preflight(nodes)
+    return plan_attempt(spec, nodes, chosen, job_id, extra_files, restart_count=restart_count)
 
 
 def dry_run(
@@ -117,6 +143,7 @@ def prepare_job(
     (mark, handler), every process reads stdin and its marked lines go to the handler
     (a warm session: run/session.py)."""
     store = store or JobStore()
+    _check_restarts(spec, messages is not None)
     claims = PortClaims(store)
     job_id = store.new_job_id()
     try:  # its fixed ports are held until it ends: no other job of ours can join it
@@ -139,11 +166,33 @@ def prepare_job(
         grace_period=_first(grace_period, spec.grace_period, GRACE_PERIOD_S),
         messages=messages, on_stall=spec.on_stall or "warn",
         stall_timeout=_first(spec.stall_timeout, DEFAULT_STALL_TIMEOUT_S),
+        restarts=Restarts(
+            spec.max_restarts, _first(spec.restart_delay, RESTART_DELAY_S),
+            functools.partial(_replan, _gpus_as_default(spec, nodes), nodes, chosen,
+                              launch_plan.job_id, extra_files),
+        ) if spec.max_restarts else None,
     )  # fmt: skip
     job.add_listener(ReleaseClaims(claims, job.job_id))
     for listener in listeners:
         job.add_listener(listener)
     return job
+
+
+def _check_restarts(spec: JobSpec, session: bool) -> None:
+    """SpecError where restarts cannot keep what the job serves: a warm session's
+    variables, an interactive Dask cluster's connected Client."""
+    if not spec.max_restarts:
+        return
+    if session:
+        raise SpecError(
+            "limits.max_restarts does not apply to a warm session: a new attempt would lose "
+            "the ranks' variables; restart the session instead"
+        )
+    if spec.job_type == "dask" and spec.resolved_command() is None:
+        raise SpecError(
+            "limits.max_restarts does not apply to an interactive Dask cluster: its Client "
+            "would lose the scheduler; give the job a command, or leave restarts out"
+        )
 
 
 def _fixed_ports(spec: JobSpec, nodes: list[Node]) -> list[Wanted]:

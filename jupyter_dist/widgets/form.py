@@ -21,7 +21,7 @@ from jupyter_dist.errors import DistrunError, SpecError
 from jupyter_dist.export import FORMATS, Exported, ExportTarget, export, write
 from jupyter_dist.nodes import Inventory, load_inventory
 from jupyter_dist.options import BY_NAME, FORM, LaunchOptions, Option, offered
-from jupyter_dist.run.job import GRACE_PERIOD_S
+from jupyter_dist.run.job import GRACE_PERIOD_S, RESTART_DELAY_S
 from jupyter_dist.spec import JOB_TYPES, JobSpec, spec_from_dict
 from jupyter_dist.store import JobStore
 from jupyter_dist.widgets.live import run_with_view
@@ -33,18 +33,20 @@ _LAUNCHERS = {"pytorch": ["per_process", "torchrun"], "mpi": ["mpirun", "horovod
 # into the spec), a caption and a placeholder. Every other option is a plain control of its
 # kind, captioned by its name, with its help as the tooltip.
 _START = {"nodes": 1, "procs_per_node": 1, "stall_timeout": DEFAULT_STALL_TIMEOUT_S,
-          "grace_period": int(GRACE_PERIOD_S)}  # fmt: skip
+          "grace_period": int(GRACE_PERIOD_S), "restart_delay": int(RESTART_DELAY_S)}  # fmt: skip
 _UNSET = {
     "worker_count": 0, "ps_count": 0, "threads": 0, "scheduler_port": 0, "dashboard_port": 0,
     "timeout": 0, "gpus_per_node": 0, "stall_timeout": DEFAULT_STALL_TIMEOUT_S,
-    "grace_period": int(GRACE_PERIOD_S), "on_stall": "warn",
+    "grace_period": int(GRACE_PERIOD_S), "on_stall": "warn", "max_restarts": 0,
+    "restart_delay": int(RESTART_DELAY_S),
 }  # fmt: skip
 _CAPTIONS = {
     "procs_per_node": "procs per node", "worker_count": "workers (0: nodes)",
     "threads": "threads (0: default)", "scheduler_port": "scheduler port (0: free)",
     "dashboard_port": "dashboard port (0: free)", "gpus_per_node": "GPUs per node (0: none)",
     "stall_timeout": "stall timeout (s)", "grace_period": "grace period (s)",
-    "timeout": "timeout (s)", "ps_count": "parameter servers", "name": "job name",
+    "timeout": "timeout (s)", "max_restarts": "restarts (max)",
+    "restart_delay": "restart delay (s)", "ps_count": "parameter servers", "name": "job name",
     "code": "code folder", "env": "environment", "slurm_job": "allocation",
     "detach": "keep running when the notebook closes",
 }  # fmt: skip
@@ -59,7 +61,17 @@ _PLACEHOLDERS = {
 _DISTRIBUTION = ("type", "nodes", "procs_per_node", "launcher")
 _TENSORFLOW = ("worker_count", "ps_count", "chief", "evaluator")
 _DASK = ("threads", "scheduler_port", "dashboard_port")
-_JOB = ("name", "timeout", "stall_timeout", "on_stall", "grace_period", "code", "env")
+_JOB = (
+    "name",
+    "timeout",
+    "stall_timeout",
+    "on_stall",
+    "grace_period",
+    "max_restarts",
+    "restart_delay",
+    "code",
+    "env",
+)
 
 
 def _control(option: Option, style: dict) -> w.Widget:

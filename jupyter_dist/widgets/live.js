@@ -241,12 +241,13 @@ function render({ model, el }) {
   // Header: job state, name, elapsed time, counts, actions.
   const header = element("div", "distrun-header");
   const jobState = element("span", "distrun-chip distrun-job-state");
+  const attemptChip = element("span", "distrun-chip distrun-attempt");  // "attempt 2 of 4"
   const title = element("span", "distrun-title");
   const elapsed = element("span", "distrun-elapsed");
   elapsed.title = "elapsed";
   const counts = element("span", "distrun-counts");
   const actions = element("span", "distrun-actions");
-  header.append(jobState, title, elapsed, counts, actions);
+  header.append(jobState, attemptChip, title, elapsed, counts, actions);
   // In JupyterLab with our extension, the full log opens in its log viewer (the extension
   // marks the page and listens for this event); elsewhere the log folder path is shown.
   if (document.body.dataset.jupyterDistLogs === "1") {
@@ -320,6 +321,7 @@ function render({ model, el }) {
   rankBar.setAttribute("role", "tablist");
   const pane = element("pre", "distrun-lines");
   const cause = element("pre", "distrun-root-cause");
+  const attempts = element("ul", "distrun-attempts");  // each earlier attempt's cause
   const checks = element("ul", "distrun-checks");  // what stands out in the plan
   const inspector = element("details", "distrun-inspector");
   const inspectorSummary = element("summary", "distrun-inspector-summary");
@@ -329,7 +331,7 @@ function render({ model, el }) {
   inspector.append(inspectorSummary, tableBox);
   inspector.open = held.ui.inspector;
   inspector.addEventListener("toggle", () => { held.ui.inspector = inspector.open; });
-  root.append(header, rankBar, pane, cause, stacks, checks, inspector);
+  root.append(header, rankBar, pane, cause, attempts, stacks, checks, inspector);
   el.appendChild(root);
 
   function colour(key) {
@@ -531,6 +533,13 @@ function render({ model, el }) {
     statusTable.replaceChildren(head, ...rows);
     cause.textContent = model.get("root_cause");
     cause.style.display = model.get("root_cause") ? "" : "none";
+    const attempt = model.get("attempt");
+    attemptChip.textContent = attempt;
+    attemptChip.style.display = attempt ? "" : "none";
+    const earlier = model.get("attempts") || [];
+    attemptChip.title = earlier.length ? `earlier:\n${earlier.join("\n")}` : "";
+    attempts.replaceChildren(...earlier.map((line) => element("li", "", line)));
+    attempts.style.display = earlier.length ? "" : "none";
     const notes = model.get("checks") || [];
     checks.replaceChildren(...notes.map((note) => element("li", "", note)));
     checks.style.display = notes.length ? "" : "none";
@@ -541,7 +550,7 @@ function render({ model, el }) {
   // Elapsed time: the kernel's figure, counted on in the browser while the job runs (no
   // clock of the browser's is compared with the kernel's).
   let since = { value: model.get("elapsed"), at: performance.now() };
-  const running = () => ["starting", "running"].includes(model.get("state"));
+  const running = () => ["starting", "running", "restarting"].includes(model.get("state"));
   function tickClock() {
     const extra = running() ? (performance.now() - since.at) / 1000 : 0;
     elapsed.textContent = clock(since.value + extra);
@@ -574,7 +583,8 @@ function render({ model, el }) {
 
   const view = { append, redraw, meters: drawMeters };
   held.views.add(view);
-  for (const name of ["processes", "state", "root_cause", "summary", "name", "checks"]) {
+  for (const name of ["processes", "state", "root_cause", "summary", "name", "checks", "attempt",
+    "attempts"]) {
     model.on(`change:${name}`, drawStatus);
   }
   model.on("change:stall", drawStall);

@@ -28,7 +28,7 @@ from traitlets import Dict, Float, Int, List, Unicode
 
 from jupyter_dist.describe import plan_rows
 from jupyter_dist.diagnose.stall import describe_stall
-from jupyter_dist.events import JobListener, JobResult, OutputLine, ProcessState
+from jupyter_dist.events import Attempt, JobListener, JobResult, OutputLine, ProcessState
 from jupyter_dist.plan.parity import describe, parity_notes
 from jupyter_dist.spec import JobSpec
 from jupyter_dist.store import JobRecord, JobStore
@@ -61,6 +61,10 @@ class LiveView(anywidget.AnyWidget):
     checks = List(Unicode()).tag(sync=True)  # what stands out in the plan (plan/parity.py)
     # The job looks stuck: [notice, grouped stacks one line per group...]; [] while it moves.
     stall = List(Unicode()).tag(sync=True)
+    # A job that starts again after a failure: "attempt 2 of 4" ("" on its first), and each
+    # earlier attempt's cause, one line each (events.Attempt.summary).
+    attempt = Unicode("").tag(sync=True)
+    attempts = List(Unicode()).tag(sync=True)
 
     def __init__(self, job, names: list[str] | None = None, **kwargs):
         """The view of `job`, or of its processes in `names` only."""
@@ -70,7 +74,9 @@ class LiveView(anywidget.AnyWidget):
         shown = [s for s in job.processes.values() if names is None or s.name in names]
         kwargs = {
             "name": job.name, "summary": job.summary, "checks": parity_notes(job.plan),
-            "processes": [self._row(state) for state in shown], **kwargs,
+            "processes": [self._row(state) for state in shown],
+            "attempt": attempt_caption(job.attempt, job.attempts_allowed),
+            "attempts": [attempt.summary() for attempt in job.attempts], **kwargs,
         }  # fmt: skip
         super().__init__(job_id=job.job_id, log_dir=str(job.record.logs_dir), **kwargs)
         self._job = job  # its start time, for the elapsed clock
@@ -97,6 +103,12 @@ class LiveView(anywidget.AnyWidget):
         stall = self.listener.take_stall()
         if stall is not None:
             self.stall = stall
+        restarted = self.listener.take_attempts()
+        if restarted:
+            number, of, _ = restarted[-1]
+            self.attempt = attempt_caption(number, of)
+            self.attempts = [*self.attempts, *(ended.summary() for _, _, ended in restarted)]
+            self.state, self.stall = "restarting", []
         started, ended = self._clock()
         due = force or result is not None or now - self._last_elapsed >= ELAPSED_INTERVAL_S
         if started and due:
@@ -108,7 +120,9 @@ class LiveView(anywidget.AnyWidget):
             for state in states:
                 by_name[state.name] = self._row(state)
             self.processes = list(by_name.values())
-            if self.state == "starting":
+            if self.state in ("starting", "restarting") and any(
+                state.state == "running" for state in states
+            ):
                 self.state = "running"
         if lines:
             self._recent.extend(lines)
@@ -158,7 +172,7 @@ class LiveView(anywidget.AnyWidget):
             self._job, names=[row["name"] for row in self.processes],
             **{name: getattr(self, name) for name in (
                 "name", "summary", "elapsed", "state", "processes", "root_cause",
-                "max_lines", "lines_total", "cell", "session", "checks",
+                "max_lines", "lines_total", "cell", "session", "checks", "attempt", "attempts",
             )},
         )  # fmt: skip
         self._job.remove_listener(copy.listener)  # it changes no more
@@ -203,6 +217,8 @@ class LiveView(anywidget.AnyWidget):
     def text(self) -> str:
         """The view as plain text: status per process, the last lines, the root cause."""
         rows = [self.heading()]
+        if self.attempt:
+            rows.append(f"{self.attempt}; earlier: " + "; ".join(self.attempts))
         for row in self.processes:
             exit_ = "" if row["exit"] is None else f" ({row['exit']})"
             rows.append(f"  {row['label']} on {row['node']}: {row['state']}{exit_}")
@@ -277,6 +293,11 @@ def follow_in_view(record: JobRecord, history: int = 0) -> LiveView:
     return view
 
 
+def attempt_caption(number: int, of: int) -> str:
+    """ "attempt 2 of 4" for a job that started again; "" for a first attempt."""
+    return f"attempt {number} of {of}" if number > 1 else ""
+
+
 class _Collector(JobListener):
     """What the job's threads report, held until the cell's thread takes it."""
 
@@ -286,6 +307,7 @@ class _Collector(JobListener):
         self._states: dict[str, ProcessState] = {}
         self._result: JobResult | None = None
         self._stall: list[str] | None = None  # the latest stall news, until taken
+        self._attempts: list[tuple[int, int, Attempt]] = []  # restarts not yet taken
 
     def on_lines(self, lines: list[OutputLine]) -> None:
         with self._lock:
@@ -304,6 +326,16 @@ class _Collector(JobListener):
     def on_stall(self, notice: str | None, summary: list[str]) -> None:
         with self._lock:
             self._stall = [] if notice is None else [notice, *summary]
+
+    def on_attempt(self, number: int, of: int, previous: Attempt) -> None:
+        with self._lock:
+            self._attempts.append((number, of, previous))
+
+    def take_attempts(self) -> list[tuple[int, int, Attempt]]:
+        """The restarts since the last call: (number, of, the attempt that failed)."""
+        with self._lock:
+            taken, self._attempts = self._attempts, []
+            return taken
 
     def take_stall(self) -> list[str] | None:
         """The stall news since the last call ([] once it moves again), or None."""

@@ -17,6 +17,8 @@ export interface IJobSummary {
   root_cause: string | null;
   message: string | null;
   stalled?: string | null; // "looks stuck: no rank printed or used CPU for 300 s"
+  attempt?: string | null; // "attempt 2 of 4" once a job started again after a failure
+  attempts?: string[]; // each earlier attempt's cause, one line each
 }
 
 export interface IProcessRow {

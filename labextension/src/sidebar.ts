@@ -239,6 +239,7 @@ export class DistrunSidebar extends Widget {
         { class: 'jp-distrun-job-head' },
         h('span', { class: `jp-distrun-state jp-distrun-state-${job.state}` }, job.state),
         h('span', { class: 'jp-distrun-job-name' }, job.name || job.type),
+        job.attempt ? h('span', { class: 'jp-distrun-muted jp-distrun-attempt' }, job.attempt) : null,
         h('span', { class: 'jp-distrun-muted' }, duration(job.started, job.ended))
       ),
       h('div', { class: 'jp-distrun-muted jp-distrun-job-id' }, `${job.job_id} · ${what}`),
@@ -246,9 +247,12 @@ export class DistrunSidebar extends Widget {
         ? h('div', { class: 'jp-distrun-stalled' }, `Looks stuck: ${job.stalled.replace(/^looks stuck: /, '')}`)
         : null,
       job.root_cause ? h('div', { class: 'jp-distrun-root-cause' }, job.root_cause) : null,
-      !job.root_cause && job.message && !running
+      !job.root_cause && job.message && (!running || job.state === 'restarting')
         ? h('div', { class: 'jp-distrun-muted' }, job.message)
         : null,
+      ...(job.attempts ?? []).map(line =>
+        h('div', { class: 'jp-distrun-muted jp-distrun-earlier-attempt' }, line)
+      ),
       h('div', { class: 'jp-distrun-job-buttons' }, ...buttons),
       this.stacksBox(job.job_id)
     );

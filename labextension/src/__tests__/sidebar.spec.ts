@@ -114,6 +114,30 @@ describe('DistrunSidebar stacks', () => {
     sidebar.dispose();
   });
 
+  it("shows a restarting job's attempt, why it waits and each earlier cause, with Cancel", async () => {
+    const restarting = {
+      ...job(1),
+      state: 'restarting',
+      ended: null,
+      message: 'attempt 1 failed; attempt 2 of 3 starts in 3 s',
+      attempt: 'attempt 2 of 3',
+      attempts: ['attempt 1 (4.2 s): rank 1 on local1 (127.0.0.1) was killed by SIGKILL']
+    };
+    const api = new DistrunApi(async () => ({ status: 200, body: [restarting, job(2)] }));
+    const sidebar = new DistrunSidebar({ api, openLogs: () => undefined });
+    await (sidebar as any).refreshJobs();
+    const row = sidebar.node.querySelector('[data-job-id="job-1"]') as HTMLElement;
+    expect(row.querySelector('.jp-distrun-attempt')?.textContent).toBe('attempt 2 of 3');
+    expect(row.textContent).toContain('attempt 2 of 3 starts in 3 s');
+    expect(
+      [...row.querySelectorAll('.jp-distrun-earlier-attempt')].map(e => e.textContent)
+    ).toEqual(['attempt 1 (4.2 s): rank 1 on local1 (127.0.0.1) was killed by SIGKILL']);
+    expect(row.querySelector('.jp-distrun-cancel')).not.toBeNull();
+    const other = sidebar.node.querySelector('[data-job-id="job-2"]') as HTMLElement;
+    expect(other.querySelector('.jp-distrun-attempt')).toBeNull();
+    sidebar.dispose();
+  });
+
   it('says in one line why stacks could not be read', async () => {
     const api = new DistrunApi(async path =>
       path.endsWith('/stacks')
