@@ -11,6 +11,11 @@
 3. Cold start: from the command to every rank running, `run --detach` (it returns then)
    against `run` (its 4 ranks have each said "started"), median of 3. Prints the ratio
    detached / attached. Goal: <= 1.0 plus the supervisor's own start (a Python's).
+4. Restart: a 2x2 job allowed one restart (no delay) whose rank 1 dies at once on its first
+   attempt; the time from its death (the time it printed last) to every rank of the second
+   attempt running, median of 3, against a cold launch of the same job: `run` (3., what a
+   user starts) and, stricter, `launch()` in this process (no interpreter to start). Prints
+   both ratios. Goal: restart / cold launch <= 1.2.
 """
 
 from __future__ import annotations
@@ -102,7 +107,7 @@ def idle_owner(folder: Path, store: str, seconds: float) -> None:
           f"%), attached run {attached:.2f} %")  # fmt: skip
 
 
-def cold_start(folder: Path, store: str) -> None:
+def cold_start(folder: Path, store: str) -> float:
     spec = folder / "sleeper.yml"
     spec.write_text(SLEEPER.format(seconds=30))
     detached, attached = [], []
@@ -130,6 +135,48 @@ def cold_start(folder: Path, store: str) -> None:
         f"cold start to every rank running: run --detach {d:.2f} s, run {a:.2f} s; "
         f"ratio {d / a:.2f}"
     )
+    return a
+
+
+RESTARTING = (
+    "command: >-\n"
+    "  if [ $RANK = 1 ] && [ $DISTRUN_RESTART_COUNT = 0 ];\n"
+    "  then python -c 'import time; print(time.time())'; exit 1; fi; sleep 30\n"
+    "resources: {instance_count: 2}\n"
+    "distribution: {type: pytorch, process_count_per_instance: 2}\n"
+    "limits: {max_restarts: 1, restart_delay: 0}\n"
+)
+
+
+def restart(folder: Path, store_root: str, cli_cold: float) -> None:
+    from jupyter_dist.run.launch import launch
+    from jupyter_dist.spec import parse_spec
+    from jupyter_dist.store import JobStore
+
+    store = JobStore(store_root)
+    spec = parse_spec(RESTARTING)
+    cold_spec = parse_spec(SLEEPER.format(seconds=30))
+    restarts, colds = [], []
+    for _ in range(3):
+        started = time.time()
+        job = launch(cold_spec, store=store)
+        colds.append(max(p.started for p in job.processes.values()) - started)
+        job.cancel()
+        job.wait()
+        job = launch(spec, store=store)
+        while job.attempt < 2 or job.state != "running" or job.attempts[-1] is None:
+            time.sleep(0.01)
+        while any(p.state != "running" for p in job.processes.values()):
+            time.sleep(0.01)
+        record = store.get(job.job_id)
+        died = float(next(record.iter_log("rank-1", "stdout")).text)
+        restarts.append(max(p.started for p in job.processes.values()) - died)
+        job.cancel()
+        job.wait()
+    r, c = statistics.median(restarts), statistics.median(colds)
+    print(f"restart, from a rank's death to every rank of the next attempt running: {r:.3f} s; "
+          f"ratio to a cold `run` ({cli_cold:.2f} s) {r / cli_cold:.2f} (goal <= 1.2); to "
+          f"launch() in process ({c:.3f} s) {r / c:.2f}")  # fmt: skip
 
 
 def main() -> None:
@@ -142,7 +189,7 @@ def main() -> None:
         store = str(folder / "jobs")
         attach(folder, store, args.lines)
         idle_owner(folder, store, args.idle)
-        cold_start(folder, store)
+        restart(folder, store, cold_start(folder, store))
 
 
 if __name__ == "__main__":

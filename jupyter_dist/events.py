@@ -194,6 +194,7 @@ class JobResult:
     started: float | None = None  # epoch seconds
     ended: float | None = None
     attempts: list[Attempt] = field(default_factory=list)  # the earlier ones, oldest first
+    replaced: list[str] = field(default_factory=list)  # "node2 in place of node1", per spare
 
     @property
     def ok(self) -> bool:
@@ -214,9 +215,11 @@ class JobResult:
         """The earlier attempts' causes as lines to append ("" when it ran once)."""
         if not self.attempts:
             return ""
-        return f"\nIt ran {len(self.attempts) + 1} times; before this one:\n" + "\n".join(
-            f"  {attempt.summary()}" for attempt in self.attempts
-        )
+        lines = [f"  {attempt.summary()}" for attempt in self.attempts]
+        if self.replaced:
+            lines.append(f"  Spares taken for nodes that could not be reached: "
+                         f"{', '.join(self.replaced)}")  # fmt: skip
+        return f"\nIt ran {len(self.attempts) + 1} times; before this one:\n" + "\n".join(lines)
 
 
 class JobListener:

@@ -343,6 +343,9 @@ def cmd_inspect(args: argparse.Namespace, store: JobStore) -> int:
     if attempts:
         print()
         print_table(attempts, list(attempts[0]), title="Attempts (limits.max_restarts)")
+        if status.get("replaced"):
+            print("Spares taken for nodes that could not be reached: "
+                  + ", ".join(map(str, status["replaced"])))  # fmt: skip
     meters = meter_rows(plan, record.usage())
     if meters:
         print()

@@ -133,8 +133,11 @@ def _keygen(path: Path, kind: str = "ed25519") -> None:
     netns.run("ssh-keygen", "-q", "-t", kind, "-N", "", "-f", str(path))
 
 
-def start(count: int, root: Path, use_namespaces: bool | None = None) -> SshNodes:
-    """Start `count` nodes; files go under `root`."""
+def start(
+    count: int, root: Path, use_namespaces: bool | None = None, tag: int | None = None
+) -> SshNodes:
+    """Start `count` nodes; files go under `root`. `tag` (default: from our pid) names
+    their namespaces, bridge and subnet: a second cluster beside the first needs its own."""
     root.mkdir(parents=True, exist_ok=True)
     Path("/run/sshd").mkdir(parents=True, exist_ok=True)
     cluster = SshNodes(root=root)
@@ -146,7 +149,7 @@ def start(count: int, root: Path, use_namespaces: bool | None = None) -> SshNode
     empty.write_text("")
     if use_namespaces is None:
         use_namespaces = namespaces_allowed()
-    tag = os.getpid() % 10000
+    tag = os.getpid() % 10000 if tag is None else tag
     subnet = f"10.{200 + tag % 50}.{tag % 250}"
     if use_namespaces:
         cluster.bridge = f"drbr{tag}"

@@ -257,3 +257,77 @@ def test_every_process_of_every_type_gets_the_restart_count():
             for proc in planned.processes:
                 assert proc.env["DISTRUN_RESTART_COUNT"] == str(count), (dist, proc.name)
                 assert proc.env["TORCHELASTIC_RESTART_COUNT"] == str(count)
+
+
+# -- a lost node ------------------------------------------------------------------------------
+
+
+@pytest.mark.slow
+def test_a_lost_ssh_node_is_replaced_by_a_spare_where_one_may_and_can(store, tmp_path):
+    """node1's links drop and its sshd stops: the attempt fails as a lost node, and the
+    next one runs on node0 and the spare node2, in node1's place (its node rank). A job
+    that names its nodes gets no spare, nor one whose spares are all down: each fails
+    saying why."""
+    import sshnodes
+
+    from jupyter_dist.run.launch import launch
+
+    cluster = sshnodes.start(3, tmp_path / "nodes", tag=(os.getpid() + 1) % 10000)
+    command = (
+        "echo on $(hostname) as node $DISTRUN_NODE_RANK attempt $DISTRUN_RESTART_COUNT; "
+        "sleep $([ $DISTRUN_RESTART_COUNT = 0 ] && echo 60 || echo 0.5)"
+    )
+
+    def run_losing(node_index: int, count: int, names: list[str] | None = None):
+        """The job on `count` nodes (or the named ones), once it runs on the node of
+        `node_index`, loses that node; its result."""
+        body = (
+            f"command: {json.dumps(command)}\nresources: {{instance_count: {count}}}\n"
+            "distribution: {type: pytorch}\nlimits: {max_restarts: 1, restart_delay: 0}\n"
+            + (f"nodes: {json.dumps(names)}\n" if names else "")
+        )
+        inventory = cluster.load_inventory(tmp_path)
+        job = launch(parse_spec(body), store=store, inventory=inventory, grace_period=2)
+        node = cluster.nodes[node_index]
+        _wait_for(lambda: set(cluster.pids(node)) & set(cluster.job_processes(job.job_id)),
+                  what=f"the ranks on {node.name}")  # fmt: skip
+        cluster.drop_sessions(node)
+        cluster.stop_sshd(node)
+        result = job.wait(120)
+        assert result is not None
+        _wait_for(lambda: not cluster.job_processes(job.job_id), 15, "the job's end")
+        return job, result
+
+    try:
+        job, result = run_losing(1, 2)
+        assert result.state == "succeeded", result.describe()
+        assert result.replaced == ["node2 in place of node1"]
+        (first,) = result.attempts
+        assert first.root_cause.node == "node1"
+        record = store.get(job.job_id)
+        second = [text for _, key, _, text in record.read_logs(record.log_keys(), attempt=2)]
+        assert sorted(second) == ["on node0 as node 0 attempt 1", "on node2 as node 1 attempt 1"]
+        assert [n["name"] for n in record.plan()["nodes"]] == ["node0", "node2"]
+        assert "It ran 2 times" in result.describe()
+        assert "node2 in place of node1" in result.describe()
+
+        # Named nodes: node2 is lost, and no spare may take its place.
+        _, result = run_losing(2, 2, ["node0", "node2"])
+        assert result.state == "failed" and result.replaced == []
+        assert result.message.startswith(
+            "attempt 2 could not start: a node cannot be reached (node2: "
+        ) and result.message.endswith(
+            "and the job names its nodes, so no spare may take its place; bring it back, or "
+            "ask for nodes by count"
+        )
+
+        # By count, but every spare is down too.
+        _, result = run_losing(0, 1)
+        assert result.state == "failed"
+        assert result.message.startswith("attempt 2 could not start: a node cannot be reached")
+        assert result.message.endswith(
+            "and no healthy spare is left in the inventory to take its place (tried: node1, node2)"
+        )
+    finally:
+        leftovers = sshnodes.stop(cluster)
+    assert leftovers == []

@@ -18,6 +18,10 @@ and a backend may rely on that order:
     backend.sweep(job_id, node_names)           # last: nothing of the job survives
     backend.release()                           # give back what acquire took
 
+A job that starts again after a failure (run/job.Restarts) keeps its nodes and goes back to
+`health` and `preflight` before the next attempt: a node that cannot be reached is replaced by
+one of `spares` where the job asked for nodes by count; then on from `choose_ports`.
+
 Outside a job, `health(nodes)` checks nodes for `jupyter distrun nodes` and the sidebar, and
 `trust(node)` records a node's identity (an SSH host key) for `nodes --trust`.
 
@@ -200,6 +204,13 @@ class Backend(ABC):
                     NodeHealth(node.name, node.host, None, "unreachable", problem=str(exc))
                 )
         return found
+
+    def spares(self, inventory: Inventory) -> list[Node]:
+        """Nodes that may replace a job's node that cannot be reached when the job starts
+        again after a failure (one it asked for by count only): by default the inventory's
+        (where `acquire` takes them from); none for local nodes, which are never lost, and
+        none for a backend whose nodes are allocated to the job."""
+        return [] if inventory.is_local else list(inventory.nodes)
 
     def trust(self, node: Node) -> str:
         """Record the node's identity so that later connections accept it (an SSH host key

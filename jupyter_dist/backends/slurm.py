@@ -186,6 +186,10 @@ class SlurmBackend(LocalBackend):
     def preflight(self, nodes: list[Node]) -> list[Node]:
         return nodes  # acquire asked Slurm; a step that cannot start says why in confirm
 
+    def spares(self, inventory: Inventory) -> list[Node]:
+        """None: the allocation's nodes are the job's, and a restart runs in it again."""
+        return []
+
     def release(self) -> None:
         """Give back the allocation this backend asked for (none it found). Idempotent."""
         if self.allocated:

@@ -803,8 +803,10 @@ class Agent:
         if grace > 0:
             live = self.tree.terminate()
             deadline = time.monotonic() + grace
+            pause = 0.005  # most trees end at once: look again soon, then every 50 ms
             while time.monotonic() < deadline and live:
-                time.sleep(0.05)
+                time.sleep(pause)
+                pause = min(pause * 2, 0.05)
                 live = self.tree.terminate()
         self.tree.kill()
         self.stopped.set()

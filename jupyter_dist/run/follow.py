@@ -24,6 +24,7 @@ from datetime import datetime
 from typing import Any
 
 from jupyter_dist.diagnose.meters import Meters
+from jupyter_dist.errors import DistrunError
 from jupyter_dist.events import (
     Attempt,
     JobListener,
@@ -106,6 +107,7 @@ class Follower:
             store_path=str(self.record.path), message=message,
             started=status.get("started"), ended=status.get("ended"),
             attempts=attempts_of(status),
+            replaced=[str(text) for text in status.get("replaced") or []],
         )  # fmt: skip
 
     def _lines(self, key: str, lines: list[dict[str, str]]) -> list[OutputLine]:
@@ -155,6 +157,7 @@ class FollowedJob(Listened):
         self.started, self.ended = status.get("started"), status.get("ended")
         self.attempts = attempts_of(status)
         self.attempt = len(self.attempts) + 1
+        self._attempt_started = status.get("attempt_started")
         allowed = status.get("attempts_allowed")
         self.attempts_allowed = allowed if isinstance(allowed, int) else self.attempt
         self.meters = Meters()
@@ -193,6 +196,10 @@ class FollowedJob(Listened):
             self.attempts.append(previous)
             self.attempt, self.attempts_allowed = number, of
             self._emit("on_attempt", number, of, previous)
+        if status.get("attempt_started") != self._attempt_started:  # a new attempt runs
+            self._attempt_started = status.get("attempt_started")
+            with contextlib.suppress(DistrunError):  # written before it started
+                self.plan = LaunchPlan.from_dict(self.record.plan())
         for state in processes_of(status):
             if state != self.processes.get(state.name):
                 self.processes[state.name] = state

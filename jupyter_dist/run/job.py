@@ -54,12 +54,13 @@ RESTART_DELAY_S = 3.0  # between a failed attempt's end and the next one's start
 @dataclass(frozen=True)
 class Restarts:
     """How a failed job starts again: at most `limit` times, `delay` seconds after the
-    failed attempt ended, with the plan `replan(restart_count)` gives (restart_count: 1 for
-    the second attempt); a replan that raises ends the job, failed, saying why."""
+    failed attempt ended, with the plan and nodes `replan(nodes, restart_count)` gives for
+    the job's current nodes (restart_count: 1 for the second attempt; a node may have been
+    replaced by a spare); a replan that raises ends the job, failed, saying why."""
 
     limit: int
     delay: float
-    replan: Callable[[int], LaunchPlan]
+    replan: Callable[[list[Node], int], tuple[LaunchPlan, list[Node]]]
 
 
 class Job(Listened):
@@ -111,6 +112,7 @@ class Job(Listened):
         # The final state a stop asked for while processes started or the job restarted
         # (a process that has not reported its start cannot be stopped yet).
         self._pending_stop: str | None = None
+        self.replaced: list[str] = []  # "node2 in place of node1", for each spare taken
         self.state = "pending"
         self.created = time.time()
         self.started: float | None = None
@@ -545,6 +547,7 @@ class Job(Listened):
             started=self.started,
             ended=self.ended,
             attempts=list(self.attempts),
+            replaced=list(self.replaced),
         )
         self._write_status()
         with self._emit_lock:
@@ -603,7 +606,9 @@ class Job(Listened):
         next_plan, failure = None, None
         if not self._restart_wake.is_set():
             try:
-                next_plan = self._restarts.replan(self.attempt - 1)
+                next_plan, nodes = self._restarts.replan(
+                    [self._nodes[n["name"]] for n in self.plan.nodes], self.attempt - 1
+                )
             except Exception as exc:  # an unreachable node, no free port: the job ends
                 failure = f"attempt {self.attempt} could not start: {exc or type(exc).__name__}"
         with self._state_lock:
@@ -613,7 +618,7 @@ class Job(Listened):
                 self._message = failure or self._message
                 next_plan = None
             else:
-                self._begin_attempt(next_plan)
+                self._begin_attempt(next_plan, nodes)
         if next_plan is None:
             self._finish_when_all_gone()
             return
@@ -627,8 +632,15 @@ class Job(Listened):
         with contextlib.suppress(Exception):  # it says why, and the job has ended
             self._start_attempt()
 
-    def _begin_attempt(self, next_plan: LaunchPlan) -> None:
-        """Forget the failed attempt's processes and take the next plan (state lock held)."""
+    def _begin_attempt(self, next_plan: LaunchPlan, nodes: list[Node]) -> None:
+        """Forget the failed attempt's processes and take the next plan and its nodes
+        (state lock held)."""
+        self.replaced += [
+            f"{new['name']} in place of {old['name']}"
+            for old, new in zip(self.plan.nodes, next_plan.nodes, strict=True)
+            if old["name"] != new["name"]
+        ]
+        self._nodes = {node.name: node for node in nodes}
         self.plan = next_plan
         self.processes = _process_states(next_plan)
         self._handles, self._readers = {}, {}
@@ -675,6 +687,7 @@ class Job(Listened):
                 "attempt_started": self._attempt_started,
                 "attempts_allowed": self.attempts_allowed,
                 "attempts": [attempt.to_dict() for attempt in self.attempts],
+                "replaced": self.replaced,
                 **owner_fields(),
                 "processes": {n: s.to_dict() for n, s in self.processes.items()},
                 "root_cause": self._root_cause.to_dict() if self._root_cause else None,

@@ -15,7 +15,7 @@ from jupyter_dist import node_side
 from jupyter_dist.backends import Backend, choose_backend
 from jupyter_dist.code_folder import read_code_folder
 from jupyter_dist.diagnose.stall import DEFAULT_STALL_TIMEOUT_S
-from jupyter_dist.errors import SpecError
+from jupyter_dist.errors import NodeError, SpecError
 from jupyter_dist.events import JobListener, JobResult
 from jupyter_dist.node_side.agent import HOOK_FOLDER
 from jupyter_dist.nodes import Inventory, Node
@@ -100,12 +100,48 @@ def plan_attempt(
 
 
 def _replan(
-    spec: JobSpec, nodes: list[Node], chosen: Backend, job_id: str,
-    extra_files: Mapping[str, str] | None, restart_count: int,
-) -> LaunchPlan:  # fmt: skip
-    """The plan of a later attempt: its nodes checked again (one lost since is named)."""
-    nodes = chosen.preflight(nodes)
-    return plan_attempt(spec, nodes, chosen, job_id, extra_files, restart_count=restart_count)
+    spec: JobSpec, chosen: Backend, inventory: Inventory, job_id: str,
+    extra_files: Mapping[str, str] | None, nodes: list[Node], restart_count: int,
+) -> tuple[LaunchPlan, list[Node]]:  # fmt: skip
+    """A later attempt's plan and nodes: the nodes checked again, one that cannot be
+    reached replaced by a spare (`replace_lost`)."""
+    nodes = chosen.preflight(replace_lost(spec, chosen, inventory, nodes))
+    launch_plan = plan_attempt(
+        spec, nodes, chosen, job_id, extra_files, restart_count=restart_count
+    )
+    return launch_plan, nodes
+
+
+def replace_lost(
+    spec: JobSpec, chosen: Backend, inventory: Inventory, nodes: list[Node]
+) -> list[Node]:
+    """`nodes`, each that cannot be reached now replaced, in its place (its node rank), by
+    a healthy spare of the backend's (Backend.spares) that the job does not use. NodeError
+    saying which node and why where the job names its nodes, or too few spares answer."""
+    health = chosen.health(nodes)
+    lost = [index for index, found in enumerate(health) if found.status != "ok"]
+    if not lost:
+        return nodes
+    said = "; ".join(f"{health[i].name}: {health[i].problem or 'unreachable'}" for i in lost)
+    if spec.nodes:
+        raise NodeError(
+            f"a node cannot be reached ({said}), and the job names its nodes, so no spare "
+            "may take its place; bring it back, or ask for nodes by count"
+        )
+    in_use = {node.name for node in nodes}
+    candidates = [node for node in chosen.spares(inventory) if node.name not in in_use]
+    found = chosen.health(candidates) if candidates else []
+    healthy = [node for node, h in zip(candidates, found, strict=True) if h.status == "ok"]
+    if len(healthy) < len(lost):
+        tried = f" (tried: {', '.join(node.name for node in candidates)})" if candidates else ""
+        raise NodeError(
+            f"a node cannot be reached ({said}), and no healthy spare is left in the "
+            f"inventory to take its place{tried}"
+        )
+    replaced = list(nodes)
+    for index, spare in zip(lost, healthy, strict=False):
+        replaced[index] = spare
+    return replaced
 
 
 def dry_run(
@@ -168,8 +204,8 @@ def prepare_job(
         stall_timeout=_first(spec.stall_timeout, DEFAULT_STALL_TIMEOUT_S),
         restarts=Restarts(
             spec.max_restarts, _first(spec.restart_delay, RESTART_DELAY_S),
-            functools.partial(_replan, _gpus_as_default(spec, nodes), nodes, chosen,
-                              launch_plan.job_id, extra_files),
+            functools.partial(_replan, _gpus_as_default(spec, nodes), chosen,
+                              inventory or Inventory(), launch_plan.job_id, extra_files),
         ) if spec.max_restarts else None,
     )  # fmt: skip
     job.add_listener(ReleaseClaims(claims, job.job_id))

@@ -68,9 +68,9 @@ class LiveView(anywidget.AnyWidget):
 
     def __init__(self, job, names: list[str] | None = None, **kwargs):
         """The view of `job`, or of its processes in `names` only."""
-        # Who is who (ranks, master, role, TF_CONFIG) is fixed by the plan; states change.
-        self._who = {row["process"]: row for row in plan_rows(job.plan)}
-        self._keys = {p.name: p.log_keys for p in job.plan.processes}
+        # Who is who (ranks, master, role, TF_CONFIG) is fixed by the plan (an attempt's:
+        # a restart plans anew); states change.
+        self._take_plan(job.plan)
         shown = [s for s in job.processes.values() if names is None or s.name in names]
         kwargs = {
             "name": job.name, "summary": job.summary, "checks": parity_notes(job.plan),
@@ -94,11 +94,18 @@ class LiveView(anywidget.AnyWidget):
         self.meters_sent: deque[dict] = deque(maxlen=600)  # the readings sent, for checks
         self.on_msg(self._on_message)
 
+    def _take_plan(self, plan) -> None:
+        self._plan = plan
+        self._who = {row["process"]: row for row in plan_rows(plan)}
+        self._keys = {p.name: p.log_keys for p in plan.processes}
+
     def tick(self, force: bool = False) -> None:
         """Send what came since the last tick (call from the cell's thread)."""
         now = time.monotonic()
         if not force and now - self._last_send < MIN_INTERVAL_S:
             return
+        if self._job.plan is not self._plan:  # a new attempt's: its ports, perhaps nodes
+            self._take_plan(self._job.plan)
         lines, states, result = self.listener.take()
         stall = self.listener.take_stall()
         if stall is not None:
