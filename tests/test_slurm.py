@@ -388,6 +388,42 @@ def test_outside_an_allocation_one_is_asked_for_used_and_given_back(slurm_cluste
     assert slurm_cluster.jobs() == []  # given back when the job ended
 
 
+def test_a_restart_runs_in_the_same_allocation_and_gives_it_back_at_the_end(
+    slurm_cluster, store, tmp_path
+):
+    """A job that asked for its allocation fails once and starts again in it: both attempts'
+    ranks run in the one Slurm job, on its nodes, which is given back once the job ends."""
+    spec = _spec(
+        tmp_path,
+        """\
+        command: >-
+          echo "rank $RANK attempt $DISTRUN_RESTART_COUNT on $(hostname) in job $SLURM_JOB_ID";
+          [ $RANK != 3 ] || [ $DISTRUN_RESTART_COUNT = 1 ]
+        resources: {instance_count: 2}
+        distribution: {type: pytorch, process_count_per_instance: 2}
+        limits: {max_restarts: 1, restart_delay: 0}
+    """,
+    )
+    done = run_cli(
+        "run", str(spec), "--backend", "slurm", "--partition", "debug", "--time", "00:05:00",
+        store=store, env=slurm_cluster.env, timeout=120,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert "\u2500\u2500 attempt 2 of 2 \u2500\u2500" in done.stderr
+    assert "rank 3 on sln2" in done.stderr  # the first attempt's cause
+    jobs = set(re.findall(r"in job (\d+)", done.stdout))
+    assert len(jobs) == 1  # both attempts in the one allocation
+    for attempt in (0, 1):
+        for rank in range(4):
+            assert f"rank {rank} attempt {attempt} on sln{rank // 2 + 1} in job" in done.stdout
+    assert slurm_cluster.jobs() == []  # given back when the job ended
+    deadline = time.monotonic() + 30  # Slurm ends steps asynchronously
+    while any(slurm_cluster.pids(n) for n in slurm_cluster.nodes) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    left = {n.name: _described(slurm_cluster.pids(n)) for n in slurm_cluster.nodes}
+    assert not any(left.values()), left
+
+
 def test_a_detached_jobs_allocation_never_outlives_its_supervisor(slurm_cluster, store, tmp_path):
     """A detached job asks for its allocation from its supervisor, which holds it (salloc
     runs HOLDER while it lives). A detached job that ends gives it back; so does a killed

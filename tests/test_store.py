@@ -53,8 +53,9 @@ def test_the_store_is_private_whatever_the_umask(store):
 def test_every_feature_keeps_the_store_private(kernel_env):
     """Jobs of every kind and feature on local nodes, whose job folders are the store's: a
     cell with -o, a session with -i/-o, stacks of a hung job through the startup hook
-    (pyhook/, stacks/), an MPI job (its hostfile), a Dask job. Then nothing in the whole
-    store is open to the group or others (pyhook/ and stacks/ were 0755 with 0644 files)."""
+    (pyhook/, stacks/), an MPI job (its hostfile), a Dask job, a job that started again
+    (its plan rewritten, its logs marked). Then nothing in the whole store is open to the
+    group or others (pyhook/ and stacks/ were 0755 with 0644 files)."""
     from helpers import DASK_JOB, HANG_SCRIPT, execute_notebook, not_private
 
     from jupyter_dist.run.launch import launch
@@ -100,16 +101,21 @@ def test_every_feature_keeps_the_store_private(kernel_env):
             "command: 'true'\nresources: {instance_count: 2}\n"
             "distribution: {type: pytorch, process_count_per_instance: 2, launcher: torchrun}\n"
         )
-        for spec in (mpi, parse_spec(DASK_JOB), torchrun):
+        restarted = parse_spec(  # fails once, then succeeds: a second attempt's files
+            "command: '[ $RANK = 0 ] || [ $DISTRUN_RESTART_COUNT = 1 ]'\n"
+            "resources: {instance_count: 2}\nlimits: {max_restarts: 1, restart_delay: 0}\n"
+        )
+        for spec in (mpi, parse_spec(DASK_JOB), torchrun, restarted):
             result = run(spec, store=store, grace_period=1)
             assert result.ok, result.describe()
+        assert len(result.attempts) == 1  # the last one started again
     finally:
         os.umask(old)
     from jupyter_dist.run.requests import wait_until_ended
 
-    assert [wait_until_ended(record, 60) for record in store.jobs()].count("succeeded") >= 6
+    assert [wait_until_ended(record, 60) for record in store.jobs()].count("succeeded") >= 7
     jobs = [record.path for record in store.jobs()]
-    assert len(jobs) == 8, jobs
+    assert len(jobs) == 9, jobs
     made = {p.name for job in jobs for p in job.rglob("*")}
     assert {
         "pyhook",
