@@ -217,7 +217,9 @@ class DistrunMagics(Magics):
         `%distrun inspect [JOB]`, `%distrun stacks [JOB]` (every rank's Python stack, of a
         running job or session), `%distrun cancel JOB`, `%distrun attach [JOB]` (follow a
         job from anywhere; an interrupt detaches), `%distrun nodes`,
-        `%distrun run SPEC.yml`, `%distrun form`, `%distrun dask start|stop`.
+        `%distrun run SPEC.yml`, `%distrun form`, `%distrun dask start|stop`,
+        `%distrun session start|stop|attach` (warm ranks; `--detach`: they outlive the
+        kernel, and `attach` reaches them from a new one).
 
         `--export FORMAT` writes the cell and its options for another scheduler (sbatch,
         kubeflow, jobset, skypilot, azureml) instead of running it.
@@ -330,6 +332,7 @@ class DistrunMagics(Magics):
 
     def _session_command(self, words: list[str]) -> None:
         """`%distrun session start [OPTIONS]`, `%distrun session stop [NAME]`,
+        `%distrun session attach [NAME|JOB]` (a detached session, from any kernel),
         `%distrun session` (what is open)."""
         action, rest = (words[0], words[1:]) if words else ("status", [])
         if action == "start":
@@ -338,10 +341,14 @@ class DistrunMagics(Magics):
         if action == "status" and not rest:
             self._print_sessions()
             return
+        if action == "attach" and len(rest) <= 1:
+            self._attach_session(rest[0] if rest else None)
+            return
         if action != "stop" or len(rest) > 1:
             raise _user_error(
                 "%distrun session: use `%distrun session start [OPTIONS]`, `%distrun session "
-                "stop [NAME]` or `%distrun session` (what is open)"
+                "stop [NAME]`, `%distrun session attach [NAME]` or `%distrun session` (what "
+                "is open)"
             )
         alive = {name: s for name, s in self.sessions.items() if s.alive}
         if rest and rest[0] not in alive:
@@ -368,13 +375,11 @@ class DistrunMagics(Magics):
                             ("--dry-run", args.dry_run), ("--new", args.new)):  # fmt: skip
             if value:
                 raise SpecError(f"{flag} applies to a cell, not to %distrun session start")
-        if args.detach:
-            raise SpecError(
-                "--detach applies to a job's cell; a session lives in this kernel (it stops "
-                "with it)"
-            )
         self._configured_defaults(args)
         spec = LaunchOptions.take(args, declared_options()).to_spec("", base_dir=os.getcwd())
+        if args.detach:
+            self._start_detached_session(spec, name, args.nodes_file or self.nodes_file or None)
+            return
         inventory = load_inventory(args.nodes_file or self.nodes_file or None)
         printer = QueuedPrinter()
         started = time.monotonic()
@@ -386,20 +391,54 @@ class DistrunMagics(Magics):
               f"{session.job.job_id}): {session.job.summary}; a bare %%distrun cell runs "
               "in it.", flush=True)  # fmt: skip
 
+    def _start_detached_session(self, spec: JobSpec, name: str, nodes_file: str | None) -> None:
+        """A session whose ranks outlive this kernel: a supervisor holds it
+        (run/detached_session.py); this kernel, or a later one, sends it cells."""
+        from jupyter_dist.run.detached_session import RemoteSession
+        from jupyter_dist.run.supervisor import detach
+
+        started = time.monotonic()
+        store = JobStore()
+        detached = detach(spec, store=store, cwd=os.getcwd(), nodes_file=nodes_file,
+                          session=name)  # fmt: skip
+        session = self.sessions[name] = RemoteSession(store.get(detached.job_id))
+        DistrunMagics.last_job_id = detached.job_id
+        print(f"Session {name} ready in {time.monotonic() - started:.1f} s (job "
+              f"{detached.job_id}): {detached.summary}; a bare %%distrun cell runs in it. "
+              f"Detached: its ranks outlive this kernel; from a new one, %distrun session "
+              f"attach {session.name}.", flush=True)  # fmt: skip
+
+    def _attach_session(self, which: str | None) -> None:
+        """`%distrun session attach [NAME|JOB]`: a detached session, open in this kernel."""
+        from jupyter_dist.run.detached_session import RemoteSession
+
+        session = RemoteSession.find(JobStore(), which)
+        self.sessions.pop(session.name, None)
+        self.sessions[session.name] = session  # the latest: bare cells run in it
+        DistrunMagics.last_job_id = session.record.job_id
+        print(f"Session {session.name} attached (job {session.record.job_id}): "
+              f"{session.job.summary}, {session.cells_run} cells run; a bare %%distrun cell "
+              "runs in it.")  # fmt: skip
+
     def _print_sessions(self) -> None:
         alive = [s for s in self.sessions.values() if s.alive]
         if not alive:
             print("No session is open (start one with %distrun session start).")
         for session in alive:
             up = time.time() - session.started
+            detached = ", detached" if getattr(session, "detached", False) else ""
             print(f"{session.name}: {session.job.summary}, job {session.job.job_id}, "
-                  f"up {up:.0f} s, {session.cells_run} cells run")  # fmt: skip
+                  f"up {up:.0f} s, {session.cells_run} cells run{detached}")  # fmt: skip
             print(f"  memory (each rank's, after its last cell): {session.memory_text()}")
 
     def _run_in_session(self, session: Session, cell: str, args: Any) -> None:
         """The cell on the session's ranks (all, or --ranks), its lines printed as they
         come, with -i values set first and -o values brought back."""
         outs = _outs(args)
+        if outs and getattr(session, "detached", False):
+            from jupyter_dist.run.detached_session import OUT_REFUSED
+
+            raise SpecError(OUT_REFUSED)  # before its view shows
         ranks = None
         if args.ranks:
             try:

@@ -53,8 +53,10 @@ def attempt_marker(attempt: int) -> str:
     return f"\u2500\u2500 attempt {attempt} \u2500\u2500"
 
 
-def is_attempt_marker(text: str) -> bool:
-    return _ATTEMPT_MARKER.fullmatch(text) is not None
+def is_marker(text: str) -> bool:
+    """Whether a stored stdout line is one of ours (a cell's or an attempt's marker), not
+    a process's."""
+    return (_ATTEMPT_MARKER.fullmatch(text) or _CELL_MARKER.fullmatch(text)) is not None
 
 
 class UnknownJob(DistrunError):

@@ -14,7 +14,14 @@ import time
 from pathlib import Path
 
 import pytest
-from helpers import execute_notebook, job_processes, not_private, run_cli, running_kernel
+from helpers import (
+    execute_notebook,
+    interrupt_and_reply,
+    job_processes,
+    not_private,
+    run_cli,
+    running_kernel,
+)
 
 from jupyter_dist.run.requests import wait_until_ended
 from jupyter_dist.store import JobStore
@@ -151,15 +158,72 @@ def test_a_detached_cell_outlives_its_kernel_with_every_line(kernel_env):
 def test_detach_refuses_what_needs_the_kernel(kernel_env):
     nb = execute_notebook(
         "%%distrun --detach -o x\nx = 1",
-        "%distrun session start --detach",
         "%%distrun --detach --type dask\n",
+        "%distrun session attach",
         allow_errors=True,
     )
     errors = [c.outputs[0].get("evalue", "") for c in nb.cells[1:]]
     assert errors[0].startswith("--out needs the cell to wait for the job's end")
-    assert errors[1].startswith("--detach applies to a job's cell; a session lives")
-    assert errors[2].startswith("--detach applies to a job; an interactive Dask cluster")
+    assert errors[1].startswith("--detach applies to a job; an interactive Dask cluster")
+    assert errors[2] == (
+        "no detached session is open (none is; start one with %distrun session start --detach)"
+    )
     assert JobStore(kernel_env).jobs() == []
+
+
+def test_a_detached_session_keeps_its_ranks_variables_across_a_kernel_restart(kernel_env):
+    """`%distrun session start --detach`: its ranks live in a supervisor. A variable set
+    by a cell is still there after the kernel restarts and `%distrun session attach`; a
+    failing cell fails on its ranks only; -o is refused in one line; `%distrun session
+    stop` ends it, and nothing of it is left."""
+    store = JobStore(kernel_env)
+
+    def run(kc, code: str) -> tuple[str, dict]:
+        out: list[str] = []
+
+        def take(msg):
+            if msg["msg_type"] == "stream":
+                out.append(msg["content"]["text"])
+            elif msg["msg_type"] == "error":
+                out.append(msg["content"]["evalue"])
+
+        reply = kc.execute_interactive(code, timeout=120, output_hook=take)
+        return "".join(out), reply["content"]
+
+    with running_kernel() as (km, kc):
+        said, reply = run(kc, "%distrun session start --detach --nodes 2 --name warm")
+        assert reply["status"] == "ok", said
+        assert "Session warm ready" in said and "%distrun session attach warm" in said
+        said, reply = run(kc, "%%distrun\nimport os\nx = 40 + int(os.environ['RANK'])\n"
+                              "print('set', x)")  # fmt: skip
+        assert reply["status"] == "ok" and "[rank 1] set 41" in said, said
+        (record,) = store.jobs()
+        supervisor = record.status()["owner_pid"]
+        km.restart_kernel(now=True)  # the kernel goes; the session's ranks do not
+        kc.execute_interactive("%load_ext jupyter_dist", timeout=60)
+        said, reply = run(kc, "%distrun session attach warm")
+        assert reply["status"] == "ok" and "Session warm attached" in said, said
+        assert "1 cells run" in said
+        said, reply = run(kc, "%%distrun\nprint('x is', x)")
+        assert reply["status"] == "ok", said
+        assert "[rank 0] x is 40" in said and "[rank 1] x is 41" in said
+        said, reply = run(kc, "%%distrun\nimport os\nif os.environ['RANK'] == '1':\n"
+                              "    raise ValueError('only rank 1')")  # fmt: skip
+        assert reply["status"] == "error" and "rank 1: ValueError: only rank 1" in said, said
+        said, reply = run(kc, "%%distrun -o x\nx")
+        assert reply["status"] == "error"
+        assert said.startswith("-o/--out: a detached session's values stay on its ranks")
+        said, reply = run(kc, "%distrun session")
+        assert "warm: 2 ranks on 2 nodes" in said and "3 cells run, detached" in said, said
+        said, reply = run(kc, "%distrun session stop")
+        assert reply["status"] == "ok" and "Session warm stopped" in said, said
+    assert wait_until_ended(record, 30) == "succeeded"
+    deadline = time.monotonic() + 15
+    while os.path.exists(f"/proc/{supervisor}") and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert not os.path.exists(f"/proc/{supervisor}")
+    assert job_processes(record.job_id) == []
+    assert not_private(store.root) == []
 
 
 def test_the_forms_keep_running_box_detaches_the_job(kernel_env):
@@ -199,3 +263,48 @@ def test_a_detached_cells_live_view_follows_the_job_while_the_kernel_is_free(ker
     assert said[0] == "running"
     assert said[1] == "succeeded 80 ['succeeded']"  # every line, each rank's end
     assert nb.cells[6].outputs[-1]["text"].strip() == "succeeded 5"
+
+
+def test_a_detached_sessions_cell_has_its_view_and_an_interrupt_stops_only_that_cell(
+    kernel_env,
+):
+    """Under the live view a detached session's cell has its view (its lines, followed
+    from the store); the kernel's interrupt reaches the cell's ranks through the
+    supervisor, and the session lives on."""
+    store = JobStore(kernel_env)
+    with running_kernel() as (km, kc):
+        kc.execute_interactive("%config DistrunMagics.view = 'widget'", timeout=60)
+        reply = kc.execute_interactive("%distrun session start --detach --nodes 2", timeout=120)
+        assert reply["content"]["status"] == "ok"
+        reply = kc.execute_interactive("%%distrun\nprint('in view', flush=True)", timeout=60)
+        assert reply["content"]["status"] == "ok"
+        shown: list[str] = []
+        kc.execute_interactive(
+            "from jupyter_dist.widgets.live import LiveView\nv = LiveView.last\n"
+            "print(v.state, v.lines_total, v.cell, sorted(p['state'] for p in v.processes))",
+            timeout=60, output_hook=lambda m: shown.append(m["content"].get("text", "")),
+        )  # fmt: skip
+        assert "".join(shown).strip() == "succeeded 2 1 ['succeeded', 'succeeded']"
+        msg_id = kc.execute(
+            "%%distrun\nimport time\nprint('sleeping', flush=True)\ntime.sleep(120)"
+        )
+        deadline = time.monotonic() + 60
+        (record,) = store.jobs()
+        while time.monotonic() < deadline and not any(
+            line.text == "sleeping" for line in record.iter_log("rank-1", "stdout")
+        ):
+            time.sleep(0.1)
+        reply = interrupt_and_reply(km, kc, msg_id)
+        assert reply["content"]["ename"] == "KeyboardInterrupt"
+        shown.clear()
+        reply = kc.execute_interactive(
+            "%%distrun\nprint('still here')", timeout=60,
+            output_hook=lambda m: shown.append(str(m["content"])),
+        )  # fmt: skip
+        assert reply["content"]["status"] == "ok"
+        assert record.status()["state"] == "running"
+        kc.execute_interactive("%distrun session stop", timeout=60)
+    assert wait_until_ended(record, 30) == "succeeded"
+    said = [line.text for line in record.iter_log("rank-0", "stdout")]
+    assert "still here" in said
+    assert job_processes(record.job_id) == []

@@ -54,8 +54,8 @@ def test_every_feature_keeps_the_store_private(kernel_env):
     """Jobs of every kind and feature on local nodes, whose job folders are the store's: a
     cell with -o, a session with -i/-o, stacks of a hung job through the startup hook
     (pyhook/, stacks/), an MPI job (its hostfile), a Dask job, a job that started again
-    (its plan rewritten, its logs marked). Then nothing in the whole store is open to the
-    group or others (pyhook/ and stacks/ were 0755 with 0644 files)."""
+    (its plan rewritten, its logs marked), a detached session. Then nothing in the whole
+    store is open to the group or others (pyhook/ and stacks/ were 0755 with 0644 files)."""
     from helpers import DASK_JOB, HANG_SCRIPT, execute_notebook, not_private
 
     from jupyter_dist.run.launch import launch
@@ -72,6 +72,9 @@ def test_every_feature_keeps_the_store_private(kernel_env):
             "print(client.submit(lambda: 6 * 7).result())",
             "%distrun dask stop",
             "%%distrun --detach --nodes 2\nprint('detached')",  # its supervisor's log too
+            "%distrun session start --detach --nodes 1 --name kept",  # its session/ folder
+            "%%distrun\nprint('in a detached session')",
+            "%distrun session stop kept",
         )
         assert nb.cells[7].outputs[0]["text"] == "42\n"  # the cluster served its client
         store = JobStore(kernel_env)
@@ -113,9 +116,9 @@ def test_every_feature_keeps_the_store_private(kernel_env):
         os.umask(old)
     from jupyter_dist.run.requests import wait_until_ended
 
-    assert [wait_until_ended(record, 60) for record in store.jobs()].count("succeeded") >= 7
+    assert [wait_until_ended(record, 60) for record in store.jobs()].count("succeeded") >= 8
     jobs = [record.path for record in store.jobs()]
-    assert len(jobs) == 9, jobs
+    assert len(jobs) == 10, jobs
     made = {p.name for job in jobs for p in job.rglob("*")}
     assert {
         "pyhook",
@@ -125,6 +128,7 @@ def test_every_feature_keeps_the_store_private(kernel_env):
         "sitecustomize.py",
         "torchrun-1",
         "supervisor.log",
+        "session.json",
     } <= made, made
     assert any(name.startswith("cell-") for name in made) and "hostfile" in " ".join(made)
     assert not_private(store.root) == []

@@ -37,7 +37,7 @@ from jupyter_dist.events import (
 from jupyter_dist.plan import LaunchPlan
 from jupyter_dist.plan.summary import launch_summary
 from jupyter_dist.run.requests import SETTLED_STATES, effective_state
-from jupyter_dist.store import JobRecord, is_attempt_marker
+from jupyter_dist.store import JobRecord, is_marker
 
 PAGE = 5000  # lines of one log per read
 
@@ -111,13 +111,13 @@ class Follower:
         )  # fmt: skip
 
     def _lines(self, key: str, lines: list[dict[str, str]]) -> list[OutputLine]:
-        """Stored lines as a listener gets them; an attempt's marker is not one (the
-        followers say the restart, as the job's own listeners are told)."""
+        """Stored lines as a listener gets them; our markers are not (a job's own
+        listeners never get them: the followers say a restart as on_attempt)."""
         label = self._labels.get(key, key)
         return [
             OutputLine(key, label, line["stream"], line["text"], _seconds(line["ts"]))
             for line in lines
-            if not (line["stream"] == "stdout" and is_attempt_marker(line["text"]))
+            if not (line["stream"] == "stdout" and is_marker(line["text"]))
         ]
 
 
@@ -170,24 +170,33 @@ class FollowedJob(Listened):
     def follow(self, on_tick: Callable[[], None] | None = None) -> JobResult:
         """Read the store until the job has ended, telling the listeners (and calling
         `on_tick` after each read, a view's chance to draw); the job's result."""
-        lines = self._follower.history() if self._history else []
+        if self._history:
+            self._emit("on_lines", self._follower.history())
         while True:
-            status = self.record.status()  # before the read: its last lines are then read
-            ended = self._follower.ended(status)
-            lines += self._follower.new_lines()
-            if lines:
-                self._emit("on_lines", lines)
-            self._refresh(status)
+            result, read = self.step()
             if on_tick is not None:
                 on_tick()
-            if ended:
-                result = self._follower.result()
-                self.ended = result.ended
-                self._emit("on_finish", result)
+            if result is not None:
                 return result
-            if not lines:
+            if not read:
                 time.sleep(FOLLOW_POLL_S)
-            lines = []
+
+    def step(self) -> tuple[JobResult | None, int]:
+        """One read of the store: the new lines, states and meters to the listeners, and
+        the job's end (the result, also told to them) once it has ended; with how many
+        lines were read."""
+        status = self.record.status()  # before the read: its last lines are then read
+        ended = self._follower.ended(status)
+        lines = self._follower.new_lines()
+        if lines:
+            self._emit("on_lines", lines)
+        self._refresh(status)
+        if not ended:
+            return None, len(lines)
+        result = self._follower.result()
+        self.ended = result.ended
+        self._emit("on_finish", result)
+        return result, len(lines)
 
     def _refresh(self, status: dict[str, Any]) -> None:
         """New process states (from `status`) and meters from the store, to the listeners."""

@@ -197,16 +197,7 @@ class Session:
     def chosen(self, ranks: list[int] | None) -> list[ProcessPlan]:
         """The session's rank processes, or those of `ranks` (SpecError naming a rank the
         session does not have)."""
-        if ranks is None:
-            return self.ranks
-        by_rank = {p.rank: p for p in self.ranks}
-        unknown = [r for r in ranks if r not in by_rank]
-        if unknown:
-            raise SpecError(
-                f"--ranks: session {self.name} has no rank {unknown[0]} "
-                f"(its ranks: 0-{len(by_rank) - 1})"
-            )
-        return [by_rank[r] for r in sorted(set(ranks))]
+        return chosen_ranks(self.name, self.ranks, ranks)
 
     @property
     def cells_run(self) -> int:
@@ -300,6 +291,22 @@ def session_spec(spec: JobSpec) -> JobSpec:
     data = {key: value for key, value in spec.to_dict().items() if key != "script"}
     data["command"] = f'exec python "$DISTRUN_JOB_DIR/{WORKER}"'  # exec: SIGINT reaches it
     return spec_from_dict(data, base_dir=".", source="session")
+
+
+def chosen_ranks(
+    name: str, processes: list[ProcessPlan], ranks: list[int] | None
+) -> list[ProcessPlan]:
+    """Session `name`'s rank `processes`, or those of `ranks` (SpecError naming a rank the
+    session does not have)."""
+    if ranks is None:
+        return processes
+    by_rank = {p.rank: p for p in processes}
+    unknown = [r for r in ranks if r not in by_rank]
+    if unknown:
+        raise SpecError(
+            f"--ranks: session {name} has no rank {unknown[0]} (its ranks: 0-{len(by_rank) - 1})"
+        )
+    return [by_rank[r] for r in sorted(set(ranks))]
 
 
 def names_of(sessions: Iterable[Session]) -> str:

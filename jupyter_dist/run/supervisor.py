@@ -53,6 +53,7 @@ class LaunchRequest:
     nodes_file: str | None = None
     grace_period: float | None = None
     extra_files: dict[str, str] = field(default_factory=dict)
+    session: str | None = None  # a warm session's name: its ranks serve cells (ready first)
 
 
 @dataclass(frozen=True)
@@ -72,16 +73,19 @@ def detach(
     nodes_file: str | None = None,
     grace_period: float | None = None,
     extra_files: Mapping[str, str] | None = None,
+    session: str | None = None,
     on_note: Callable[[str], None] = lambda text: print(text, file=sys.stderr, flush=True),
 ) -> Detached:
-    """Start `spec` under a supervisor; returns once every rank runs. DistrunError with the
-    reason when it could not be planned or started (nothing is left running then). What
-    the backend says meanwhile (a pending Slurm request) goes to `on_note`. An interrupt
-    meanwhile stops the supervisor, which gives back what it asked for, and propagates."""
+    """Start `spec` under a supervisor; returns once every rank runs (with `session`, a
+    warm session of that name: once every rank is ready for cells,
+    run/detached_session.py). DistrunError with the reason when it could not be planned
+    or started (nothing is left running then). What the backend says meanwhile (a pending
+    Slurm request) goes to `on_note`. An interrupt meanwhile stops the supervisor, which
+    gives back what it asked for, and propagates."""
     request = LaunchRequest(
         spec_yaml=spec.to_yaml(), base_dir=str(spec._base_dir), store_root=str(store.root),
         cwd=cwd, nodes_file=nodes_file, grace_period=grace_period,
-        extra_files=dict(extra_files or {}),
+        extra_files=dict(extra_files or {}), session=session,
     )  # fmt: skip
     fd, path = tempfile.mkstemp(prefix="distrun-launch-", suffix=".json")
     with os.fdopen(fd, "w") as handle:  # mkstemp's file is its owner's alone (0600)
@@ -177,6 +181,8 @@ def supervise(request: LaunchRequest) -> int:
     for sig in (signal.SIGTERM, signal.SIGHUP, signal.SIGINT):
         signal.signal(sig, asked_to_stop)
     sys.stderr = _Notes()  # what the backend says meanwhile (a pending Slurm request)
+    if request.session is not None:
+        return _supervise_session(request, stop, running)
     try:
         spec = parse_spec(request.spec_yaml, base_dir=request.base_dir)
         job = prepare_job(
@@ -208,6 +214,37 @@ def supervise(request: LaunchRequest) -> int:
             job.cancel("its supervisor was stopped")
             job.wait()
             break
+    return 0
+
+
+def _supervise_session(
+    request: LaunchRequest, stop: threading.Event, running: threading.Event
+) -> int:
+    """A warm session's supervisor: start it (planned and running are said together, once
+    every rank is ready), then serve the kernels' cells until it ends."""
+    from jupyter_dist.nodes import load_inventory
+    from jupyter_dist.run.detached_session import serve
+    from jupyter_dist.run.session import Session
+    from jupyter_dist.spec import parse_spec
+
+    try:
+        spec = parse_spec(request.spec_yaml, base_dir=request.base_dir)
+        session = Session.start(
+            spec, name=request.session, store=JobStore(request.store_root), cwd=request.cwd,
+            inventory=load_inventory(request.nodes_file), grace_period=request.grace_period,
+        )  # fmt: skip
+    except KeyboardInterrupt:
+        _say("error interrupted before it started; nothing runs")
+        return 0
+    except Exception as exc:  # nothing of it runs: Session.start stopped what had started
+        _say(f"error {_one_line(exc)}")
+        return 0
+    running.set()
+    _say(f"planned {session.job.job_id} {session.job.summary}")
+    _say("running")
+    sys.stderr = sys.__stderr__
+    _quiet_stdout(session.job.record.path / SUPERVISOR_LOG)
+    serve(session, session.job.record, stop)
     return 0
 
 
