@@ -54,7 +54,7 @@ from jupyter_dist.run.requests import (
     request_stacks,
     wait_until_ended,
 )
-from jupyter_dist.store import JobStore, attempt_marker, natural_order
+from jupyter_dist.store import JobStore, natural_order
 
 EXIT_OK, EXIT_FAILED, EXIT_USAGE, EXIT_INTERRUPTED = 0, 1, 2, 130
 
@@ -116,8 +116,8 @@ class TerminalPrinter(JobListener):
 
     def on_attempt(self, number: int, of: int, previous: Attempt) -> None:
         with self._lock:
-            marker = attempt_marker(number).replace(" \u2500\u2500", f" of {of} \u2500\u2500")
-            self.err.write(f"{previous.summary()}\n{marker}\n")
+            rule = "\u2500\u2500"  # as the stored marker (store.attempt_marker), with its count
+            self.err.write(f"{previous.summary()}\n{rule} attempt {number} of {of} {rule}\n")
             self.err.flush()
 
 
