@@ -10,6 +10,9 @@
    Goal: < 50 ms.
 3. `jupyter distrun plan --json` of 1,024 and 16,384 processes (the spec's cap), every
    command masked, against planning alone. Goal: < 1 s and < 10 s.
+4. The network check before launch (diagnose/network.py) of a 2-node job on two sshd test
+   nodes (tests/sshnodes.py, warm connections): its cost alone, median of `--runs`, and
+   against the whole warm launch of the same trivial job without it. Goal: < 0.3 s.
 """
 
 from __future__ import annotations
@@ -128,6 +131,46 @@ def bench_plan_command(counts: tuple[int, ...] = (1024, 16384)) -> None:
         )
 
 
+def bench_network_check(runs: int) -> None:
+    sys.path.insert(0, str(HERE.parent / "tests"))
+    import sshnodes
+
+    from jupyter_dist.backends.ssh import CONNECTIONS
+    from jupyter_dist.diagnose.network import check_network
+    from jupyter_dist.nodes import load_inventory
+    from jupyter_dist.run.launch import make_plan, run
+    from jupyter_dist.spec import parse_spec
+    from jupyter_dist.store import JobStore
+
+    with tempfile.TemporaryDirectory() as tmp:
+        cluster = sshnodes.start(2, Path(tmp) / "nodes")
+        try:
+            store = JobStore(Path(tmp) / "jobs")
+            inventory = load_inventory(cluster.inventory)
+            spec = parse_spec("command: 'true'\nresources: {instance_count: 2}\n"
+                              "network_check: false\n")  # fmt: skip
+            run(spec, inventory=inventory, store=store)  # the connections are warm from here
+            checks, launches = [], []
+            for _ in range(runs):
+                plan, nodes, backend = make_plan(spec, inventory=inventory, store=store)
+                try:
+                    start = time.perf_counter()
+                    check_network(backend.run_on_node, plan, nodes)
+                    checks.append(time.perf_counter() - start)
+                finally:
+                    backend.release()
+                start = time.perf_counter()
+                if not run(spec, inventory=inventory, store=store).ok:
+                    raise SystemExit("the trivial 2-node job failed")
+                launches.append(time.perf_counter() - start)
+        finally:
+            CONNECTIONS.close_all()
+            sshnodes.stop(cluster)
+    check, launch = statistics.median(checks), statistics.median(launches)
+    print(f"network check, 2 sshd nodes: {check:.3f} s (goal < 0.3 s); the launch it "
+          f"precedes {launch:.3f} s; ratio check / launch {check / launch:.2f}")  # fmt: skip
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--runs", type=int, default=5)
@@ -137,6 +180,7 @@ def main() -> None:
     bench_plan_command()
     if not args.plan_only:
         bench_launch(args.runs)
+        bench_network_check(args.runs)
 
 
 if __name__ == "__main__":

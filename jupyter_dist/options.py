@@ -153,6 +153,9 @@ OPTIONS: tuple[Option, ...] = (
     Option("restart_delay", "seconds between a failed attempt's end and the next one's "
            "start (default 3)", kind="int", metavar="SECONDS", bounds=(0, 3600),
            fronts=_RUN),
+    Option("no_preflight", "skip the network check before launch (every node reaches where "
+           "the ranks meet, and has the interfaces GLOO/NCCL_SOCKET_IFNAME name)",
+           kind="flag", fronts=_RUN),
     Option("detach", "keep the job running when this kernel or terminal goes: return once "
            "every rank runs; follow it with attach, stop it with cancel", kind="flag",
            fronts=_RUN),
@@ -209,6 +212,7 @@ class LaunchOptions:
     on_stall: str | None = None
     max_restarts: int | None = None
     restart_delay: int | None = None
+    no_preflight: bool = False
     detach: bool = False  # who owns the job (run/supervisor.py), not what the spec says
     backend: str | None = None  # the spec's backend section, with the backends' options:
     backend_options: dict[Option, Any] = field(default_factory=dict)  # declared by backends
@@ -260,6 +264,8 @@ class LaunchOptions:
         backend = self.backend_section()
         if backend:
             data["backend"] = backend
+        if self.no_preflight:
+            data["network_check"] = False
         return spec_from_dict(data, base_dir=base_dir, source=source)
 
     def check_applies(self) -> None:

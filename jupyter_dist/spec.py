@@ -229,6 +229,9 @@ class JobSpec(StrictSection):
     nodes: list[str] | None = None
     name: str | None = None
     backend: BackendSection | None = None
+    # Ours: check before any rank starts that every node reaches where the ranks meet, and
+    # has the interfaces the job names (diagnose/network.py); false skips it.
+    network_check: Annotated[bool, Strict()] = True
     # Azure-only: accepted and kept, never acted on.
     type: Any = None
     display_name: Any = None
@@ -443,8 +446,9 @@ class JobSpec(StrictSection):
     def with_overrides(self, **changes: Any) -> JobSpec:
         """A copy with some keys changed, validated again (the same errors as the YAML).
 
-        Keys: `instance_count`, `nodes`, those of `limits:` (LIMIT_KEYS), `backend` (a
-        mapping merged into the backend section), and any key of the distribution section.
+        Keys: `instance_count`, `nodes`, `network_check`, those of `limits:` (LIMIT_KEYS),
+        `backend` (a mapping merged into the backend section), and any key of the
+        distribution section.
         """
         data = self.to_dict()
         dist = dict(data.get("distribution") or {"type": self.job_type})
@@ -453,8 +457,8 @@ class JobSpec(StrictSection):
                 continue
             if key == "instance_count":
                 data["resources"] = {**data.get("resources", {}), "instance_count": value}
-            elif key == "nodes":
-                data["nodes"] = value
+            elif key in ("nodes", "network_check"):
+                data[key] = value
             elif key in LIMIT_KEYS:
                 data["limits"] = {**data.get("limits", {}), key: value}
             elif key == "backend":  # {type: ..., option: value}: merged into the section

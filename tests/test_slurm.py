@@ -130,6 +130,41 @@ def test_a_failing_rank_stops_the_others_with_the_root_cause(allocation, store, 
     assert status["state"] == "failed" and status["root_cause"]["rank"] == 2
 
 
+def test_the_network_check_runs_through_slurm_steps(allocation, slurm_cluster, store, tmp_path):
+    """Before any rank starts, an interface the job names that a node lacks is one line;
+    so is a node with no route to the master (an `unreachable` route in sln2's
+    namespace)."""
+    named = _spec(
+        tmp_path,
+        """\
+        command: echo started
+        resources: {instance_count: 2}
+        environment_variables: {NCCL_SOCKET_IFNAME: ib}
+    """,
+    )
+    done = run_cli("run", str(named), store=store, env=allocation, timeout=120)
+    assert done.returncode == 2 and done.stdout == ""
+    assert done.stderr == (
+        "error: sln1: NCCL_SOCKET_IFNAME=ib names no interface there with an address (no such "
+        "interface; its interfaces: eth0, lo)\n"
+    )
+    sln1, sln2 = slurm_cluster.nodes
+    route = ["ip", "netns", "exec", sln2.namespace, "ip", "route"]
+    subprocess.run([*route, "add", "unreachable", f"{sln1.host}/32"], check=True)
+    try:
+        plain = _spec(tmp_path, "command: echo started\nresources: {instance_count: 2}\n")
+        done = run_cli("run", str(plain), store=store, env=allocation, timeout=120)
+    finally:
+        subprocess.run([*route, "del", "unreachable", f"{sln1.host}/32"], check=True)
+    assert done.returncode == 2 and done.stdout == ""
+    assert re.fullmatch(
+        rf"error: sln2 cannot reach sln1's master {re.escape(sln1.host)}:\d+ \(no route to host: "
+        r"sln2 has no route to it: check sln1's address, or the network between them\)\n",
+        done.stderr,
+    ), done.stderr
+    assert store.jobs() == []  # nothing was recorded, nothing started
+
+
 def test_mpi_allreduce_starts_its_ranks_through_slurm(allocation, slurm_cluster, store, tmp_path):
     """mpirun, a step on node 0, starts the other node's ranks through Slurm (no SSH
     exists in these nodes), on the job's nodes only, with the Azure ML variables."""

@@ -116,6 +116,11 @@ MALFORMED = [
     ("distribution: {type: pytorch}", "command: missing"),
     ("command: '   '", "command: empty"),
     ("command: [a, b]", "command: ['a', 'b'] is not valid; expected a string"),
+    ("command: x\nnetwork_check: 'no'", "network_check: 'no' is not valid; expected true or false"),
+    (
+        "command: x\nlimits: {max_restarts: 1001}",
+        "limits.max_restarts: 1001 is not valid; expected a whole number from 0 to 1000",
+    ),
     (D + "distribution: {type: pytorchh}", "unknown type 'pytorchh'; valid types: pytorch"),
     (D + "distribution: {type: 3}", "unknown type 3"),
     (D + "distribution: {process_count_per_instance: 2}", "missing 'type'"),

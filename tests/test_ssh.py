@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -428,3 +429,64 @@ def test_the_plan_flags_what_the_preflight_found_different_between_nodes(ssh_nod
         "their environments set it: NCCL and gloo must reach every node alike; set it for the "
         "job (--env GLOO_SOCKET_IFNAME=...) or alike on every node",
     ]  # NCCL_DEBUG differs too, but the job sets it for every rank
+
+
+# -- the network check before launch ------------------------------------------------------
+
+
+def test_a_node_that_cannot_reach_the_master_is_one_line_before_any_rank_starts(
+    ssh_nodes, store, tmp_path
+):
+    """node1 has no route to node0 (an `unreachable` route in its namespace; its SSH from
+    here still works): the job fails before anything starts, naming both nodes, the
+    master's address and the likely fix. With --no-preflight the check is skipped (a job
+    that needs no network then runs)."""
+    node0, node1 = ssh_nodes.nodes
+    assert node1.namespace, "the test nodes need network namespaces"
+    route = ["ip", "netns", "exec", node1.namespace, "ip", "route"]
+    subprocess.run([*route, "add", "unreachable", f"{node0.host}/32"], check=True)
+    try:
+        spec = _spec("command: echo started\nresources: {instance_count: 2}")
+        inventory = ssh_nodes.load_inventory(tmp_path)
+        with pytest.raises(NodeError) as caught:
+            launch(spec, store=store, inventory=inventory)
+        assert re.fullmatch(
+            rf"node1 cannot reach node0's master {re.escape(node0.host)}:\d+ \(no route to "
+            r"host: node1 has no route to it: check node0's address, or the network between "
+            r"them\)",
+            str(caught.value),
+        ), str(caught.value)
+        assert store.jobs() == []  # nothing was recorded, nothing started
+        nodes_file = str(tmp_path / "nodes.yml")
+        spec_file = tmp_path / "job.yml"
+        spec_file.write_text("command: echo started\nresources: {instance_count: 2}\n")
+        done = run_cli("run", str(spec_file), "--nodes-file", nodes_file, store=store)
+        assert done.returncode == 2
+        assert done.stderr.startswith("error: node1 cannot reach node0's master ")
+        assert done.stderr.count("\n") == 1
+        skipped = run_cli("run", str(spec_file), "--nodes-file", nodes_file, "--no-preflight",
+                          store=store)  # fmt: skip
+        assert skipped.returncode == 0, skipped.stderr
+        assert skipped.stdout.count("started") == 2
+    finally:
+        subprocess.run([*route, "del", "unreachable", f"{node0.host}/32"], check=True)
+    assert ssh_nodes.job_processes(store.jobs()[0].job_id) == []
+
+
+def test_an_interface_the_job_names_that_a_node_lacks_is_one_line(ssh_nodes, store, tmp_path):
+    spec = _spec(
+        "command: echo started\nresources: {instance_count: 2}\n"
+        "environment_variables: {GLOO_SOCKET_IFNAME: eth9}"
+    )
+    with pytest.raises(NodeError) as caught:
+        launch(spec, store=store, inventory=ssh_nodes.load_inventory(tmp_path))
+    assert str(caught.value) == (
+        "node0: GLOO_SOCKET_IFNAME=eth9 names no interface there with an address (no such "
+        "interface; its interfaces: eth0, lo)"
+    )
+    assert store.jobs() == []
+    fine = _spec(
+        "command: echo started\nresources: {instance_count: 2}\n"
+        "environment_variables: {GLOO_SOCKET_IFNAME: eth0, NCCL_SOCKET_IFNAME: eth}"
+    )
+    assert run(fine, store=store, inventory=ssh_nodes.load_inventory(tmp_path)).ok

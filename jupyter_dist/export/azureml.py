@@ -59,7 +59,7 @@ def render(
         if key in LAUNCH_ONLY and value not in (None, "per_process", "mpirun"):
             left_out.append(f"distribution.{key}: {value}")
     data["distribution"] = dist
-    for key in ("backend", "nodes", "name"):
+    for key in ("backend", "nodes", "name", "network_check"):
         value = data.pop(key, None)
         if key == "name" and value:  # Azure's `name` is the job's unique id: a display name
             data.setdefault("display_name", value)

@@ -4,6 +4,7 @@ Python 3.8+, no import of jupyter_dist (a node may have none).
 - agent.py: every process of a job runs under it (stdin/stdout protocol, stopping, sweep).
 - cell_runner.py: runs a notebook cell as `__main__` and writes back its `--out` values.
 - dask_wait.py: waits until a Dask cluster's workers registered, before its command.
+- netcheck.py: the network check before launch: listens, connects, reads interfaces.
 - ports.py: free ports on a node, and why a given port is taken.
 - session_worker.py: one rank of a warm session, running the cells it is sent.
 - stack_hook.py: every Python process of a job registers a stack dump signal (its
@@ -20,8 +21,8 @@ from pathlib import Path
 
 FOLDER = Path(__file__).parent
 NAMES = (
-    "agent.py", "cell_runner.py", "dask_wait.py", "ports.py", "session_worker.py",
-    "stack_hook.py", "stacks.py",
+    "agent.py", "cell_runner.py", "dask_wait.py", "netcheck.py", "ports.py",
+    "session_worker.py", "stack_hook.py", "stacks.py",
 )  # fmt: skip
 
 

@@ -14,6 +14,7 @@ from pathlib import Path
 from jupyter_dist import node_side
 from jupyter_dist.backends import Backend, choose_backend
 from jupyter_dist.code_folder import read_code_folder
+from jupyter_dist.diagnose import network
 from jupyter_dist.diagnose.stall import DEFAULT_STALL_TIMEOUT_S
 from jupyter_dist.errors import NodeError, SpecError
 from jupyter_dist.events import JobListener, JobResult
@@ -52,10 +53,13 @@ def make_plan(
     extra_files: Mapping[str, str] | None = None,
     stdin: bool = False,
     hold_ports: Callable[[str, list[Wanted]], None] | None = None,
+    check_network: bool = False,
 ) -> tuple[LaunchPlan, list[Node], Backend]:
     """Choose the backend (the spec's `backend:` section names it, else `choose_backend`
     decides), take the job's nodes from it, check them, find free ports on them, and plan
-    the job. On a failure, what the backend acquired is released."""
+    the job; with `check_network` (and the spec's network_check), check that the nodes
+    reach where the ranks will meet (diagnose/network.py). On a failure, what the backend
+    acquired is released."""
     store = store or JobStore()
     inventory = inventory or Inventory()
     chosen = choose_backend(inventory, spec.backend.type if spec.backend else None)
@@ -66,14 +70,16 @@ def make_plan(
         job_id = job_id or store.new_job_id()
         if hold_ports is not None:  # before they are checked: a holder is named, not a bind
             hold_ports(job_id, _fixed_ports(spec, nodes))
-        launch_plan = plan_attempt(spec, nodes, chosen, job_id, extra_files, stdin)
+        launch_plan = _plan_attempt(spec, nodes, chosen, job_id, extra_files, stdin)
+        if check_network and spec.network_check:
+            network.check_network(chosen.run_on_node, launch_plan, nodes)
         return launch_plan, nodes, chosen
     except BaseException:
         chosen.release()
         raise
 
 
-def plan_attempt(
+def _plan_attempt(
     spec: JobSpec,
     nodes: list[Node],
     chosen: Backend,
@@ -104,15 +110,17 @@ def _replan(
     extra_files: Mapping[str, str] | None, nodes: list[Node], restart_count: int,
 ) -> tuple[LaunchPlan, list[Node]]:  # fmt: skip
     """A later attempt's plan and nodes: the nodes checked again, one that cannot be
-    reached replaced by a spare (`replace_lost`)."""
-    nodes = chosen.preflight(replace_lost(spec, chosen, inventory, nodes))
-    launch_plan = plan_attempt(
+    reached replaced by a spare (`_replace_lost`)."""
+    nodes = chosen.preflight(_replace_lost(spec, chosen, inventory, nodes))
+    launch_plan = _plan_attempt(
         spec, nodes, chosen, job_id, extra_files, restart_count=restart_count
     )
+    if spec.network_check:
+        network.check_network(chosen.run_on_node, launch_plan, nodes)
     return launch_plan, nodes
 
 
-def replace_lost(
+def _replace_lost(
     spec: JobSpec, chosen: Backend, inventory: Inventory, nodes: list[Node]
 ) -> list[Node]:
     """`nodes`, each that cannot be reached now replaced, in its place (its node rank), by
@@ -186,6 +194,7 @@ def prepare_job(
         launch_plan, nodes, chosen = make_plan(
             spec, inventory=inventory, store=store, job_id=job_id, cwd=cwd,
             extra_files=extra_files, stdin=messages is not None, hold_ports=claims.claim,
+            check_network=True,
         )  # fmt: skip
     except BaseException:
         claims.release(job_id)
