@@ -486,3 +486,30 @@ def test_parity_notes_what_differs_between_nodes():
     ]
     del p.nodes[1]["software"]  # a node not probed (local nodes) compares with nothing
     assert parity_notes(p) == []
+
+
+def test_the_network_check_looks_where_each_job_types_ranks_meet():
+    """diagnose/network.meeting_points: the master for pytorch and MPI, every TensorFlow
+    task's address, the Dask scheduler (and the master port it is given too)."""
+    from jupyter_dist.diagnose.network import meeting_points
+    from jupyter_dist.plan import plan, port_requests
+
+    nodes = [Node(f"n{i}", f"10.0.0.{i + 1}", "ssh", "python", "/w") for i in range(2)]
+
+    def points(body: str) -> set[tuple[str, str, int]]:
+        spec = parse_spec(f"command: x\nresources: {{instance_count: 2}}\n{body}")
+        ports = {r.key: 3000 + i for i, r in enumerate(port_requests(spec, nodes))}
+        return {(p.what, p.host, p.port) for p in meeting_points(plan(spec, nodes, "j", ports))}
+
+    assert points("distribution: {type: pytorch, master_port: 29500}") == {
+        ("master", "10.0.0.1", 29500)
+    }
+    assert points("distribution: {type: mpi, process_count_per_instance: 2}") == {
+        ("master", "10.0.0.1", 3000)
+    }
+    tf = points("distribution: {type: tensorflow, parameter_server_count: 1, base_port: 2222}")
+    assert {what for what, _, _ in tf} == {"TensorFlow worker 0", "TensorFlow worker 1",
+                                            "TensorFlow ps 0"}  # fmt: skip
+    assert {host for _, host, _ in tf} == {"10.0.0.1", "10.0.0.2"}
+    dask = points("distribution: {type: dask}")
+    assert ("Dask scheduler", "10.0.0.1", 3000) in dask
