@@ -1,5 +1,8 @@
 """jupyter-dist: run distributed training from a notebook cell."""
 
+from jupyter_dist.node_side.report import report  # a rank's metrics; a no-op elsewhere
+
+__all__ = ["report"]
 __version__ = "0.1.0"
 
 

@@ -48,6 +48,7 @@ from jupyter_dist.events import (
 )
 from jupyter_dist.nodes import load_inventory
 from jupyter_dist.options import BY_NAME
+from jupyter_dist.run.metrics import read_metrics, summarize_metrics
 from jupyter_dist.run.requests import (
     effective_state,
     request_cancel,
@@ -182,6 +183,17 @@ def add_parsers(sub: argparse._SubParsersAction, common: argparse.ArgumentParser
         "--timeout", type=float, default=60.0, metavar="SECONDS",
         help="how long to wait for the job's owner to answer (default 60)",
     )  # fmt: skip
+
+    metrics = sub.add_parser(
+        "metrics", parents=[common],
+        help="a job's metrics (report() calls, trainers' log lines, progress bars): each "
+        "one's first, last, min and max; or every point",
+    )  # fmt: skip
+    metrics.add_argument("job", help="job id (or a unique prefix)")
+    shape = metrics.add_mutually_exclusive_group()
+    shape.add_argument("--csv", action="store_true",
+                       help="every point as CSV: time, key, step, metric, value")  # fmt: skip
+    shape.add_argument("--json", action="store_true", help="every record as JSON lines")
 
     logs = sub.add_parser("logs", parents=[common], help="print a job's stored output")
     logs.add_argument("job", help="job id (or a unique prefix)")
@@ -346,6 +358,10 @@ def cmd_inspect(args: argparse.Namespace, store: JobStore) -> int:
         if status.get("replaced"):
             print("Spares taken for nodes that could not be reached: "
                   + ", ".join(map(str, status["replaced"])))  # fmt: skip
+    metrics, notes = read_metrics(record)
+    if metrics:
+        print()
+        print_metrics(metrics, notes)
     meters = meter_rows(plan, record.usage())
     if meters:
         print()
@@ -496,9 +512,46 @@ def checked_tail(tail: int) -> int:
 
 ATTACH_POLL_S = 0.2  # how often an attached front looks for new lines when there were none
 
+
+def cmd_metrics(args: argparse.Namespace, store: JobStore) -> int:
+    """A job's metrics (run/metrics.py): a summary table; every point with --csv or --json."""
+    record = store.get(args.job)
+    records, notes = read_metrics(record)
+    if args.json:
+        sys.stdout.write("".join(json.dumps(r, separators=(",", ":")) + "\n" for r in records))
+        return EXIT_OK
+    if args.csv:
+        import csv
+
+        writer = csv.writer(sys.stdout, lineterminator="\n")
+        writer.writerow(["time", "key", "step", "metric", "value"])
+        for entry in records:  # progress is a metric here: the steps done
+            values = entry.get("m") or {"progress": (entry.get("p") or [None])[0]}
+            for name, value in values.items():
+                writer.writerow([entry.get("t"), entry["k"], entry.get("s", ""), name, value])
+        return EXIT_OK
+    if not records:
+        print(f"job {record.job_id} reported no metrics (report(), a trainer's log lines or "
+              "a progress bar)", file=sys.stderr)  # fmt: skip
+        return EXIT_OK
+    print_metrics(records, notes)
+    return EXIT_OK
+
+
+def print_metrics(records: list[dict], notes: list[str]) -> None:
+    """Each metric's first, last, min and max, the progress reached, and the notes."""
+    rows, reached = summarize_metrics(records)
+    if rows:
+        print_table(rows, list(rows[0]), title="Metrics (first, last, min and max over every rank)")
+    if reached:
+        print(f"Progress reached: {reached} (the slowest rank's)")
+    for note in notes:
+        print(f"Downsampled: {note}")
+
+
 COMMANDS = {
     "nodes": cmd_nodes, "jobs": cmd_jobs, "logs": cmd_logs, "inspect": cmd_inspect,
-    "cancel": cmd_cancel, "stacks": cmd_stacks, "attach": cmd_attach,
+    "cancel": cmd_cancel, "stacks": cmd_stacks, "attach": cmd_attach, "metrics": cmd_metrics,
 }  # fmt: skip
 
 

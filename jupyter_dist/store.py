@@ -159,6 +159,12 @@ def _private_opener(path: str, flags: int) -> int:
     return fd
 
 
+def append_private(path: Path, text: str) -> None:
+    """Append `text` to a file readable by its owner alone (made so if new)."""
+    with open(path, "a", encoding="utf-8", opener=_private_opener) as handle:
+        handle.write(text)
+
+
 def write_atomic(path: Path, text: str, mode: int | None = None) -> None:
     """`text` as the whole of `path`, which no reader ever sees half written; private
     (PRIVATE_FILE, or `mode`: 0o700 for a program)."""
@@ -226,10 +232,7 @@ class JobRecord:
         """One usage report of a process's agent ({"t", "p", "cpu", "rss", "ranks"}, and
         "gpu", "gpus" where GPUs were read), kept
         as a line of usage.jsonl (diagnose/meters.py reads them back)."""
-        with open(
-            self.path / "usage.jsonl", "a", encoding="utf-8", opener=_private_opener
-        ) as handle:
-            handle.write(json.dumps(sample, separators=(",", ":")) + "\n")
+        append_private(self.path / "usage.jsonl", json.dumps(sample, separators=(",", ":")) + "\n")
 
     def usage(self, since: float | None = None) -> list[dict[str, Any]]:
         """The usage reports kept so far, oldest first; with `since` (a time.time()), only

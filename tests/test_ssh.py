@@ -490,3 +490,30 @@ def test_an_interface_the_job_names_that_a_node_lacks_is_one_line(ssh_nodes, sto
         "environment_variables: {GLOO_SOCKET_IFNAME: eth0, NCCL_SOCKET_IFNAME: eth}"
     )
     assert run(fine, store=store, inventory=ssh_nodes.load_inventory(tmp_path)).ok
+
+
+def test_report_works_on_nodes_without_jupyter_dist(ssh_nodes, store, tmp_path):
+    """The nodes' Python is the system's (no jupyter-dist, no torch): `from distrun import
+    report` still works in every rank, and the metrics reach the store."""
+    from jupyter_dist.run.metrics import read_metrics
+
+    inventory = ssh_nodes.load_inventory(tmp_path, python="/usr/bin/python3")
+    probe = subprocess.run(
+        ["/usr/bin/python3", "-I", "-c", "import jupyter_dist"], capture_output=True, cwd=tmp_path
+    )
+    assert probe.returncode != 0  # the point of the test: it is not installed there
+    spec = _spec(
+        """\
+        command: >-
+          python3 -c "from distrun import report; import os;
+          report(step=1, rank=float(os.environ['RANK']))"
+        resources: {instance_count: 2}
+        distribution: {type: pytorch, process_count_per_instance: 2}
+        """
+    )
+    result = run(spec, store=store, inventory=inventory)
+    assert result.ok, result.describe()
+    records, _ = read_metrics(store.get(result.job_id))
+    assert sorted((r["k"], r["s"], r["m"]["rank"]) for r in records) == [
+        (f"rank-{rank}", 1, float(rank)) for rank in range(4)
+    ]

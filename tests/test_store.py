@@ -64,7 +64,8 @@ def test_every_feature_keeps_the_store_private(kernel_env):
     try:
         nb = execute_notebook(
             "y = 41",
-            "%%distrun --nodes 2 -i y -o x\nx = y",
+            "%%distrun --nodes 2 -i y -o x\nfrom distrun import report\nreport(step=1, y=y)\n"
+            "x = y",  # its metrics.jsonl too
             "%distrun session start --nodes 1 --procs-per-node 2",
             "%%distrun -i y -o z\nz = y + 1",
             "%distrun session stop",
@@ -129,6 +130,7 @@ def test_every_feature_keeps_the_store_private(kernel_env):
         "torchrun-1",
         "supervisor.log",
         "session.json",
+        "metrics.jsonl",
     } <= made, made
     assert any(name.startswith("cell-") for name in made) and "hostfile" in " ".join(made)
     assert not_private(store.root) == []

@@ -6,6 +6,8 @@ Python 3.8+, no import of jupyter_dist (a node may have none).
 - dask_wait.py: waits until a Dask cluster's workers registered, before its command.
 - netcheck.py: the network check before launch: listens, connects, reads interfaces.
 - ports.py: free ports on a node, and why a given port is taken.
+- report.py: `report(step=..., **values)`, a rank's metrics (shipped as `distrun.py` beside
+  the stack hook, so `from distrun import report` works in every rank).
 - session_worker.py: one rank of a warm session, running the cells it is sent.
 - stack_hook.py: every Python process of a job registers a stack dump signal (its
   sitecustomize), so that stacks.py can read it without py-spy.
@@ -21,7 +23,7 @@ from pathlib import Path
 
 FOLDER = Path(__file__).parent
 NAMES = (
-    "agent.py", "cell_runner.py", "dask_wait.py", "netcheck.py", "ports.py",
+    "agent.py", "cell_runner.py", "dask_wait.py", "netcheck.py", "ports.py", "report.py",
     "session_worker.py", "stack_hook.py", "stacks.py",
 )  # fmt: skip
 

@@ -41,6 +41,7 @@ from jupyter_dist.events import (
 from jupyter_dist.nodes import Node
 from jupyter_dist.plan.model import MPI_LAUNCHER_ROLES, LaunchPlan, ProcessPlan
 from jupyter_dist.plan.summary import launch_summary
+from jupyter_dist.run.metrics import MetricsSink
 from jupyter_dist.run.output import OutputPipeline
 from jupyter_dist.run.requests import owner_fields
 from jupyter_dist.run.stopping import escalate, watch_requests
@@ -101,7 +102,10 @@ class Job(Listened):
         self._handles: dict[str, ProcessHandle] = {}
         self._readers: dict[str, list[threading.Thread]] = {}
         self._evidence = StderrEvidence()
-        self._output = OutputPipeline(record, self._evidence, self._emit_lines, messages)
+        self.metrics = MetricsSink(record)  # what the ranks report, and trainers print
+        self._output = OutputPipeline(
+            record, self._evidence, self._emit_lines, messages, self.metrics
+        )
         self.processes = _process_states(plan)
         self._restarts = restarts
         self.attempt = 1  # counted from 1; DISTRUN_RESTART_COUNT is one less

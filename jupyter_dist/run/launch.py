@@ -28,6 +28,8 @@ from jupyter_dist.store import JobStore
 
 # Where each node's copy of node_side/stack_hook.py goes in the job's folder.
 STACK_HOOK_FILE = f"{HOOK_FOLDER}/sitecustomize.py"
+# And node_side/report.py beside it, where every rank imports it: `from distrun import report`.
+REPORT_FILE = f"{HOOK_FOLDER}/distrun.py"
 
 
 def _gpus_as_default(spec: JobSpec, nodes: list[Node]) -> JobSpec:
@@ -92,7 +94,10 @@ def _plan_attempt(
     DISTRUN_RESTART_COUNT set (`make_plan` gives the first; a restart asks again)."""
     ports = chosen.choose_ports(port_requests(spec, nodes), nodes)
     # Every node gets the startup hook that lets any Python of the job dump its stacks.
-    files = {**(extra_files or {}), STACK_HOOK_FILE: node_side.source("stack_hook.py")}
+    files = {
+        **(extra_files or {}), STACK_HOOK_FILE: node_side.source("stack_hook.py"),
+        REPORT_FILE: node_side.source("report.py"),
+    }  # fmt: skip
     launch_plan = plan(spec, nodes, job_id, ports, files, chosen.mpi_launch, restart_count)
     if stdin:  # every process reads what the job feeds it (a warm session's ranks)
         procs = [dataclasses.replace(p, stdin=True) for p in launch_plan.processes]

@@ -14,6 +14,7 @@ from jupyter_dist.diagnose.attribute import attributor
 from jupyter_dist.diagnose.root_cause import StderrEvidence
 from jupyter_dist.events import OutputLine
 from jupyter_dist.plan.model import ProcessPlan
+from jupyter_dist.run.metrics import MetricsSink, may_be_metrics
 from jupyter_dist.store import JobRecord, timestamp
 
 MAX_LINE = 1 << 20  # a "line" longer than this is cut into pieces
@@ -29,10 +30,14 @@ class OutputPipeline:
         evidence: StderrEvidence,
         emit: Callable[[list[OutputLine]], None],
         messages: tuple[str, Callable[[ProcessPlan, str], None]] | None = None,
+        metrics: MetricsSink | None = None,
     ) -> None:
         self.record = record
         self.evidence = evidence
         self.emit = emit
+        # What the ranks report (report() lines, taken out of the output) and what trainers
+        # print (kept as output too): run/metrics.py.
+        self.metrics = metrics
         # (mark, handler): a line holding `mark` is a message to the launcher (a session's
         # rank reporting a cell), not output; the text before it still is.
         self.messages = messages
@@ -52,6 +57,10 @@ class OutputPipeline:
                     if len(partial) > MAX_LINE:  # no newline for a megabyte: cut it here
                         self._deliver(proc, stream, [_text(partial)], attribute, files)
                         partial = b""
+                    elif self.metrics is not None and attribute is None and b"\r" in chunk:
+                        # A progress bar redrawn with "\r" is one line until it ends: its
+                        # progress is read as it is drawn.
+                        self.metrics.drawn(proc.name, _text(partial[-512:]), time.time())
                     continue
                 partial = data[cut + 1 :]
                 # Whole lines only, so a character split across chunks is never cut.
@@ -94,17 +103,28 @@ class OutputPipeline:
     def _store_and_emit(self, proc, stream, texts: list[str], attribute, files) -> None:
         now = time.time()
         prefix = timestamp(now) + " "
+        sink = self.metrics
         if attribute is None:  # every line is this process's own: the fast path
             key, label = proc.name, proc.label
+            if sink is not None and any(map(may_be_metrics, texts)):
+                texts = [
+                    t for t in (sink.take(key, stream, t, now) for t in texts) if t is not None
+                ]
             batch = [OutputLine(key, label, stream, text, now) for text in texts]
-            by_key = {key: texts}
+            by_key = {key: texts} if texts else {}
         else:
             batch = []
             by_key: dict[str, list[str]] = {}
             for raw in texts:
                 for key, label, text in attribute(raw):
+                    if sink is not None and may_be_metrics(text):
+                        text = sink.take(key, stream, text, now)
+                        if text is None:
+                            continue
                     batch.append(OutputLine(key, label, stream, text, now))
                     by_key.setdefault(key, []).append(text)
+        if not batch:
+            return
         if stream == "stderr":
             for line in batch:
                 self.evidence.note(proc, line.key, line.text, now)

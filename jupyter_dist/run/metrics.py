@@ -1,0 +1,216 @@
+"""A job's metrics, as its ranks give them: `report()` calls (node_side/report.py, whose
+lines the output pipeline takes out), and, with no code changed, what trainers print:
+Hugging Face Trainer's log dicts (`{'loss': 0.41, 'learning_rate': 5e-05, 'epoch': 0.5}`)
+and tqdm's progress bars (`34%|███▍ | 340/1000 [00:12<00:23, 28.1it/s]`).
+
+They go to `metrics.jsonl` in the job's folder, one JSON object a line:
+
+    {"t": 1764100000.123, "k": "rank-0", "s": 12, "m": {"loss": 0.41}}      a metric record
+    {"t": ..., "k": "rank-0", "p": [340, 1000], "r": 28.1}                   progress
+    {"note": "rank-0: over 20000 records: from here every 2nd is kept"}      downsampled
+
+`k` is the rank's log key; `s` the step (None: the time is the x-axis). Each key's records
+are bounded: past `cap`, only every 2nd is kept, past 2·cap every 4th, and so on, said by a
+note. `summarize_metrics` gives each metric's first, last, min and max, and the progress reached.
+"""
+
+from __future__ import annotations
+
+import ast
+import json
+import math
+import re
+import threading
+from collections.abc import Iterable
+from typing import Any
+
+from jupyter_dist.node_side.report import MARK
+from jupyter_dist.store import JobRecord, append_private
+
+SERIES_CAP = 20_000  # records of one key kept at full rate
+PROGRESS_EVERY_S = 1.0  # a bar being drawn: its progress stored this often
+METRICS_FILE = "metrics.jsonl"
+
+# tqdm's bar: "n/total [elapsed<left, rate unit/s]" (or "s/unit", the slow way round).
+_TQDM = re.compile(
+    r"(\d+)/(\d+) \[[^\]<]*<[^\],]*,\s*(?:([\d.]+)(?:[a-zA-Z]*)/s|([\d.]+)s/[a-zA-Z]*)\]"
+)
+# A Hugging Face Trainer's log line: a dict of names to numbers, with one of its keys.
+_HF_KEYS = ("'loss'", "'eval_loss'", "'learning_rate'", "'train_loss'")
+
+
+def may_be_metrics(text: str) -> bool:
+    """Whether a line is worth a look (cheap: most output is not)."""
+    return "\x1e" in text or "|" in text or text[:2] == "{'"
+
+
+class MetricsSink:
+    """One per job: `take` handles a line of output (after the launcher's tags are taken
+    off), returning what of it is output; what it recognises is appended to the store and
+    kept as each key's latest values (`latest`, `progress`) for the views."""
+
+    def __init__(self, record: JobRecord, cap: int = SERIES_CAP) -> None:
+        self.record, self.cap = record, cap
+        self.latest: dict[str, dict[str, float]] = {}  # key -> name -> last value
+        self.progress: dict[str, tuple[int, int, float | None]] = {}  # key -> n, total, rate
+        self._counts: dict[str, int] = {}
+        self._progress_written: dict[str, float] = {}  # key -> when its progress was stored
+        self._lock = threading.Lock()
+
+    def take(self, key: str, stream: str, text: str, now: float) -> str | None:
+        """The line's text as output (None when it was a report() line, all of it ours)."""
+        if MARK in text:
+            before, _, payload = text.partition(MARK)
+            self._reported(key, payload)
+            return before or None
+        if stream == "stdout" and text.startswith("{'") and text.endswith("}"):
+            self._trainer_dict(key, text, now)
+        elif "|" in text and ("/s]" in text or "s/it]" in text):
+            self._progress_bar(key, text, now)
+        return text
+
+    def drawn(self, key: str, text: str, now: float) -> None:
+        """A line still being drawn (a progress bar's `\r` updates): its progress, kept at
+        most every PROGRESS_EVERY_S seconds per key."""
+        if now - self._progress_written.get(key, 0.0) >= PROGRESS_EVERY_S:
+            self._progress_bar(key, text, now)
+
+    def _reported(self, key: str, payload: str) -> None:
+        try:
+            message = json.loads(payload)
+            rank, records = message.get("r"), message["d"]
+        except (ValueError, KeyError, TypeError, AttributeError):
+            return  # a cut line: its records are lost, the output is not
+        key = f"rank-{rank}" if isinstance(rank, str) and rank.isdigit() else key
+        found = []
+        for entry in records if isinstance(records, list) else []:
+            with _skipped():
+                when, step, values = entry
+                numbers = {str(n): float(v) for n, v in values.items()}
+                step = step if isinstance(step, int) else None
+                found.append({"t": float(when), "k": key, "s": step, "m": numbers})
+        self._store(key, found)
+
+    def _trainer_dict(self, key: str, text: str, now: float) -> None:
+        if not any(name in text for name in _HF_KEYS):
+            return
+        with _skipped():
+            values = ast.literal_eval(text)
+            numbers = {
+                str(name): float(value) for name, value in values.items()
+                if isinstance(value, (int, float)) and not isinstance(value, bool)
+            }  # fmt: skip
+            step = values.get("step")
+            if numbers:
+                self._store(key, [{"t": now, "k": key, "s": step if isinstance(step, int)
+                                   else None, "m": numbers}])  # fmt: skip
+
+    def _progress_bar(self, key: str, text: str, now: float) -> None:
+        found = _TQDM.findall(text.rsplit("\r", 1)[-1] or text)  # a bar's last state
+        if not found:
+            return
+        done, total, per_second, seconds_each = found[-1]
+        rate = float(per_second) if per_second else (1 / float(seconds_each or "inf"))
+        n, total_n = int(done), int(total)
+        with self._lock:
+            self.progress[key] = (n, total_n, rate)
+            self._progress_written[key] = now
+        self._write([{"t": now, "k": key, "p": [n, total_n], "r": rate}])
+
+    def _store(self, key: str, records: list[dict[str, Any]]) -> None:
+        """Keep the latest values; append the records this key's rate lets through."""
+        kept, notes = [], []
+        with self._lock:
+            for record in records:
+                self.latest.setdefault(key, {}).update(record["m"])
+                count = self._counts[key] = self._counts.get(key, 0) + 1
+                stride = _stride(count, self.cap)
+                if stride != _stride(count - 1, self.cap):
+                    notes.append({"note": f"{key}: over {count - 1} records: from here "
+                                          f"every {_ordinal(stride)} is kept"})  # fmt: skip
+                if (count - 1) % stride == 0:
+                    kept.append(record)
+        self._write(notes + kept)
+
+    def _write(self, lines: list[dict[str, Any]]) -> None:
+        if lines:
+            text = "".join(json.dumps(line, separators=(",", ":")) + "\n" for line in lines)
+            with self._lock:
+                append_private(self.record.path / METRICS_FILE, text)
+
+
+def _stride(count: int, cap: int) -> int:
+    """Every how many of a key's records is kept once it has `count`: 1 up to cap, then
+    2 up to 2·cap, 4 up to 4·cap..."""
+    stride = 1
+    while count > cap * stride:
+        stride *= 2
+    return stride
+
+
+def _ordinal(n: int) -> str:
+    return {2: "2nd", 3: "3rd"}.get(n, f"{n}th")
+
+
+class _skipped:
+    """A record that is not one (a user's odd dict, a cut line) is skipped, never raised."""
+
+    def __enter__(self) -> None:
+        return None
+
+    def __exit__(self, kind, value, traceback) -> bool:
+        return kind is not None and issubclass(kind, (ValueError, TypeError, KeyError,
+                                                      SyntaxError, AttributeError,
+                                                      MemoryError, RecursionError))  # fmt: skip
+
+
+# -- reading them back ------------------------------------------------------------------------
+
+
+def read_metrics(record: JobRecord) -> tuple[list[dict[str, Any]], list[str]]:
+    """A job's metric and progress records, oldest first, and its notes (downsampling)."""
+    records, notes = [], []
+    try:
+        text = (record.path / METRICS_FILE).read_text(errors="replace")
+    except FileNotFoundError:
+        return [], []
+    for line in text.splitlines():
+        with _skipped():
+            entry = json.loads(line)
+            if isinstance(entry, dict) and isinstance(entry.get("note"), str):
+                notes.append(entry["note"])
+            elif isinstance(entry, dict) and isinstance(entry.get("k"), str):
+                records.append(entry)
+    return records, notes
+
+
+def summarize_metrics(records: Iterable[dict[str, Any]]) -> tuple[list[dict[str, Any]], str]:
+    """Each metric's first, last, min and max (over every rank, in time order), and the
+    progress reached ("100/100", the slowest rank's; "" when none was reported)."""
+    series: dict[str, list[float]] = {}
+    ranks: dict[str, set[str]] = {}
+    progress: dict[str, tuple[int, int]] = {}
+    for record in records:
+        if "p" in record:
+            with _skipped():
+                progress[record["k"]] = (int(record["p"][0]), int(record["p"][1]))
+            continue
+        for name, value in (record.get("m") or {}).items():
+            if isinstance(value, (int, float)) and not math.isnan(value):
+                series.setdefault(name, []).append(float(value))
+                ranks.setdefault(name, set()).add(record["k"])
+    rows = [
+        {"metric": name, "ranks": len(ranks[name]), "first": _short(values[0]),
+         "last": _short(values[-1]), "min": _short(min(values)), "max": _short(max(values)),
+         "points": len(values)}
+        for name, values in series.items()
+    ]  # fmt: skip
+    reached = ""
+    if progress:
+        n, total = min(progress.values(), key=lambda p: p[0] / p[1] if p[1] else 0)
+        reached = f"{n}/{total}"
+    return rows, reached
+
+
+def _short(value: float) -> str:
+    return f"{value:.4g}"

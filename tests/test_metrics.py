@@ -1,0 +1,143 @@
+"""Metrics from the ranks (run/metrics.py): report() calls (node_side/report.py, shipped
+as `distrun` into every rank), Hugging Face Trainer's log dicts and tqdm's progress bars,
+stored bounded in metrics.jsonl and shown by `metrics` and `inspect`."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from helpers import run_cli
+
+from jupyter_dist.node_side.report import MARK
+from jupyter_dist.run.metrics import MetricsSink, read_metrics, summarize_metrics
+from jupyter_dist.store import JobStore
+
+# Every rank reports, draws a tqdm bar, and rank 0 prints what a HF Trainer prints.
+TRAINING = """\
+import os, time
+from distrun import report          # shipped into every rank
+from jupyter_dist import report as same_report
+from tqdm import tqdm
+rank = int(os.environ["RANK"])
+for i in tqdm(range(30), mininterval=0):
+    report(step=i, loss=1.0 / (i + 1) + rank, lr=0.1, note="not a number")
+    time.sleep(0.01)
+same_report(step=30, loss=0.0)
+if rank == 0:
+    print({'loss': 0.41, 'grad_norm': 1.5, 'learning_rate': 5e-05, 'epoch': 0.5})
+    print({'not': 'a trainer line'})
+print("done", rank)
+"""
+
+
+def _sink(tmp_path: Path, cap: int = 20_000) -> MetricsSink:
+    record = JobStore(tmp_path / "jobs").create("j", "command: x\n", {"processes": []})
+    return MetricsSink(record, cap=cap)
+
+
+def test_report_lines_trainer_dicts_and_progress_bars_are_read(tmp_path):
+    sink = _sink(tmp_path)
+    line = MARK + json.dumps({"r": "3", "d": [[1.0, 7, {"loss": 0.5}], [2.0, None, {"x": 1}]]})
+    assert sink.take("worker-0", "stdout", "before" + line, 5.0) == "before"
+    assert sink.take("rank-0", "stdout", line, 5.0) is None  # all of it ours
+    trainer = "{'loss': 0.41, 'grad_norm': 1.5, 'learning_rate': 5e-05, 'epoch': 0.5}"
+    assert sink.take("rank-0", "stdout", trainer, 6.0) == trainer  # still output
+    assert sink.take("rank-0", "stdout", "{'a': 1}", 6.5) == "{'a': 1}"  # not a trainer's
+    bar = " 10%|█   | 10/100 [00:01<00:09, 9.50it/s]\r 20%|██  | 20/100 [00:02<00:08, 9.80it/s]"
+    sink.take("rank-1", "stderr", bar, 7.0)
+    sink.take("rank-2", "stderr", "  3%|▎ | 3/100 [00:06<03:14, 2.00s/it]", 7.5)
+    sink.take("rank-2", "stderr", "{'loss': 1}", 8.0)  # on stderr: not a trainer's log
+    assert sink.latest == {"rank-3": {"loss": 0.5, "x": 1.0},
+                           "rank-0": {"loss": 0.41, "grad_norm": 1.5, "learning_rate": 5e-05,
+                                      "epoch": 0.5}}  # fmt: skip
+    assert sink.progress == {"rank-1": (20, 100, 9.8), "rank-2": (3, 100, 0.5)}
+    records, notes = read_metrics(sink.record)
+    assert notes == [] and len(records) == 7
+    assert records[0] == {"t": 1.0, "k": "rank-3", "s": 7, "m": {"loss": 0.5}}
+    rows, reached = summarize_metrics(records)
+    loss = next(row for row in rows if row["metric"] == "loss")
+    assert (loss["first"], loss["last"], loss["points"], loss["ranks"]) == ("0.5", "0.41", 3, 2)
+    assert reached == "3/100"  # the slowest rank's
+
+
+def test_a_keys_records_are_bounded_and_the_store_says_so(tmp_path):
+    sink = _sink(tmp_path, cap=10)
+    for step in range(45):
+        payload = json.dumps({"r": "0", "d": [[float(step), step, {"loss": float(step)}]]})
+        sink.take("rank-0", "stdout", MARK + payload, 0.0)
+    records, notes = read_metrics(sink.record)
+    steps = [r["s"] for r in records]
+    assert steps[:10] == list(range(10))  # full rate up to the cap
+    assert steps[10:15] == [10, 12, 14, 16, 18]  # then every 2nd
+    assert steps[15:] == [20, 24, 28, 32, 36, 40]  # then every 4th, and from 40 every 8th
+    assert notes == ["rank-0: over 10 records: from here every 2nd is kept",
+                     "rank-0: over 20 records: from here every 4th is kept",
+                     "rank-0: over 40 records: from here every 8th is kept"]  # fmt: skip
+    assert sink.latest["rank-0"]["loss"] == 44.0  # the latest is always kept
+
+
+def test_report_outside_a_job_does_nothing(tmp_path):
+    env = {k: v for k, v in os.environ.items() if not k.startswith("DISTRUN_")}
+    done = subprocess.run(
+        [sys.executable, "-c", "from jupyter_dist import report\nreport(step=1, loss=2.0)\n"
+         "print('ok')"],
+        capture_output=True, text=True, env=env, check=True,
+    )  # fmt: skip
+    assert done.stdout == "ok\n"
+
+
+@pytest.mark.slow
+def test_a_jobs_metrics_are_stored_and_shown_without_their_lines_in_the_logs(store, tmp_path):
+    spec = tmp_path / "train.yml"
+    job = {"script": TRAINING, "resources": {"instance_count": 2},
+           "distribution": {"type": "pytorch", "process_count_per_instance": 2}}  # fmt: skip
+    spec.write_text(json.dumps(job))
+    done = run_cli("run", str(spec), store=store, timeout=120)
+    assert done.returncode == 0, done.stderr
+    assert "distrun-metrics" not in done.stdout + done.stderr
+    (record,) = store.jobs()
+    for key in record.log_keys():
+        for line in record.iter_log(key, "stdout"):
+            assert MARK.strip() not in line.text
+    records, _ = read_metrics(record)
+    losses = {(r["k"], r["s"]): r["m"]["loss"] for r in records if "m" in r and "loss" in r["m"]}
+    assert losses[("rank-3", 0)] == 4.0 and losses[("rank-2", 29)] == pytest.approx(2 + 1 / 30)
+    assert losses[("rank-1", 30)] == 0.0  # `from jupyter_dist import report` too
+    assert all("note" not in r.get("m", {}) for r in records)  # not a number: left out
+    table = run_cli("metrics", record.job_id, store=store, env={**os.environ, "COLUMNS": "160"})
+    assert table.returncode == 0
+    assert "learning_rate" in table.stdout and "Progress reached: 30/30" in table.stdout
+    csv = run_cli("metrics", record.job_id, "--csv", store=store).stdout.splitlines()
+    assert csv[0] == "time,key,step,metric,value"
+    assert sum(",loss," in row for row in csv) == 4 * 31 + 1
+    lines = run_cli("metrics", record.job_id, "--json", store=store).stdout.splitlines()
+    assert len(lines) == len(records)
+    inspected = run_cli("inspect", record.job_id, store=store, env={**os.environ, "COLUMNS": "160"})
+    assert "Metrics (first, last, min and max over every rank)" in inspected.stdout
+    none = run_cli("metrics", record.job_id, "--csv", "--json", store=store)
+    assert none.returncode == 2
+
+
+@pytest.mark.slow
+def test_reports_from_torchrun_workers_are_each_ranks(store):
+    """torchrun carries 2 ranks per process: each report is its rank's (RANK)."""
+    from jupyter_dist.run.launch import run
+    from jupyter_dist.spec import parse_spec
+
+    spec = parse_spec(
+        'command: python -c "from distrun import report; import os; '
+        "report(step=2, rank=float(os.environ['RANK']))\"\n"
+        "resources: {instance_count: 2}\n"
+        "distribution: {type: pytorch, process_count_per_instance: 2, launcher: torchrun}\n"
+    )
+    result = run(spec, store=store)
+    assert result.ok, result.describe()
+    records, _ = read_metrics(store.get(result.job_id))
+    assert sorted((r["k"], r["m"]["rank"]) for r in records) == [
+        (f"rank-{rank}", float(rank)) for rank in range(4)
+    ]
