@@ -71,6 +71,27 @@ if os.environ["RANK"] == "1" and attempt == 0:
     sys.exit("rank 1 gives up")
 time.sleep(6)"""
 
+# Metrics, in a notebook of their own: 4 ranks report a loss and draw a tqdm bar; then 64
+# ranks report theirs (a mean and a min-max band).
+METRICS_CELLS = [
+    """\
+%%distrun --nodes 2 --procs-per-node 2 --name lab-metrics
+import os, time
+from distrun import report
+from tqdm import tqdm
+rank = int(os.environ["RANK"])
+for step in tqdm(range(200), mininterval=0):
+    report(step=step, loss=2.0 / (step + 1) + 0.1 * rank, lr=0.1 * 0.99 ** step)
+    time.sleep(0.02)""",
+    """\
+%%distrun --nodes 2 --procs-per-node 32 --name lab-metrics-64
+import os, math
+from distrun import report
+rank = int(os.environ["RANK"])
+for step in range(1000):
+    report(step=step, loss=math.exp(-step / 300) * (1 + rank / 64))""",
+]
+
 # A warm session, in a notebook of its own: each cell run in it has a view of its own.
 SESSION_CELLS = [
     "%distrun session start --nodes 2 --name lab-session",
@@ -89,6 +110,7 @@ def lab(tmp_path_factory):
     labserver.write_notebook(server, "session.ipynb", ["%load_ext jupyter_dist", *SESSION_CELLS])
     labserver.write_notebook(server, "detached.ipynb", ["%load_ext jupyter_dist", DETACHED_CELL])
     labserver.write_notebook(server, "restarts.ipynb", ["%load_ext jupyter_dist", RESTARTING_CELL])
+    labserver.write_notebook(server, "metrics.ipynb", ["%load_ext jupyter_dist", *METRICS_CELLS])
     yield server
     labserver.stop(server)
 
@@ -532,6 +554,54 @@ def test_a_restarting_job_shows_its_attempt_and_the_earlier_cause_in_view_and_si
         assert "rank 1 on attempt 0" in lines and "rank 1 on attempt 1" in lines
         assert "attempt 2 of 3" in view.locator(".distrun-attempt").inner_text()
         _shot(page, "11-restarted-done")
+    finally:
+        page.close()
+
+
+def test_charts_and_progress_show_what_the_ranks_report(lab_page, lab):
+    """4 ranks: a chart per metric with a line per rank, hover naming each rank's value, and
+    the slowest rank's progress bar in the header. 64 ranks: the mean and its band. Both
+    themes; the charts stay after the job ends (the settled view)."""
+    page = lab_page.context.browser.new_page(viewport={"width": 1400, "height": 1100})
+    try:
+        page.goto(lab.page_url("/lab/workspaces/distrun-metrics/tree/metrics.ipynb?reset"))
+        page.locator(".jp-StatusBar-Widget", has_text="| Idle").first.wait_for()
+        _run_cell(page, 0, wait=True)
+        _run_cell(page, 1)
+        view = page.locator(".jp-Notebook .jp-Cell").nth(1).locator(".distrun-live")
+        loss = view.locator(".distrun-chart[data-metric='loss']")
+        loss.wait_for(timeout=60_000)
+        progress = view.locator(".distrun-progress-text")
+        progress.wait_for(timeout=30_000)
+        assert re.match(r"\d+/200", progress.inner_text()), progress.inner_text()
+        view.locator(".distrun-job-state", has_text="succeeded").wait_for(timeout=60_000)
+        view = page.locator(".jp-Notebook .jp-Cell").nth(1).locator(".distrun-live")  # settled
+        loss = view.locator(".distrun-chart[data-metric='loss']")
+        assert loss.locator(".distrun-chart-line").count() == 4
+        assert view.locator(".distrun-chart[data-metric='lr']").count() == 1
+        assert view.locator(".distrun-progress-text").inner_text().startswith("200/200")
+        box = loss.locator("svg").bounding_box()
+        page.mouse.move(box["x"] + box["width"] / 2, box["y"] + box["height"] / 2)
+        said = loss.locator(".distrun-chart-value").inner_text()
+        assert said.startswith("step ") and "rank 0 " in said and "rank 3 " in said, said
+        _assert_readable(loss)  # its text on its own background
+        _assert_readable(view.locator(".distrun-progress"))
+        view.screenshot(path=str(ARTIFACTS / "live-view-metrics.png"))
+        with _dark_theme(page):
+            _assert_readable(loss)
+            _assert_readable(view.locator(".distrun-progress"))
+            view.screenshot(path=str(ARTIFACTS / "live-view-metrics-dark.png"))
+        _run_cell(page, 2)
+        wide = page.locator(".jp-Notebook .jp-Cell").nth(2).locator(".distrun-live")
+        wide.locator(".distrun-job-state", has_text="succeeded").wait_for(timeout=120_000)
+        band = wide.locator(".distrun-chart[data-metric='loss']")
+        band.locator(".distrun-chart-band").wait_for(timeout=30_000)
+        assert band.locator(".distrun-chart-mean").count() == 1
+        assert band.locator(".distrun-chart-line").count() == 0
+        assert "of 64 ranks" in band.locator(".distrun-chart-value").inner_text()
+        wide.screenshot(path=str(ARTIFACTS / "live-view-metrics-64.png"))
+        with _dark_theme(page):
+            wide.screenshot(path=str(ARTIFACTS / "live-view-metrics-64-dark.png"))
     finally:
         page.close()
 

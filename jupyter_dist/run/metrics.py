@@ -167,6 +167,49 @@ class _skipped:
 # -- reading them back ------------------------------------------------------------------------
 
 
+class MetricsReader:
+    """A job's records as they are appended (a live view's feed): each `new()` reads what
+    was written since the last, whole lines only."""
+
+    def __init__(self, record: JobRecord) -> None:
+        self.path = record.path / METRICS_FILE
+        self.offset = 0
+
+    def new(self) -> list[dict[str, Any]]:
+        try:
+            with open(self.path, "rb") as handle:
+                handle.seek(self.offset)
+                data = handle.read()
+        except FileNotFoundError:
+            return []
+        whole = data[: data.rfind(b"\n") + 1]
+        self.offset += len(whole)
+        found = []
+        for line in whole.decode("utf-8", errors="replace").splitlines():
+            with _skipped():
+                entry = json.loads(line)
+                if isinstance(entry, dict) and isinstance(entry.get("k"), str):
+                    found.append(entry)
+        return found
+
+
+def thinned(records: list[dict[str, Any]], most: int) -> list[dict[str, Any]]:
+    """At most about `most` metric records per key (evenly spaced, the last kept), and
+    every key's last progress: what a page that lost its charts is sent again."""
+    by_key: dict[str, list[dict[str, Any]]] = {}
+    progress: dict[str, dict[str, Any]] = {}
+    for record in records:
+        if "p" in record:
+            progress[record["k"]] = record
+        else:
+            by_key.setdefault(record["k"], []).append(record)
+    kept = []
+    for series in by_key.values():
+        stride = max(1, -(-len(series) // most))
+        kept += series[::stride] + ([series[-1]] if (len(series) - 1) % stride else [])
+    return kept + list(progress.values())
+
+
 def read_metrics(record: JobRecord) -> tuple[list[dict[str, Any]], list[str]]:
     """A job's metric and progress records, oldest first, and its notes (downsampling)."""
     records, notes = [], []

@@ -31,6 +31,11 @@ const SGR = { 30: "#555", 31: "#c33", 32: "#2a2", 33: "#b80", 34: "#36c", 35: "#
 const COMPACT_AFTER = 16;
 // Meters: the last minute of each rank's CPU share and memory (one reading a second).
 const METER_POINTS = 60;
+// Charts: about the most points kept per rank and metric (older ones thinned by half when
+// more come), and above how many ranks a chart draws their mean and min-max band instead.
+export const CHART_POINTS = 2000;
+const BAND_AFTER = 8;
+const BUCKETS = 200;  // x intervals of a band
 
 // "1.2 GiB", "312 MiB": resident memory as people read it.
 export function bytes(size) {
@@ -143,7 +148,8 @@ function linesOf(model) {
   const id = `${model.get("job_id")}/${model.get("cell") || 0}`;
   if (!LINES.has(id)) {
     LINES.set(id, { buffers: { all: [] }, labels: {}, total: 0, meters: {}, views: new Set(),
-      ui: { active: "all", inspector: false }, colours: {} });
+      ui: { active: "all", inspector: false }, colours: {},
+      metrics: {}, progress: {}, metricsTotal: 0 });
   }
   return LINES.get(id);
 }
@@ -176,6 +182,15 @@ function initialize({ model }) {
         if (series.length > METER_POINTS) series.splice(0, series.length - METER_POINTS);
       }
       for (const view of held.views) view.meters?.();
+    } else if (msg.type === "metrics") {
+      if (msg.history) {  // what a page that lost its charts would hold: it replaces them
+        if (msg.total <= held.metricsTotal) return;
+        held.metrics = {};
+        held.progress = {};
+      }
+      keepMetrics(held, msg.records);
+      held.metricsTotal = msg.total;
+      for (const view of held.views) view.charts?.();
     } else if (msg.type === "history" && msg.total > held.total) {
       // The store's last lines of every tab are what this page would hold: they replace
       // the buffers.
@@ -186,7 +201,86 @@ function initialize({ model }) {
       for (const view of held.views) view.redraw();
     }
   });
-  if (model.get("lines_total") > held.total) model.send({ type: "history" });
+  if (model.get("lines_total") > held.total ||
+      (model.get("metrics_total") || 0) > held.metricsTotal) {
+    model.send({ type: "history" });
+  }
+}
+
+// Records as the kernel sends them ([key, step, time, {name: value}], or a progress one:
+// [key, null, time, null, [n, total], rate]) into `held.metrics` (name -> key -> [[step,
+// time, value]]) and `held.progress` (key -> [n, total, rate]). A series past `most`
+// points keeps every other one (and its last).
+export function keepMetrics(held, records, most = CHART_POINTS) {
+  for (const [key, step, time, values, progress, rate] of records) {
+    if (progress) {
+      held.progress[key] = [progress[0], progress[1], rate];
+      continue;
+    }
+    for (const [name, value] of Object.entries(values || {})) {
+      const series = ((held.metrics[name] ??= {})[key] ??= []);
+      series.push([step, time, value]);
+      if (series.length > most) {
+        const kept = series.filter((_, i) => i % 2 === 0 || i === series.length - 1);
+        series.splice(0, series.length, ...kept);
+      }
+    }
+  }
+}
+
+// One chart's drawing: its x axis ("step" where every point has one, else "time": seconds
+// since the first point), and per rank its points, or above `bandAfter` ranks the mean
+// and the min-max band over BUCKETS intervals of x; with the bounds of both axes.
+export function chartOf(byKey, bandAfter = BAND_AFTER) {
+  const keys = Object.keys(byKey).sort(byNumber);
+  const all = keys.flatMap((k) => byKey[k]);
+  const axis = all.every((p) => p[0] !== null && p[0] !== undefined) ? "step" : "time";
+  const t0 = Math.min(...all.map((p) => p[1] ?? 0));
+  const xOf = (p) => (axis === "step" ? p[0] : (p[1] ?? t0) - t0);
+  const finite = (v) => typeof v === "number" && Number.isFinite(v);
+  const lines = keys.map((key) => ({ key,
+    points: byKey[key].map((p) => [xOf(p), p[2]]).filter(([x, v]) => finite(x) && finite(v)) }));
+  const xs = lines.flatMap((l) => l.points.map((p) => p[0]));
+  const vs = lines.flatMap((l) => l.points.map((p) => p[1]));
+  const bounds = { xmin: Math.min(...xs), xmax: Math.max(...xs), ymin: Math.min(...vs),
+    ymax: Math.max(...vs) };
+  if (keys.length <= bandAfter) return { axis, lines, ...bounds };
+  const width = (bounds.xmax - bounds.xmin) / BUCKETS || 1;
+  const buckets = new Map();
+  for (const line of lines) {
+    for (const [x, v] of line.points) {
+      const i = Math.min(BUCKETS - 1, Math.floor((x - bounds.xmin) / width));
+      const b = buckets.get(i) ?? { x: 0, n: 0, sum: 0, low: Infinity, high: -Infinity };
+      b.x += x; b.n += 1; b.sum += v; b.low = Math.min(b.low, v); b.high = Math.max(b.high, v);
+      buckets.set(i, b);
+    }
+  }
+  const band = [...buckets.keys()].sort((a, b) => a - b).map((i) => {
+    const b = buckets.get(i);
+    return { x: b.x / b.n, mean: b.sum / b.n, low: b.low, high: b.high };
+  });
+  return { axis, band, ranks: keys.length, ...bounds };
+}
+
+// The job's progress from each rank's last progress bar: the slowest rank's count, its
+// rate and the time left at that rate. null where no rank drew one.
+export function progressOf(progress) {
+  const rows = Object.values(progress).filter(([, total]) => total > 0);
+  if (!rows.length) return null;
+  const [n, total, rate] = rows.reduce((a, b) => (b[0] / b[1] < a[0] / a[1] ? b : a));
+  const left = rate > 0 ? (total - n) / rate : null;
+  const speed = rate >= 1 ? `${rate.toFixed(1)} it/s` : rate > 0 ? `${(1 / rate).toFixed(1)} s/it` : "";
+  return { n, total, rate, left,
+    text: [`${n}/${total}`, speed, left !== null && n < total ? `ETA ${clock(left)}` : ""]
+      .filter(Boolean).join(" · ") };
+}
+
+// A number as a chart's caption shows it.
+export function short(value) {
+  if (!Number.isFinite(value)) return String(value);
+  const size = Math.abs(value);
+  return size !== 0 && (size < 1e-3 || size >= 1e5) ? value.toExponential(2)
+    : String(Number(value.toPrecision(4)));
 }
 
 // The Jupyter server this page talks to ({ baseUrl, token }), from the page's config; null
@@ -246,8 +340,13 @@ function render({ model, el }) {
   const elapsed = element("span", "distrun-elapsed");
   elapsed.title = "elapsed";
   const counts = element("span", "distrun-counts");
+  const progressBox = element("span", "distrun-progress");  // the slowest rank's bar
+  const progressFill = element("span", "distrun-progress-fill");
+  const progressText = element("span", "distrun-progress-text");
+  progressBox.append(progressFill, progressText);
+  progressBox.style.display = "none";
   const actions = element("span", "distrun-actions");
-  header.append(jobState, attemptChip, title, elapsed, counts, actions);
+  header.append(jobState, attemptChip, title, elapsed, counts, progressBox, actions);
   // In JupyterLab with our extension, the full log opens in its log viewer (the extension
   // marks the page and listens for this event); elsewhere the log folder path is shown.
   if (document.body.dataset.jupyterDistLogs === "1") {
@@ -320,6 +419,7 @@ function render({ model, el }) {
   const rankBar = element("div", "distrun-rankbar");
   rankBar.setAttribute("role", "tablist");
   const pane = element("pre", "distrun-lines");
+  const charts = element("div", "distrun-charts");  // one per metric the ranks report
   const cause = element("pre", "distrun-root-cause");
   const attempts = element("ul", "distrun-attempts");  // each earlier attempt's cause
   const checks = element("ul", "distrun-checks");  // what stands out in the plan
@@ -331,7 +431,7 @@ function render({ model, el }) {
   inspector.append(inspectorSummary, tableBox);
   inspector.open = held.ui.inspector;
   inspector.addEventListener("toggle", () => { held.ui.inspector = inspector.open; });
-  root.append(header, rankBar, pane, cause, attempts, stacks, checks, inspector);
+  root.append(header, rankBar, pane, charts, cause, attempts, stacks, checks, inspector);
   el.appendChild(root);
 
   function colour(key) {
@@ -581,7 +681,96 @@ function render({ model, el }) {
     drawPane();
   }
 
-  const view = { append, redraw, meters: drawMeters };
+  // Charts: one per metric, x the step (or the time), a line per rank in its colour, or the
+  // ranks' mean with their min-max band; hovering names the values at that x.
+  const SVG = "http://www.w3.org/2000/svg";
+  const W = 320, H = 90, PAD = 4;
+  function drawCharts() {
+    const names = Object.keys(held.metrics).sort();
+    charts.style.display = names.length ? "" : "none";
+    charts.replaceChildren(...names.map((name) => chartNode(name, chartOf(held.metrics[name]))));
+    const shown = progressOf(held.progress);
+    progressBox.style.display = shown ? "" : "none";
+    if (shown) {
+      progressFill.style.width = `${Math.round((100 * shown.n) / shown.total)}%`;
+      progressText.textContent = shown.text;
+      progressBox.title = "the slowest rank's progress bar";
+    }
+  }
+
+  function chartNode(name, chart) {
+    const box = element("div", "distrun-chart");
+    box.dataset.metric = name;
+    const caption = element("div", "distrun-chart-caption");
+    const value = element("span", "distrun-chart-value");
+    caption.append(element("span", "distrun-chart-name", name), value);
+    const svg = document.createElementNS(SVG, "svg");
+    svg.setAttribute("viewBox", `0 0 ${W} ${H}`);
+    svg.setAttribute("preserveAspectRatio", "none");
+    svg.setAttribute("class", "distrun-chart-plot");
+    const sx = (x) => PAD + ((x - chart.xmin) / ((chart.xmax - chart.xmin) || 1)) * (W - 2 * PAD);
+    const sy = (v) => H - PAD - ((v - chart.ymin) / ((chart.ymax - chart.ymin) || 1)) * (H - 2 * PAD);
+    const path = (points) => points.map(([x, v]) => `${sx(x).toFixed(1)},${sy(v).toFixed(1)}`).join(" ");
+    const polyline = (points, cls, stroke) => {
+      const line = document.createElementNS(SVG, "polyline");
+      line.setAttribute("points", path(points));
+      line.setAttribute("class", cls);
+      if (stroke) line.style.stroke = stroke;
+      svg.appendChild(line);
+    };
+    let latest;
+    if (chart.band) {
+      const area = document.createElementNS(SVG, "polygon");
+      area.setAttribute("points", path([...chart.band.map((b) => [b.x, b.high]),
+        ...chart.band.map((b) => [b.x, b.low]).reverse()]));
+      area.setAttribute("class", "distrun-chart-band");
+      svg.appendChild(area);
+      polyline(chart.band.map((b) => [b.x, b.mean]), "distrun-chart-mean");
+      const last = chart.band[chart.band.length - 1];
+      latest = last ? `mean ${short(last.mean)} of ${chart.ranks} ranks` : "";
+    } else {
+      for (const line of chart.lines) polyline(line.points, "distrun-chart-line", colour(line.key));
+      latest = chart.lines.map((l) => l.points.length &&
+        `${held.labels[l.key] || l.key} ${short(l.points[l.points.length - 1][1])}`)
+        .filter(Boolean).slice(0, 4).join(" · ");
+    }
+    value.textContent = value.title = latest;
+    const guide = document.createElementNS(SVG, "line");
+    guide.setAttribute("class", "distrun-chart-guide");
+    guide.setAttribute("y1", "0");
+    guide.setAttribute("y2", String(H));
+    guide.style.display = "none";
+    svg.appendChild(guide);
+    svg.addEventListener("mousemove", (event) => {
+      const rect = svg.getBoundingClientRect();
+      const x = chart.xmin + ((event.clientX - rect.left) / (rect.width || 1)) *
+        (chart.xmax - chart.xmin);
+      guide.setAttribute("x1", String(sx(x)));
+      guide.setAttribute("x2", String(sx(x)));
+      guide.style.display = "";
+      const at = chart.axis === "step" ? `step ${Math.round(x)}` : `${x.toFixed(1)} s`;
+      value.textContent = value.title = `${at}: ` + hoverText(chart, x);
+    });
+    svg.addEventListener("mouseleave", () => {
+      guide.style.display = "none";
+      value.textContent = value.title = latest;
+    });
+    box.append(caption, svg);
+    return box;
+  }
+
+  function hoverText(chart, x) {
+    const nearest = (points) => points.reduce((a, b) =>
+      (Math.abs(b[0] - x) < Math.abs(a[0] - x) ? b : a), points[0]);
+    if (chart.band) {
+      const b = chart.band.reduce((a, c) => (Math.abs(c.x - x) < Math.abs(a.x - x) ? c : a));
+      return `mean ${short(b.mean)} (min ${short(b.low)}, max ${short(b.high)})`;
+    }
+    return chart.lines.filter((l) => l.points.length).map((l) =>
+      `${held.labels[l.key] || l.key} ${short(nearest(l.points)[1])}`).join(" · ");
+  }
+
+  const view = { append, redraw, meters: drawMeters, charts: drawCharts };
   held.views.add(view);
   for (const name of ["processes", "state", "root_cause", "summary", "name", "checks", "attempt",
     "attempts"]) {
@@ -591,6 +780,7 @@ function render({ model, el }) {
   drawStatus();
   drawStall();
   drawPane();
+  drawCharts();
   return () => {
     clearInterval(timer);
     held.views.delete(view);

@@ -30,6 +30,7 @@ from jupyter_dist.describe import plan_rows
 from jupyter_dist.diagnose.stall import describe_stall
 from jupyter_dist.events import Attempt, JobListener, JobResult, OutputLine, ProcessState
 from jupyter_dist.plan.parity import describe, parity_notes
+from jupyter_dist.run.metrics import MetricsReader, read_metrics, thinned
 from jupyter_dist.spec import JobSpec
 from jupyter_dist.store import JobRecord, JobStore
 
@@ -38,6 +39,7 @@ MIN_INTERVAL_S = 0.1
 ELAPSED_INTERVAL_S = 1.0  # the browser counts on between updates
 METERS_INTERVAL_S = 1.0  # each rank's CPU and memory, as often as the agents report them
 TEXT_LINES = 200
+CHART_POINTS = 2000  # about the most points a chart draws per series (the browser thins)
 
 
 class LiveView(anywidget.AnyWidget):
@@ -65,6 +67,9 @@ class LiveView(anywidget.AnyWidget):
     # earlier attempt's cause, one line each (events.Attempt.summary).
     attempt = Unicode("").tag(sync=True)
     attempts = List(Unicode()).tag(sync=True)
+    # Metric records the job stored so far (run/metrics.py): a page holding fewer asks for
+    # them again, as for lines.
+    metrics_total = Int(0).tag(sync=True)
 
     def __init__(self, job, names: list[str] | None = None, **kwargs):
         """The view of `job`, or of its processes in `names` only."""
@@ -92,6 +97,8 @@ class LiveView(anywidget.AnyWidget):
         self._labels: dict[str, str] = {}  # log key -> label, as the lines said
         self._last_meters = 0.0
         self.meters_sent: deque[dict] = deque(maxlen=600)  # the readings sent, for checks
+        self._metrics = MetricsReader(job.record)
+        self.metrics_sent = 0  # records sent, for checks
         self.on_msg(self._on_message)
 
     def _take_plan(self, plan) -> None:
@@ -144,8 +151,10 @@ class LiveView(anywidget.AnyWidget):
             self.messages_sent += 1
             self.lines_sent += len(lines)
             self._last_send = now
-        if result is None and now - self._last_meters >= METERS_INTERVAL_S:
-            self._send_meters()
+        if result is not None or now - self._last_meters >= METERS_INTERVAL_S:
+            if result is None:
+                self._send_meters()
+            self._send_metrics()
             self._last_meters = now
         if result is not None:
             self.state = result.state.replace("_", " ")
@@ -169,6 +178,18 @@ class LiveView(anywidget.AnyWidget):
             self.send({"type": "meters", "readings": readings})
             self.meters_sent.append(readings)
 
+    def _send_metrics(self) -> None:
+        """The metric and progress records stored since the last send (not for a session
+        cell's view: a session's metrics are the whole session's)."""
+        if self.cell:
+            return
+        records = self._metrics.new()
+        if records:
+            self.metrics_total += len(records)
+            self.send({"type": "metrics", "records": [_compact(r) for r in records],
+                       "total": self.metrics_total})  # fmt: skip
+            self.metrics_sent += len(records)
+
     def settled(self) -> LiveView:
         """A new view of what this one shows now: the cell's final display. A fresh model,
         because a browser can lose every message of a live one: anywidget drops a model's
@@ -180,6 +201,7 @@ class LiveView(anywidget.AnyWidget):
             **{name: getattr(self, name) for name in (
                 "name", "summary", "elapsed", "state", "processes", "root_cause",
                 "max_lines", "lines_total", "cell", "session", "checks", "attempt", "attempts",
+                "metrics_total",
             )},
         )  # fmt: skip
         self._job.remove_listener(copy.listener)  # it changes no more
@@ -197,6 +219,11 @@ class LiveView(anywidget.AnyWidget):
         if content.get("type") == "history":
             self.send({"type": "history", "lines": self.stored_lines(),
                        "total": self.lines_total})  # fmt: skip
+            if self.metrics_total and not self.cell:
+                records, _ = read_metrics(self._record)
+                shown = [_compact(r) for r in thinned(records, CHART_POINTS)]
+                self.send({"type": "metrics", "history": True, "total": self.metrics_total,
+                           "records": shown})  # fmt: skip
 
     def stored_lines(self) -> list[list[str]]:
         """The last `max_lines` lines of every log key from the store, merged by time, as
@@ -298,6 +325,14 @@ def follow_in_view(record: JobRecord, history: int = 0) -> LiveView:
 
     threading.Thread(target=follow, daemon=True, name=f"distrun-view-{record.job_id}").start()
     return view
+
+
+def _compact(record: dict) -> list:
+    """A metric record as the browser takes it: [key, step, time, {name: value}], or a
+    progress record: [key, null, time, null, [n, total], rate]."""
+    if "p" in record:
+        return [record["k"], None, record.get("t"), None, record["p"], record.get("r")]
+    return [record["k"], record.get("s"), record.get("t"), record.get("m")]
 
 
 def attempt_caption(number: int, of: int) -> str:

@@ -5,6 +5,11 @@
 // eslint-disable-next-line @typescript-eslint/ban-ts-comment
 // @ts-ignore: a plain JavaScript module without types
 import live, {
+  CHART_POINTS,
+  chartOf,
+  keepMetrics,
+  progressOf,
+  short,
   ansiToNodes,
   lastState,
   clock,
@@ -534,5 +539,49 @@ describe('meters', () => {
     expect(gpu('rank-1').textContent).toBe('512 MiB'); // nvidia-smi said [N/A]
     const chip = el.querySelector('.distrun-rank[data-key="rank-0"]') as HTMLElement;
     expect(chip.title).toContain('CPU 95% · 1.0 GiB · GPU 88% · 10.0 GiB');
+  });
+});
+
+
+describe('metrics in the live view', () => {
+  it('keeps each rank and metric as a series, thinned by half past its bound', () => {
+    const held: any = { metrics: {}, progress: {} };
+    const records = Array.from({ length: 9 }, (_, i) => ['rank-0', i, 100 + i, { loss: 9 - i }]);
+    keepMetrics(held, records, 8);
+    const steps = held.metrics.loss['rank-0'].map((p: number[]) => p[0]);
+    expect(steps).toEqual([0, 2, 4, 6, 8]); // every other one, and the last
+    keepMetrics(held, [['rank-1', null, 5, null, [3, 10], 1.5]]);
+    expect(held.progress).toEqual({ 'rank-1': [3, 10, 1.5] });
+    expect(CHART_POINTS).toBe(2000);
+  });
+
+  it('draws a line per rank, and the mean with a min-max band above 8 ranks', () => {
+    const series = (ranks: number) =>
+      Object.fromEntries(
+        Array.from({ length: ranks }, (_, r) => [
+          `rank-${r}`,
+          Array.from({ length: 10 }, (_, i) => [i, 1000 + i, r + i])
+        ])
+      );
+    const few: any = chartOf(series(2));
+    expect(few.axis).toBe('step');
+    expect(few.lines.map((l: any) => l.key)).toEqual(['rank-0', 'rank-1']);
+    expect([few.xmin, few.xmax, few.ymin, few.ymax]).toEqual([0, 9, 0, 10]);
+    const many: any = chartOf(series(64));
+    expect(many.lines).toBeUndefined();
+    expect(many.ranks).toBe(64);
+    expect(many.band[0]).toEqual({ x: 0, mean: 31.5, low: 0, high: 63 });
+    const timed: any = chartOf({ 'rank-0': [[null, 50, 1], [null, 52, 2]] });
+    expect(timed.axis).toBe('time');
+    expect(timed.lines[0].points).toEqual([[0, 1], [2, 2]]);
+  });
+
+  it("says the slowest rank's progress, rate and time left", () => {
+    expect(progressOf({})).toBeNull();
+    const shown: any = progressOf({ 'rank-0': [50, 100, 10], 'rank-1': [40, 100, 8] });
+    expect(shown.text).toBe('40/100 · 8.0 it/s · ETA 0:07');
+    expect((progressOf({ 'rank-0': [100, 100, 2] }) as any).text).toBe('100/100 · 2.0 it/s');
+    expect((progressOf({ 'rank-0': [1, 10, 0.5] }) as any).text).toContain('2.0 s/it');
+    expect([short(0.000012), short(0.41), short(123456)]).toEqual(['1.20e-5', '0.41', '1.23e+5']);
   });
 });
