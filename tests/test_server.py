@@ -402,3 +402,38 @@ async def test_hostile_requests_get_a_400_and_the_server_keeps_answering(jp_fetc
     (home / "jobs" / job / "spec.yml").write_text(bomb)
     code, detail = await asyncio.wait_for(_json(jp_fetch, "distrun", "jobs", job), timeout=30)
     assert code == 200 and detail["spec"] == ""
+
+
+@pytest.mark.slow
+async def test_the_job_list_carries_a_running_jobs_latest_metrics_and_progress(
+    jp_fetch, home, tmp_path
+):
+    """What the sidebar shows beside a running job: each metric's latest value (the mean
+    over its ranks) and the slowest rank's progress; nothing of it once the job ended."""
+    spec = tmp_path / "metrics.yml"
+    spec.write_text(
+        "command: >-\n"
+        '  python -c "import os, sys, time; from distrun import report, flush;\n'
+        "  rank = int(os.environ['RANK']); report(step=1, loss=1.0 + rank); flush();\n"
+        "  sys.stderr.write(f' {5 + rank}/100 [00:01<00:09, 9.50it/s]|\\n'); sys.stderr.flush();\n"
+        '  time.sleep(60)"\n'
+        "resources: {instance_count: 2}\n"
+    )
+    store = JobStore()
+    done = await asyncio.to_thread(run_cli, "run", str(spec), "--detach", store=store, timeout=60)
+    assert done.returncode == 0, done.stderr
+    job_id = done.stdout.strip()
+    try:
+        deadline = time.monotonic() + 30
+        while True:
+            _, (job,) = await _json(jp_fetch, "distrun", "jobs")
+            if "progress" in job and len(job.get("metrics", {})) == 1:
+                break
+            assert time.monotonic() < deadline, job
+            await asyncio.sleep(0.2)
+        assert job["metrics"] == {"loss": 1.5} and job["progress"] == "5/100"
+    finally:
+        await _json(jp_fetch, "distrun", "jobs", job_id, "cancel", method="POST")
+    assert await asyncio.to_thread(wait_until_ended, store.get(job_id), 30) == "cancelled"
+    _, (job,) = await _json(jp_fetch, "distrun", "jobs")
+    assert "metrics" not in job and "progress" not in job

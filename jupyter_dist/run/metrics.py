@@ -193,6 +193,38 @@ class MetricsReader:
         return found
 
 
+def latest(record: JobRecord, tail_bytes: int = 1 << 16) -> dict[str, Any]:
+    """What a job list shows of a running job's metrics, from the end of its file only:
+    {"metrics": {name: the mean of each rank's latest value}, "progress": "340/1000"
+    (the slowest rank's)}; {} when it reported none."""
+    path = record.path / METRICS_FILE
+    try:
+        with open(path, "rb") as handle:
+            size = handle.seek(0, 2)
+            handle.seek(max(0, size - tail_bytes))
+            data = handle.read()
+    except FileNotFoundError:
+        return {}
+    if size > tail_bytes:
+        data = data[data.find(b"\n") + 1 :]  # the first line may be cut
+    values: dict[str, dict[str, float]] = {}  # name -> key -> latest
+    progress: dict[str, tuple[int, int]] = {}
+    for line in data.decode("utf-8", errors="replace").splitlines():
+        with _skipped():
+            entry = json.loads(line)
+            if "p" in entry:
+                progress[entry["k"]] = (int(entry["p"][0]), int(entry["p"][1]))
+            for name, value in (entry.get("m") or {}).items():
+                values.setdefault(name, {})[entry["k"]] = float(value)
+    found: dict[str, Any] = {}
+    if values:
+        found["metrics"] = {n: round(sum(v.values()) / len(v), 6) for n, v in values.items()}
+    if progress:
+        n, total = min(progress.values(), key=lambda p: p[0] / p[1] if p[1] else 0)
+        found["progress"] = f"{n}/{total}"
+    return found
+
+
 def thinned(records: list[dict[str, Any]], most: int) -> list[dict[str, Any]]:
     """At most about `most` metric records per key (evenly spaced, the last kept), and
     every key's last progress: what a page that lost its charts is sent again."""

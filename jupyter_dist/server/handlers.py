@@ -37,7 +37,8 @@ from jupyter_dist.events import FINAL_STATES
 from jupyter_dist.masking import masked_plan, masked_spec
 from jupyter_dist.nodes import load_inventory
 from jupyter_dist.plan import LaunchPlan
-from jupyter_dist.run.requests import request_cancel, request_stacks
+from jupyter_dist.run.metrics import latest as latest_metrics
+from jupyter_dist.run.requests import SETTLED_STATES, request_cancel, request_stacks
 from jupyter_dist.spec import dump_yaml
 from jupyter_dist.store import JobStore, UnknownJob
 from jupyter_dist.validation import YamlTooBig, load_yaml
@@ -142,7 +143,13 @@ class JobsHandler(DistrunHandler):
 
         def jobs():
             # Only the jobs asked for are read: a store holds a job for every cell ever run.
-            return [job_summary(record.status()) for record in self.store.jobs()[:limit]]
+            found = []
+            for record in self.store.jobs()[:limit]:
+                summary = job_summary(record.status())
+                if summary["state"] not in SETTLED_STATES:  # their metrics as they come
+                    summary.update(latest_metrics(record))
+                found.append(summary)
+            return found
 
         self.reply(await self.blocking(jobs))
 

@@ -19,6 +19,8 @@ export interface IJobSummary {
   stalled?: string | null; // "looks stuck: no rank printed or used CPU for 300 s"
   attempt?: string | null; // "attempt 2 of 4" once a job started again after a failure
   attempts?: string[]; // each earlier attempt's cause, one line each
+  metrics?: { [name: string]: number }; // a running job's: each metric's latest (rank mean)
+  progress?: string; // a running job's: "340/1000", its slowest rank's progress bar
 }
 
 export interface IProcessRow {

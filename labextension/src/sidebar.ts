@@ -253,8 +253,22 @@ export class DistrunSidebar extends Widget {
       ...(job.attempts ?? []).map(line =>
         h('div', { class: 'jp-distrun-muted jp-distrun-earlier-attempt' }, line)
       ),
+      running && (job.progress || job.metrics) ? this.metricsLine(job) : null,
       h('div', { class: 'jp-distrun-job-buttons' }, ...buttons),
       this.stacksBox(job.job_id)
+    );
+  }
+
+  /** A running job's progress and each metric's latest value (the mean over its ranks). */
+  private metricsLine(job: IJobSummary): HTMLElement {
+    const parts = [
+      ...(job.progress ? [job.progress] : []),
+      ...Object.entries(job.metrics ?? {}).map(([name, value]) => `${name} ${compact(value)}`)
+    ];
+    return h(
+      'div',
+      { class: 'jp-distrun-muted jp-distrun-metrics', title: 'latest, averaged over the ranks' },
+      parts.join(' · ')
     );
   }
 
@@ -323,4 +337,13 @@ export class DistrunSidebar extends Widget {
     }
     this.refresh(); // the button says "Cancelling…" until the job has stopped
   }
+}
+
+/** A metric's value in few characters: 0.0123, 4.1e-05, 1.2e+06. */
+export function compact(value: number): string {
+  const size = Math.abs(value);
+  if (size !== 0 && (size < 1e-3 || size >= 1e5)) {
+    return value.toExponential(1);
+  }
+  return String(Number(value.toPrecision(3)));
 }

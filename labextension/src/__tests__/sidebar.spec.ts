@@ -138,6 +138,24 @@ describe('DistrunSidebar stacks', () => {
     sidebar.dispose();
   });
 
+  it("shows a running job's progress and latest metrics, and none once it ended", async () => {
+    const running = {
+      ...job(1),
+      state: 'running',
+      ended: null,
+      progress: '340/1000',
+      metrics: { loss: 0.412345, lr: 0.00005 }
+    };
+    const ended = { ...job(2), metrics: { loss: 0.1 } };
+    const api = new DistrunApi(async () => ({ status: 200, body: [running, ended] }));
+    const sidebar = new DistrunSidebar({ api, openLogs: () => undefined });
+    await (sidebar as any).refreshJobs();
+    const lines = [...sidebar.node.querySelectorAll('.jp-distrun-metrics')];
+    expect(lines.map(l => l.textContent)).toEqual(['340/1000 · loss 0.412 · lr 5.0e-5']);
+    expect(lines[0].closest('.jp-distrun-job')?.getAttribute('data-job-id')).toBe('job-1');
+    sidebar.dispose();
+  });
+
   it('says in one line why stacks could not be read', async () => {
     const api = new DistrunApi(async path =>
       path.endsWith('/stacks')
