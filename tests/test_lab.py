@@ -90,6 +90,16 @@ from distrun import report
 rank = int(os.environ["RANK"])
 for step in range(1000):
     report(step=step, loss=math.exp(-step / 300) * (1 + rank / 64))""",
+    """\
+%%distrun --nodes 1 --procs-per-node 3 --name lab-slow-rank
+import os, time
+from distrun import report
+rank = int(os.environ["RANK"])
+end, step = time.monotonic() + 45, 0
+while time.monotonic() < end:  # not in lock step: rank 2 takes twice as long a step
+    report(step=step, loss=1.0)
+    time.sleep(0.2 if rank == 2 else 0.1)
+    step += 1""",
 ]
 
 # A warm session, in a notebook of its own: each cell run in it has a view of its own.
@@ -602,6 +612,18 @@ def test_charts_and_progress_show_what_the_ranks_report(lab_page, lab):
         wide.screenshot(path=str(ARTIFACTS / "live-view-metrics-64.png"))
         with _dark_theme(page):
             wide.screenshot(path=str(ARTIFACTS / "live-view-metrics-64-dark.png"))
+        # Ranks not in lock step: the one well below the others' rate is named, once it
+        # has been so for 30 s; each chip's tooltip has its step and rate.
+        _run_cell(page, 3)
+        slow = page.locator(".jp-Notebook .jp-Cell").nth(3).locator(".distrun-live")
+        named = slow.locator(".distrun-slow", has_text="rank 2 runs")
+        named.wait_for(timeout=90_000)
+        assert "below the median rate" in named.inner_text() and "for 30 s" in named.inner_text()
+        chip = slow.locator(".distrun-rank[data-key='rank-0']")
+        assert re.search(r"step \d+ · [\d.]+ steps/s", chip.get_attribute("title") or "")
+        _assert_readable(named)
+        slow.screenshot(path=str(ARTIFACTS / "live-view-slow-rank.png"))
+        slow.locator(".distrun-job-state", has_text="succeeded").wait_for(timeout=60_000)
     finally:
         page.close()
 

@@ -21,6 +21,7 @@ values stay on the ranks (save them to files there).
 from __future__ import annotations
 
 import json
+import re
 import threading
 import time
 import uuid
@@ -42,6 +43,7 @@ from jupyter_dist.run.session import (
 from jupyter_dist.store import JobRecord, JobStore, private_dir, write_atomic
 
 FOLDER = "session"
+_REQUEST_ID = re.compile(r"[0-9a-f]{32}")
 OUT_REFUSED = (
     "-o/--out: a detached session's values stay on its ranks (they outlive the kernel); "
     "save them to files there"
@@ -83,9 +85,8 @@ def serve(session: Session, record: JobRecord, stop: threading.Event) -> None:
             continue
         request = _take(pending[0])
         if request is not None:
-            write_atomic(
-                results / f"{request['id']}.json", json.dumps(_run(session, request, requests))
-            )
+            answer = _run(session, request, requests, stop)
+            write_atomic(results / f"{request['id']}.json", json.dumps(answer))
             _write_info(session, root)
     session.job.wait()
 
@@ -99,13 +100,18 @@ def _take(path: Path) -> dict[str, Any] | None:
     path.unlink(missing_ok=True)
     if not isinstance(request, dict) or not isinstance(request.get("code"), str):
         return None
+    if not _REQUEST_ID.fullmatch(str(request.get("id"))):
+        return None  # it names the answer's file: ours are uuid4 hex
     return request
 
 
-def _run(session: Session, request: dict[str, Any], requests: Path) -> dict[str, Any]:
+def _run(
+    session: Session, request: dict[str, Any], requests: Path, stop: threading.Event
+) -> dict[str, Any]:
     """One cell, as `Session.run_cell` runs it, in a thread of its own so that an
     interrupt request reaches its ranks (SIGINT) while it runs; a rank that does not come
-    back within INTERRUPT_GRACE_S breaks the session, as in a kernel."""
+    back within INTERRUPT_GRACE_S breaks the session, as in a kernel. A stopped supervisor
+    cancels the job meanwhile."""
     found: dict[str, Any] = {}
 
     def run() -> None:
@@ -113,14 +119,18 @@ def _run(session: Session, request: dict[str, Any], requests: Path) -> dict[str,
             result = session.run_cell(request["code"], ranks=request.get("ranks"),
                                       push=request.get("push"))  # fmt: skip
             found.update(cell=result.cell, labels=result.labels, reports=result.reports)
-        except Exception as exc:  # the session ended, or the request was wrong
+        except SessionEnded as exc:
             found["ended"] = str(exc)
+        except Exception as exc:  # the request was wrong (a rank it does not have)
+            found["error"] = str(exc)
 
     thread = threading.Thread(target=run, daemon=True, name=f"distrun-cell-{request['id']}")
     thread.start()
     interrupt = requests / f"{request['id']}.interrupt"
     while thread.is_alive():
         thread.join(SERVE_POLL_S)
+        if stop.is_set():
+            session.job.cancel("its supervisor was stopped")
         if interrupt.exists():
             interrupt.unlink(missing_ok=True)
             names = [p.name for p in session.chosen(request.get("ranks"))]
@@ -244,6 +254,8 @@ class RemoteSession:
                 write_atomic(requests / f"{request_id}.interrupt", "")
         if "ended" in answer:
             raise SessionEnded(f"session {self.name} has ended: {answer['ended']}")
+        if "error" in answer:
+            raise DistrunError(answer["error"])
         if interrupted or answer.get("interrupted"):
             raise KeyboardInterrupt
         result = CellResult(int(answer["cell"]), dict(answer["labels"]))

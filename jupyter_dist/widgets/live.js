@@ -36,6 +36,9 @@ const METER_POINTS = 60;
 export const CHART_POINTS = 2000;
 const BAND_AFTER = 8;
 const BUCKETS = 200;  // x intervals of a band
+const RATE_WINDOW_S = 30;  // a rank's steps per second, over its last points this recent
+export const SLOW_BELOW = 0.8;  // a rank this far under the median rate...
+export const SLOW_FOR_S = 30;  // ...for this long is named
 
 // "1.2 GiB", "312 MiB": resident memory as people read it.
 export function bytes(size) {
@@ -262,6 +265,50 @@ export function chartOf(byKey, bandAfter = BAND_AFTER) {
   return { axis, band, ranks: keys.length, ...bounds };
 }
 
+// Each rank's last step and its steps per second over its last RATE_WINDOW_S seconds of
+// points (null with fewer than two), from the metric it reported most: key -> {step, rate,
+// time}.
+export function stepRates(metrics) {
+  const best = {};
+  for (const byKey of Object.values(metrics)) {
+    for (const [key, points] of Object.entries(byKey)) {
+      const stepped = points.filter((p) => p[0] !== null && p[0] !== undefined && p[1] != null);
+      if (stepped.length > (best[key]?.length ?? 0)) best[key] = stepped;
+    }
+  }
+  const found = {};
+  for (const [key, points] of Object.entries(best)) {
+    const last = points[points.length - 1];
+    const window = points.filter((p) => p[1] >= last[1] - RATE_WINDOW_S);
+    const first = window[0];
+    const rate = window.length > 1 && last[1] > first[1]
+      ? (last[0] - first[0]) / (last[1] - first[1]) : null;
+    found[key] = { step: last[0], rate, time: last[1] };
+  }
+  return found;
+}
+
+// Ranks whose rate has stayed SLOW_BELOW under the median of all ranks' rates for at least
+// SLOW_FOR_S seconds (`since`, key -> when it was first seen slow, is kept between calls):
+// [{key, rate, median}]. Ranks in lock step (DDP) never are: they wait for each other.
+export function slowRanks(rates, since, now) {
+  const known = Object.entries(rates).filter(([, r]) => r.rate !== null && r.rate > 0);
+  if (known.length < 2) return [];
+  const sorted = known.map(([, r]) => r.rate).sort((a, b) => a - b);
+  const mid = Math.floor(sorted.length / 2);
+  const median = sorted.length % 2 ? sorted[mid] : (sorted[mid - 1] + sorted[mid]) / 2;
+  const slow = [];
+  for (const [key, r] of known) {
+    if (r.rate < SLOW_BELOW * median) {
+      since[key] ??= now;
+      if (now - since[key] >= SLOW_FOR_S) slow.push({ key, rate: r.rate, median });
+    } else {
+      delete since[key];
+    }
+  }
+  return slow;
+}
+
 // The job's progress from each rank's last progress bar: the slowest rank's count, its
 // rate and the time left at that rate. null where no rank drew one.
 export function progressOf(progress) {
@@ -420,6 +467,8 @@ function render({ model, el }) {
   rankBar.setAttribute("role", "tablist");
   const pane = element("pre", "distrun-lines");
   const charts = element("div", "distrun-charts");  // one per metric the ranks report
+  const slowLine = element("div", "distrun-slow");  // a rank well below the others' rate
+  slowLine.style.display = "none";
   const cause = element("pre", "distrun-root-cause");
   const attempts = element("ul", "distrun-attempts");  // each earlier attempt's cause
   const checks = element("ul", "distrun-checks");  // what stands out in the plan
@@ -431,7 +480,8 @@ function render({ model, el }) {
   inspector.append(inspectorSummary, tableBox);
   inspector.open = held.ui.inspector;
   inspector.addEventListener("toggle", () => { held.ui.inspector = inspector.open; });
-  root.append(header, rankBar, pane, charts, cause, attempts, stacks, checks, inspector);
+  root.append(header, rankBar, pane, charts, slowLine, cause, attempts, stacks, checks,
+    inspector);
   el.appendChild(root);
 
   function colour(key) {
@@ -482,7 +532,8 @@ function render({ model, el }) {
       button.setAttribute("aria-selected", key === active ? "true" : "false");
       button.dataset.key = key;
       button.dataset.state = state;
-      button.title = `${label(key)}: ${state}` + (key in buffers ? "" : " (no output yet)");
+      button.dataset.base = `${label(key)}: ${state}` + (key in buffers ? "" : " (no output yet)");
+      button.title = button.dataset.base;
       button.onclick = () => select(key);
       button.appendChild(element("span", "distrun-cpu-bar"));
       drawChipMeter(button);
@@ -529,7 +580,7 @@ function render({ model, el }) {
     const now = ["pending", "starting", "running"].includes(chip.dataset.state) ? reading : null;
     bar.style.width = now ? `${Math.min(100, now[0])}%` : "0";
     chip.dataset.cpu = now ? String(Math.round(now[0])) : "";
-    const base = chip.title.split(" · CPU ")[0];
+    const base = (chip.dataset.base || "") + (chip.dataset.steps || "");
     const gpu = reading && reading.length > 2
       ? ` · GPU ${reading[2] === null ? "" : `${Math.round(reading[2])}% · `}${bytes(reading[3])}` : "";
     chip.title = reading ? `${base} · CPU ${Math.round(reading[0])}% · ${bytes(reading[1])}${gpu}` : base;
@@ -683,12 +734,30 @@ function render({ model, el }) {
 
   // Charts: one per metric, x the step (or the time), a line per rank in its colour, or the
   // ranks' mean with their min-max band; hovering names the values at that x.
+  // A key's label as the chips say it: from its lines, else its process's ("rank 2").
+  const labelOf = (key) => held.labels[key] ||
+    keyStates(model.get("processes"))[key]?.process?.label || key;
   const SVG = "http://www.w3.org/2000/svg";
   const W = 320, H = 90, PAD = 4;
   function drawCharts() {
     const names = Object.keys(held.metrics).sort();
     charts.style.display = names.length ? "" : "none";
     charts.replaceChildren(...names.map((name) => chartNode(name, chartOf(held.metrics[name]))));
+    // Each rank's last step and rate, in its chip's tooltip; a rank well below the others'
+    // rate for a while (ranks not in lock step), named under the charts.
+    const rates = stepRates(held.metrics);
+    for (const chip of rankBar.querySelectorAll(".distrun-rank")) {
+      const found = rates[chip.dataset.key];
+      chip.dataset.steps = found ? ` · step ${found.step}` +
+        (found.rate !== null ? ` · ${found.rate.toFixed(1)} steps/s` : "") : "";
+      drawChipMeter(chip);
+    }
+    const slow = slowRanks(rates, held.slowSince ??= {}, Date.now() / 1000);
+    slowLine.textContent = slow.map((s) => `${labelOf(s.key)} runs ` +
+      `${Math.round(100 * (1 - s.rate / s.median))}% below the median rate (` +
+      `${s.rate.toFixed(1)} against ${s.median.toFixed(1)} steps/s) for ${SLOW_FOR_S} s or more`)
+      .join("; ");
+    slowLine.style.display = slow.length ? "" : "none";
     const shown = progressOf(held.progress);
     progressBox.style.display = shown ? "" : "none";
     if (shown) {
@@ -731,7 +800,7 @@ function render({ model, el }) {
     } else {
       for (const line of chart.lines) polyline(line.points, "distrun-chart-line", colour(line.key));
       latest = chart.lines.map((l) => l.points.length &&
-        `${held.labels[l.key] || l.key} ${short(l.points[l.points.length - 1][1])}`)
+        `${labelOf(l.key)} ${short(l.points[l.points.length - 1][1])}`)
         .filter(Boolean).slice(0, 4).join(" · ");
     }
     value.textContent = value.title = latest;
@@ -767,7 +836,7 @@ function render({ model, el }) {
       return `mean ${short(b.mean)} (min ${short(b.low)}, max ${short(b.high)})`;
     }
     return chart.lines.filter((l) => l.points.length).map((l) =>
-      `${held.labels[l.key] || l.key} ${short(nearest(l.points)[1])}`).join(" · ");
+      `${labelOf(l.key)} ${short(nearest(l.points)[1])}`).join(" · ");
   }
 
   const view = { append, redraw, meters: drawMeters, charts: drawCharts };

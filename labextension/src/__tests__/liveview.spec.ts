@@ -6,6 +6,9 @@
 // @ts-ignore: a plain JavaScript module without types
 import live, {
   CHART_POINTS,
+  SLOW_FOR_S,
+  slowRanks,
+  stepRates,
   chartOf,
   keepMetrics,
   progressOf,
@@ -583,5 +586,34 @@ describe('metrics in the live view', () => {
     expect((progressOf({ 'rank-0': [100, 100, 2] }) as any).text).toBe('100/100 · 2.0 it/s');
     expect((progressOf({ 'rank-0': [1, 10, 0.5] }) as any).text).toContain('2.0 s/it');
     expect([short(0.000012), short(0.41), short(123456)]).toEqual(['1.20e-5', '0.41', '1.23e+5']);
+  });
+});
+
+
+describe("each rank's rate", () => {
+  const metrics = (rates: number[]) => ({
+    loss: Object.fromEntries(
+      rates.map((rate, r) => [
+        `rank-${r}`,
+        Array.from({ length: 11 }, (_, i) => [Math.round(i * rate), 1000 + i, 0.5])
+      ])
+    )
+  });
+
+  it('gives its last step and steps per second', () => {
+    const rates: any = stepRates(metrics([4, 2]));
+    expect(rates['rank-0']).toEqual({ step: 40, rate: 4, time: 1010 });
+    expect(rates['rank-1'].rate).toBe(2);
+    expect(stepRates({ loss: { 'rank-0': [[null, 1, 0.5]] } })).toEqual({});
+  });
+
+  it('names a rank 20% or more below the median only once it stays so', () => {
+    const since = {};
+    const rates = stepRates(metrics([4, 4, 4, 3]));
+    expect(slowRanks(rates, since, 0)).toEqual([]); // slow, but not for long yet
+    const named = slowRanks(rates, since, SLOW_FOR_S);
+    expect(named).toEqual([{ key: 'rank-3', rate: 3, median: 4 }]);
+    expect(slowRanks(stepRates(metrics([4, 4, 4, 3.5])), since, SLOW_FOR_S + 1)).toEqual([]);
+    expect(since).toEqual({}); // back within 20%: forgotten
   });
 });
