@@ -65,6 +65,20 @@ def test_report_lines_trainer_dicts_and_progress_bars_are_read(tmp_path):
     assert reached == "3/100"  # the slowest rank's
 
 
+def test_what_cannot_be_read_as_metrics_never_costs_a_line(tmp_path):
+    sink = _sink(tmp_path)
+    odd = [
+        "  1%|▏ | 1/100 [00:01<00:09, 0.00s/it]",  # no rate to invert
+        "{'loss': 1e999999, 'x': " + "[" * 200 + "]" * 200 + "}",  # too deep for Python
+        "{'loss': " + "9" * 400 + "}",  # an int no float holds
+    ]
+    for text in odd:
+        assert sink.take("rank-0", "stdout", text, 1.0) == text
+    big = MARK + json.dumps({"r": "0", "d": [[1.0, 1, {"loss": 10**400}]]})
+    assert sink.take("rank-0", "stdout", "kept " + big, 1.0) == "kept "
+    assert sink.take("rank-0", "stdout", MARK + "{not json", 1.0) is None
+
+
 def test_a_keys_records_are_bounded_and_the_store_says_so(tmp_path):
     sink = _sink(tmp_path, cap=10)
     for step in range(45):

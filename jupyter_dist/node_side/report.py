@@ -61,7 +61,7 @@ def flush():
         for name, value in values.items():
             try:
                 numbers[str(name)] = float(value)
-            except (TypeError, ValueError):
+            except Exception:  # not a number (a string, an int too large): left out
                 continue
         if numbers:
             records.append([round(when, 3), step if isinstance(step, int) else None, numbers])

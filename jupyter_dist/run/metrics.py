@@ -58,22 +58,26 @@ class MetricsSink:
         self._lock = threading.Lock()
 
     def take(self, key: str, stream: str, text: str, now: float) -> str | None:
-        """The line's text as output (None when it was a report() line, all of it ours)."""
+        """The line's text as output (None when it was a report() line, all of it ours).
+        Never raises: what cannot be read as metrics is output, or dropped if it was ours."""
         if MARK in text:
             before, _, payload = text.partition(MARK)
-            self._reported(key, payload)
+            with _skipped():
+                self._reported(key, payload)
             return before or None
-        if stream == "stdout" and text.startswith("{'") and text.endswith("}"):
-            self._trainer_dict(key, text, now)
-        elif "|" in text and ("/s]" in text or "s/it]" in text):
-            self._progress_bar(key, text, now)
+        with _skipped():
+            if stream == "stdout" and text.startswith("{'") and text.endswith("}"):
+                self._trainer_dict(key, text, now)
+            elif "|" in text and ("/s]" in text or "s/it]" in text):
+                self._progress_bar(key, text, now)
         return text
 
     def drawn(self, key: str, text: str, now: float) -> None:
         """A line still being drawn (a progress bar's `\r` updates): its progress, kept at
-        most every PROGRESS_EVERY_S seconds per key."""
+        most every PROGRESS_EVERY_S seconds per key. Never raises."""
         if now - self._progress_written.get(key, 0.0) >= PROGRESS_EVERY_S:
-            self._progress_bar(key, text, now)
+            with _skipped():
+                self._progress_bar(key, text, now)
 
     def _reported(self, key: str, payload: str) -> None:
         try:
@@ -110,7 +114,8 @@ class MetricsSink:
         if not found:
             return
         done, total, per_second, seconds_each = found[-1]
-        rate = float(per_second) if per_second else (1 / float(seconds_each or "inf"))
+        each = float(seconds_each or 0)
+        rate = float(per_second) if per_second else (1 / each if each > 0 else 0.0)
         n, total_n = int(done), int(total)
         with self._lock:
             self.progress[key] = (n, total_n, rate)
@@ -153,15 +158,14 @@ def _ordinal(n: int) -> str:
 
 
 class _skipped:
-    """A record that is not one (a user's odd dict, a cut line) is skipped, never raised."""
+    """A record that is not one (a user's odd dict, a cut line, a number too large for a
+    float) is skipped: reading metrics never costs a line of output."""
 
     def __enter__(self) -> None:
         return None
 
     def __exit__(self, kind, value, traceback) -> bool:
-        return kind is not None and issubclass(kind, (ValueError, TypeError, KeyError,
-                                                      SyntaxError, AttributeError,
-                                                      MemoryError, RecursionError))  # fmt: skip
+        return kind is not None and issubclass(kind, Exception)
 
 
 # -- reading them back ------------------------------------------------------------------------
