@@ -68,10 +68,7 @@ def serve(session: Session, record: JobRecord, stop: threading.Event) -> None:
     """Run the cells kernels ask for, one at a time, until the session ends (a stop
     request, a cancel, a rank that died) or `stop` is set (the supervisor was told to
     stop: the job is cancelled)."""
-    root, requests, results = _folders(record)
-    for folder in (root, requests, results):
-        private_dir(folder)
-    _write_info(session, root)
+    root, requests, results = open_folder(session, record)
     while session.alive:
         if stop.is_set():
             session.job.cancel("its supervisor was stopped")
@@ -89,6 +86,16 @@ def serve(session: Session, record: JobRecord, stop: threading.Event) -> None:
             write_atomic(results / f"{request['id']}.json", json.dumps(answer))
             _write_info(session, root)
     session.job.wait()
+
+
+def open_folder(session: Session, record: JobRecord) -> tuple[Path, Path, Path]:
+    """The session's folders, made, and session.json written: before its front is told
+    it runs (a kernel reads its name there at once)."""
+    folders = _folders(record)
+    for folder in folders:
+        private_dir(folder)
+    _write_info(session, folders[0])
+    return folders
 
 
 def _take(path: Path) -> dict[str, Any] | None:

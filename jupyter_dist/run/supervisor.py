@@ -223,7 +223,7 @@ def _supervise_session(
     """A warm session's supervisor: start it (planned and running are said together, once
     every rank is ready), then serve the kernels' cells until it ends."""
     from jupyter_dist.nodes import load_inventory
-    from jupyter_dist.run.detached_session import serve
+    from jupyter_dist.run.detached_session import open_folder, serve
     from jupyter_dist.run.session import Session
     from jupyter_dist.spec import parse_spec
 
@@ -239,6 +239,7 @@ def _supervise_session(
     except Exception as exc:  # nothing of it runs: Session.start stopped what had started
         _say(f"error {_one_line(exc)}")
         return 0
+    open_folder(session, session.job.record)  # its name, before the front reads it
     running.set()
     _say(f"planned {session.job.job_id} {session.job.summary}")
     _say("running")
