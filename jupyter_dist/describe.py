@@ -68,6 +68,9 @@ def job_summary(status: dict[str, Any]) -> dict[str, Any]:
     """A job as the job lists show it (CLI, lab sidebar), from its status.json."""
     state = effective_state(status)
     cause = status.get("root_cause") if state == "failed" else None
+    earlier = attempts_of(status)
+    allowed = status.get("attempts_allowed")
+    caption = attempt_caption(len(earlier) + 1, allowed) if isinstance(allowed, int) else ""
     return {
         "job_id": status.get("job_id"),
         "name": status.get("name", ""),
@@ -84,14 +87,14 @@ def job_summary(status: dict[str, Any]) -> dict[str, Any]:
         "stalled": status.get("stalled") if state == "running" else None,
         # A job that started again after a failure: "attempt 2 of 4", else None; and the
         # earlier attempts' causes, one line each.
-        "attempt": _attempt_caption(status),
-        "attempts": [attempt.summary() for attempt in attempts_of(status)],
+        "attempt": caption or None,
+        "attempts": [attempt.summary() for attempt in earlier],
     }
 
 
-def _attempt_caption(status: dict[str, Any]) -> str | None:
-    ran, allowed = attempts_ran(status), status.get("attempts_allowed")
-    return f"attempt {ran} of {allowed}" if ran > 1 and isinstance(allowed, int) else None
+def attempt_caption(number: int, of: int) -> str:
+    """ "attempt 2 of 4" for a job that started again; "" for a first attempt."""
+    return f"attempt {number} of {of}" if number > 1 else ""
 
 
 def attempts_ran(status: dict[str, Any]) -> int:

@@ -26,7 +26,7 @@ from pathlib import Path
 import anywidget
 from traitlets import Dict, Float, Int, List, Unicode
 
-from jupyter_dist.describe import plan_rows
+from jupyter_dist.describe import attempt_caption, plan_rows
 from jupyter_dist.diagnose.stall import describe_stall
 from jupyter_dist.events import Attempt, JobListener, JobResult, OutputLine, ProcessState
 from jupyter_dist.plan.parity import describe, parity_notes
@@ -333,11 +333,6 @@ def _compact(record: dict) -> list:
     if "p" in record:
         return [record["k"], None, record.get("t"), None, record["p"], record.get("r")]
     return [record["k"], record.get("s"), record.get("t"), record.get("m")]
-
-
-def attempt_caption(number: int, of: int) -> str:
-    """ "attempt 2 of 4" for a job that started again; "" for a first attempt."""
-    return f"attempt {number} of {of}" if number > 1 else ""
 
 
 class _Collector(JobListener):
