@@ -85,11 +85,13 @@ for step in tqdm(range(200), mininterval=0):
     time.sleep(0.02)""",
     """\
 %%distrun --nodes 2 --procs-per-node 32 --name lab-metrics-64
-import os, math
+import os, math, time
 from distrun import report
 rank = int(os.environ["RANK"])
-for step in range(1000):
-    report(step=step, loss=math.exp(-step / 300) * (1 + rank / 64))""",
+for step in range(10_000):  # the scale the live view is built for: 64 x 10,000
+    report(step=step, loss=math.exp(-step / 3000) * (1 + rank / 64))
+    if step % 500 == 0:
+        time.sleep(0.2)  # a few seconds: the records reach the page in several messages""",
     """\
 %%distrun --nodes 1 --procs-per-node 3 --name lab-slow-rank
 import os, time
@@ -609,6 +611,19 @@ def test_charts_and_progress_show_what_the_ranks_report(lab_page, lab):
         assert band.locator(".distrun-chart-mean").count() == 1
         assert band.locator(".distrun-chart-line").count() == 0
         assert "of 64 ranks" in band.locator(".distrun-chart-value").inner_text()
+        # Every step reached the chart (its x axis ends at the last), thinned: the page
+        # holds at most CHART_POINTS of each rank's series.
+        box = band.locator("svg").bounding_box()
+        page.mouse.move(box["x"] + box["width"] - 1, box["y"] + box["height"] / 2)
+        said = band.locator(".distrun-chart-value").inner_text()
+        assert re.match(r"step 99\d\d: mean ", said), said
+        page.mouse.move(0, 0)
+        held = page.evaluate(
+            "() => [...globalThis.__jupyterDistLines.values()].map((h) =>"
+            " Object.values(h.metrics.loss || {}).map((s) => s.length))"
+        )
+        wide_held = [sizes for sizes in held if len(sizes) == 64]
+        assert wide_held and 0 < max(wide_held[0]) <= 2000, held
         wide.screenshot(path=str(ARTIFACTS / "live-view-metrics-64.png"))
         with _dark_theme(page):
             wide.screenshot(path=str(ARTIFACTS / "live-view-metrics-64-dark.png"))

@@ -235,18 +235,29 @@ export function keepMetrics(held, records, most = CHART_POINTS) {
 // since the first point), and per rank its points, or above `bandAfter` ranks the mean
 // and the min-max band over BUCKETS intervals of x; with the bounds of both axes.
 export function chartOf(byKey, bandAfter = BAND_AFTER) {
+  // Loops, not Math.min(...points): 64 ranks of CHART_POINTS overflow the call stack.
   const keys = Object.keys(byKey).sort(byNumber);
-  const all = keys.flatMap((k) => byKey[k]);
-  const axis = all.every((p) => p[0] !== null && p[0] !== undefined) ? "step" : "time";
-  const t0 = Math.min(...all.map((p) => p[1] ?? 0));
+  let stepped = true, t0 = Infinity;
+  for (const key of keys) {
+    for (const p of byKey[key]) {
+      if (p[0] === null || p[0] === undefined) stepped = false;
+      t0 = Math.min(t0, p[1] ?? 0);
+    }
+  }
+  const axis = stepped ? "step" : "time";
   const xOf = (p) => (axis === "step" ? p[0] : (p[1] ?? t0) - t0);
   const finite = (v) => typeof v === "number" && Number.isFinite(v);
   const lines = keys.map((key) => ({ key,
     points: byKey[key].map((p) => [xOf(p), p[2]]).filter(([x, v]) => finite(x) && finite(v)) }));
-  const xs = lines.flatMap((l) => l.points.map((p) => p[0]));
-  const vs = lines.flatMap((l) => l.points.map((p) => p[1]));
-  const bounds = { xmin: Math.min(...xs), xmax: Math.max(...xs), ymin: Math.min(...vs),
-    ymax: Math.max(...vs) };
+  const bounds = { xmin: Infinity, xmax: -Infinity, ymin: Infinity, ymax: -Infinity };
+  for (const line of lines) {
+    for (const [x, v] of line.points) {
+      if (x < bounds.xmin) bounds.xmin = x;
+      if (x > bounds.xmax) bounds.xmax = x;
+      if (v < bounds.ymin) bounds.ymin = v;
+      if (v > bounds.ymax) bounds.ymax = v;
+    }
+  }
   if (keys.length <= bandAfter) return { axis, lines, ...bounds };
   const width = (bounds.xmax - bounds.xmin) / BUCKETS || 1;
   const buckets = new Map();

@@ -579,6 +579,19 @@ describe('metrics in the live view', () => {
     expect(timed.lines[0].points).toEqual([[0, 1], [2, 2]]);
   });
 
+  it('draws 64 ranks of CHART_POINTS each (more points than a call takes arguments)', () => {
+    const byKey = Object.fromEntries(
+      Array.from({ length: 64 }, (_, r) => [
+        `rank-${r}`,
+        Array.from({ length: CHART_POINTS }, (_, i) => [i * 5, 1000 + i, r - i / 1000])
+      ])
+    );
+    const chart: any = chartOf(byKey);
+    expect([chart.xmin, chart.xmax]).toEqual([0, (CHART_POINTS - 1) * 5]);
+    expect([chart.ymin, chart.ymax]).toEqual([-(CHART_POINTS - 1) / 1000, 63]);
+    expect(chart.band.length).toBe(200);
+  });
+
   it("says the slowest rank's progress, rate and time left", () => {
     expect(progressOf({})).toBeNull();
     const shown: any = progressOf({ 'rank-0': [50, 100, 10], 'rank-1': [40, 100, 8] });
