@@ -11,7 +11,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from helpers import run_cli
+from helpers import EXAMPLES, run_cli
 
 from jupyter_dist.node_side.report import MARK
 from jupyter_dist.run.metrics import MetricsSink, read_metrics, summarize_metrics
@@ -63,6 +63,17 @@ def test_report_lines_trainer_dicts_and_progress_bars_are_read(tmp_path):
     loss = next(row for row in rows if row["metric"] == "loss")
     assert (loss["first"], loss["last"], loss["points"], loss["ranks"]) == ("0.5", "0.41", 3, 2)
     assert reached == "3/100"  # the slowest rank's
+
+
+def test_trainer_values_printed_as_strings_are_read_as_numbers(tmp_path):
+    """transformers 5 formats its floats (`f"{v:.4g}"`) before printing the dict."""
+    sink = _sink(tmp_path)
+    line = "{'loss': '5.378', 'grad_norm': '1.046', 'learning_rate': '5e-05', 'epoch': 1, "
+    line += "'note': 'warm-up', 'flag': True}"
+    assert sink.take("rank-0", "stdout", line, 1.0) == line
+    assert sink.latest == {
+        "rank-0": {"loss": 5.378, "grad_norm": 1.046, "learning_rate": 5e-05, "epoch": 1.0}
+    }
 
 
 def test_what_cannot_be_read_as_metrics_never_costs_a_line(tmp_path):
@@ -155,3 +166,25 @@ def test_reports_from_torchrun_workers_are_each_ranks(store):
     assert sorted((r["k"], r["m"]["rank"]) for r in records) == [
         (f"rank-{rank}", float(rank)) for rank in range(4)
     ]
+
+
+@pytest.mark.slow
+def test_a_hugging_face_trainer_run_gives_curves_and_progress_unchanged(store):
+    """examples/hf_trainer.yml: a real Trainer (a tiny GPT-2 from a config) on 2 nodes x 2
+    ranks with DDP, its script knowing nothing of jupyter-dist: what Trainer prints
+    (values formatted as strings by newer transformers) becomes curves, its bar progress."""
+    done = run_cli("run", str(EXAMPLES / "hf_trainer.yml"), store=store, timeout=300)
+    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
+    (record,) = store.jobs()
+    assert len(record.status()["processes"]) == 4  # 2 nodes x 2 ranks
+    records, notes = read_metrics(record)
+    assert notes == []
+    logged = [r for r in records if "m" in r and "loss" in r["m"]]
+    assert len(logged) == 40 // 5  # every 5th of 40 steps, from rank 0 (the one that logs)
+    assert {r["k"] for r in logged} == {"rank-0"}
+    assert {"grad_norm", "learning_rate", "epoch"} <= set(logged[0]["m"])
+    assert logged[-1]["m"]["learning_rate"] < logged[0]["m"]["learning_rate"]  # linear decay
+    assert any("train_loss" in r.get("m", {}) for r in records)  # the run's summary line
+    rows, reached = summarize_metrics(records)
+    assert reached == "40/40"
+    assert {"loss", "grad_norm", "learning_rate"} <= {row["metric"] for row in rows}

@@ -101,8 +101,8 @@ class MetricsSink:
         with _skipped():
             values = ast.literal_eval(text)
             numbers = {
-                str(name): float(value) for name, value in values.items()
-                if isinstance(value, (int, float)) and not isinstance(value, bool)
+                str(name): number for name, value in values.items()
+                if (number := _number(value)) is not None
             }  # fmt: skip
             step = values.get("step")
             if numbers:
@@ -142,6 +142,21 @@ class MetricsSink:
             text = "".join(json.dumps(line, separators=(",", ":")) + "\n" for line in lines)
             with self._lock:
                 append_private(self.record.path / METRICS_FILE, text)
+
+
+def _number(value: Any) -> float | None:
+    """A logged value as a number: an int or float, or a string holding one (Trainer has
+    prints them formatted, `'loss': '5.378'`, in its progress bar's log lines)."""
+    if isinstance(value, bool):
+        return None
+    if isinstance(value, (int, float)):
+        return float(value)
+    if isinstance(value, str) and len(value) < 40:
+        try:
+            return float(value)
+        except ValueError:
+            return None
+    return None
 
 
 def _stride(count: int, cap: int) -> int:
