@@ -484,9 +484,10 @@ def dump_yaml(data: dict[str, Any]) -> str:
 
 def script_command(outs: list[str] | tuple[str, ...] = ()) -> str:
     """The command that runs a job's inline `script` on a rank (through the runner, which
-    also saves the `outs` a notebook cell asked for)."""
+    also saves the `outs` a notebook cell asked for). `python3`: the agent puts the node's
+    Python's folder first on PATH, and a system Python (Debian's) has no `python`."""
     names = f" {shlex.quote(','.join(outs))}" if outs else ""
-    return f'python "$DISTRUN_JOB_DIR/{SCRIPT_RUNNER_NAME}"{names}'
+    return f'python3 "$DISTRUN_JOB_DIR/{SCRIPT_RUNNER_NAME}"{names}'
 
 
 def _block_strings(dumper: yaml.SafeDumper, value: str) -> yaml.ScalarNode:

@@ -246,3 +246,23 @@ def test_out_from_ssh_nodes(kernel_env, ssh_nodes, tmp_path):
         "print(where)",
     )
     assert stream_text(nb.cells[3]) == "[('node0', 100), ('node1', 101)]\n"
+
+
+def test_report_in_a_cell_on_nodes_without_jupyter_dist(kernel_env, ssh_nodes, tmp_path):
+    """A cell's ranks on SSH nodes whose Python is the system's (no jupyter-dist): `from
+    distrun import report` works there, and the metrics reach the store."""
+    from jupyter_dist.run.metrics import read_metrics
+    from jupyter_dist.store import JobStore
+
+    inventory = ssh_nodes.write_inventory(tmp_path / "nodes.yml", python="/usr/bin/python3")
+    nb = execute_notebook(
+        f"%%distrun --nodes 2 --nodes-file {inventory} --name reported\n"
+        "import os\nfrom distrun import report\n"
+        "for step in range(3):\n    report(step=step, loss=float(os.environ['RANK']) + step)",
+    )
+    assert nb.cells[1].outputs[-1].get("output_type") != "error"
+    (record,) = JobStore(kernel_env).jobs()
+    records, _ = read_metrics(record)
+    assert sorted((r["k"], r["s"], r["m"]["loss"]) for r in records) == [
+        (f"rank-{rank}", step, float(rank + step)) for rank in range(2) for step in range(3)
+    ]

@@ -69,7 +69,7 @@ def test_pytorch_per_process_table():
 def test_an_inline_script_runs_through_the_runner_shipped_beside_it():
     p = _plan("script: print('hi')\nresources: {instance_count: 2}")
     for proc in p.processes:
-        assert proc.argv == ["/bin/sh", "-c", 'python "$DISTRUN_JOB_DIR/cell_runner.py"']
+        assert proc.argv == ["/bin/sh", "-c", 'python3 "$DISTRUN_JOB_DIR/cell_runner.py"']
     files = {(f.node_rank, f.path.rsplit("/", 1)[1]): f.content for f in p.files}
     for node in (0, 1):
         assert files[node, "script.py"] == "print('hi')"

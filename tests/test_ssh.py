@@ -457,6 +457,17 @@ def test_a_node_that_cannot_reach_the_master_is_one_line_before_any_rank_starts(
             str(caught.value),
         ), str(caught.value)
         assert store.jobs() == []  # nothing was recorded, nothing started
+        # Where TensorFlow's workers and a Dask cluster meet: checked the same way.
+        for kind, what in (("tensorflow, worker_count: 2", "TensorFlow worker 0"),
+                           ("dask", "Dask scheduler")):  # fmt: skip
+            other = _spec(f"command: echo started\nresources: {{instance_count: 2}}\n"
+                          f"distribution: {{type: {kind}}}")  # fmt: skip
+            with pytest.raises(NodeError) as caught:
+                launch(other, store=store, inventory=inventory)
+            assert str(caught.value).startswith(
+                f"node1 cannot reach node0's {what} {node0.host}:"
+            ), str(caught.value)
+        assert store.jobs() == []
         nodes_file = str(tmp_path / "nodes.yml")
         spec_file = tmp_path / "job.yml"
         spec_file.write_text("command: echo started\nresources: {instance_count: 2}\n")

@@ -31,14 +31,27 @@ def main() -> None:
     parser.add_argument("--log-every", type=int, default=5)
     args = parser.parse_args()
     torch.manual_seed(0)
-    config = GPT2Config(n_layer=2, n_head=2, n_embd=32, n_positions=32, vocab_size=256,
-                        bos_token_id=0, eos_token_id=0)
+    config = GPT2Config(
+        n_layer=2,
+        n_head=2,
+        n_embd=32,
+        n_positions=32,
+        vocab_size=256,
+        bos_token_id=0,
+        eos_token_id=0,
+    )
     model = GPT2LMHeadModel(config)
     with tempfile.TemporaryDirectory() as output:
         training = TrainingArguments(
-            output_dir=output, max_steps=args.steps, logging_steps=args.log_every,
-            per_device_train_batch_size=4, learning_rate=1e-3, save_strategy="no",
-            report_to=[], use_cpu=True, dataloader_num_workers=0,
+            output_dir=output,
+            max_steps=args.steps,
+            logging_steps=args.log_every,
+            per_device_train_batch_size=4,
+            learning_rate=1e-3,
+            save_strategy="no",
+            report_to=[],
+            use_cpu=True,
+            dataloader_num_workers=0,
         )
         trainer = Trainer(model=model, args=training, train_dataset=RandomTokens(256, 32, 256))
         trainer.train()

@@ -289,7 +289,7 @@ def session_spec(spec: JobSpec) -> JobSpec:
             + (f" with launcher {dist.launcher}" if spec.job_type == "pytorch" else "")
         )
     data = {key: value for key, value in spec.to_dict().items() if key != "script"}
-    data["command"] = f'exec python "$DISTRUN_JOB_DIR/{WORKER}"'  # exec: SIGINT reaches it
+    data["command"] = f'exec python3 "$DISTRUN_JOB_DIR/{WORKER}"'  # exec: SIGINT reaches it
     return spec_from_dict(data, base_dir=".", source="session")
 
 
