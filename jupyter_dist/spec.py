@@ -13,6 +13,7 @@ from typing import Annotated, Any, Literal
 
 import yaml
 from pydantic import (
+    ConfigDict,
     Field,
     PrivateAttr,
     Strict,
@@ -170,7 +171,12 @@ LIMIT_KEYS = tuple(Limits.model_fields)
 
 class BackendSection(StrictSection):
     """Ours: where the job runs (`--backend`), with the backend's own options. Slurm's:
-    when no allocation holds the notebook, the one jupyter-dist asks for."""
+    when no allocation holds the notebook, the one jupyter-dist asks for. Any other
+    backend's keys (its declared options' `spec_key`s, e.g. ray's `address`) are kept as
+    they are written (`option(key)`); the backend checks them when the job is planned
+    (backends.check_section), so a new backend declares them in its own module only."""
+
+    model_config = ConfigDict(extra="allow", populate_by_name=True)
 
     type: str
     job: str | None = None  # Slurm: the allocation to run in (its job id), else SLURM_JOB_ID's
@@ -185,6 +191,20 @@ class BackendSection(StrictSection):
     @classmethod
     def _lower(cls, value: Any) -> Any:
         return value.lower() if isinstance(value, str) else value
+
+    @model_validator(mode="before")
+    @classmethod
+    def _scalar_options(cls, data: Any) -> Any:
+        if isinstance(data, dict):
+            for key, value in data.items():
+                if key not in cls.model_fields and not isinstance(value, str | int | float):
+                    raise fail("backend_option", "{key}: expected a string or a number",
+                               key=key)  # fmt: skip
+        return data
+
+    def option(self, key: str) -> Any:
+        """A backend's own key as the spec wrote it (None: not written)."""
+        return (self.model_extra or {}).get(key)
 
     @field_validator("job", mode="before")
     @classmethod
@@ -419,6 +439,15 @@ class JobSpec(StrictSection):
     @property
     def restart_delay(self) -> int | None:
         return self.limits.restart_delay if self.limits else None
+
+    def processes_per_node(self) -> int:
+        """The most processes the job starts on one node: what a node is asked for (Slurm's
+        tasks, a Ray bundle's CPUs). Dask: its workers (the scheduler and the client beside
+        them on node 0 mostly wait); TensorFlow: its tasks, spread over the nodes."""
+        dist = self.distribution
+        if isinstance(dist, TensorFlowDistribution):
+            return -(-len(dist.tasks(self.instance_count)) // self.instance_count) or 1
+        return getattr(dist, "process_count_per_instance", None) or 1
 
     def resolved_command(self) -> str | None:
         """The command with every `${{inputs.NAME}}` replaced by its value; with only a

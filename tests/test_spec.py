@@ -218,10 +218,6 @@ MALFORMED = [
     (D + "resources: {instance_typ: x}", "(did you mean 'instance_type'?)"),
     (D + "limits: {timout: 60}", "limits: unknown key 'timout' (did you mean 'timeout'?)"),
     (D + "limits: {max_trials: 3}", "limits: unknown key 'max_trials'; valid keys: timeout"),
-    (
-        D + "backend: {type: slurm, partiton: gpu}",
-        "backend: unknown key 'partiton' (did you mean 'partition'?)",
-    ),
     (D + "backend: {partition: gpu}", "backend.type: missing"),
     (D + "backend: {type: slurm, gpus_per_node: -1}", "backend.gpus_per_node: -1 is not valid"),
     (
@@ -245,6 +241,28 @@ def test_malformed_spec_gets_one_clear_line(text: str, fragment: str, tmp_path: 
     assert message.startswith("job.yml: ")
     assert "\n" not in message
     assert "Traceback" not in message and "pydantic" not in message.lower()
+
+
+@pytest.mark.parametrize(
+    ("section", "message"),
+    [
+        ("{type: slurm, partiton: gpu}", "backend: 'partiton' is not an option of the slurm "
+         "backend (did you mean 'partition'?); its options: job, partition, time, "
+         "gpus_per_node, account, qos, constraint"),
+        ("{type: ssh, partition: gpu}", "backend: 'partition' is not an option of the ssh "
+         "backend; its options: none"),
+        ("{type: ray, address: 7}", "backend: address: expected a string (--ray-address)"),
+        ("{type: ray, address: [a]}", "job.yml: backend: address: expected a string or a number"),
+    ],
+)  # fmt: skip
+def test_a_backends_own_keys_are_its_declared_options(section, message, tmp_path):
+    """The backend: section keeps any key; the backend it names checks them against the
+    options it declares when the job is planned (or exported)."""
+    from jupyter_dist.backends import check_section
+
+    with pytest.raises(SpecError) as info:
+        check_section(parse_spec(D + f"backend: {section}", source="job.yml").backend)
+    assert str(info.value) == message
 
 
 def test_corpus_is_large_enough():

@@ -10,6 +10,7 @@ and the launch options it declares (`Backend.options`) are offered by every fron
 
 from __future__ import annotations
 
+import difflib
 import functools
 import importlib
 import os
@@ -17,9 +18,10 @@ from collections.abc import Mapping
 from importlib.metadata import entry_points
 
 from jupyter_dist.backends.base import Backend, NodeHealth, ProcessHandle
-from jupyter_dist.errors import DistrunError
+from jupyter_dist.errors import DistrunError, SpecError
 from jupyter_dist.nodes import Inventory
 from jupyter_dist.options import OPTIONS, Option
+from jupyter_dist.spec import BackendSection
 
 ENTRY_POINT_GROUP = "jupyter_dist.backends"
 
@@ -28,6 +30,7 @@ BUILTIN = {
     "local": "jupyter_dist.backends.local:LocalBackend",
     "ssh": "jupyter_dist.backends.ssh:SshBackend",
     "slurm": "jupyter_dist.backends.slurm:SlurmBackend",
+    "ray": "jupyter_dist.backends.ray:RayBackend",
 }
 
 
@@ -64,6 +67,34 @@ def declared_options() -> tuple[Option, ...]:
     return tuple(found)
 
 
+def check_section(section: BackendSection) -> None:
+    """The spec's `backend:` keys against the options its backend declares (their
+    `spec_key`s): a key it does not declare, or a value of the wrong kind, is SpecError in
+    one line naming what is valid."""
+    declared = {option.spec_key or option.name: option for option in
+                backend_class(section.type).options}  # fmt: skip
+    typed = {k for k in section.model_fields_set if k in type(section).model_fields}
+    written = {key: getattr(section, key) for key in typed - {"type"}}
+    written.update(section.model_extra or {})
+    for key, value in written.items():
+        option = declared.get(key)
+        if option is None:
+            close = difflib.get_close_matches(key, list(declared), n=1)
+            hint = f" (did you mean {close[0]!r}?)" if close else ""
+            valid = ", ".join(declared) or "none"
+            raise SpecError(f"backend: {key!r} is not an option of the {section.type} "
+                            f"backend{hint}; its options: {valid}")  # fmt: skip
+        low, high = option.bounds or (None, None)
+        if option.kind == "int" and not (
+            isinstance(value, int) and not isinstance(value, bool)
+            and (low is None or low <= value <= high)
+        ):  # fmt: skip
+            within = f" from {low} to {high}" if low is not None else ""
+            raise SpecError(f"backend: {key}: expected a whole number{within} ({option.flag})")
+        if option.kind == "str" and not isinstance(value, str):
+            raise SpecError(f"backend: {key}: expected a string ({option.flag})")
+
+
 def choose_backend(
     inventory: Inventory, name: str | None = None, environ: Mapping[str, str] = os.environ
 ) -> Backend:
@@ -84,6 +115,7 @@ def inventory_backend(inventory: Inventory) -> Backend:
 
 
 __all__ = [
-    "Backend", "NodeHealth", "ProcessHandle", "available", "backend_class", "choose_backend",
+    "Backend", "NodeHealth", "ProcessHandle", "available", "backend_class", "check_section",
+    "choose_backend",
     "declared_options", "inventory_backend",
 ]  # fmt: skip

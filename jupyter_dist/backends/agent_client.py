@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import base64
 import contextlib
+import functools
+import hashlib
 import json
 import threading
 import time
@@ -41,6 +43,14 @@ def _partial_marker(data: bytes) -> int:
     if _REPORT.startswith(tail) or (tail.startswith(_REPORT) and b"\n" not in tail):
         return len(tail)
     return 0
+
+
+@functools.cache  # once per process: every start, prepare and sweep names the agent
+def agent_file_name() -> str:
+    """The agent's file name on a node that does not see this machine's files: by its
+    content, so that jobs of different versions never replace each other's."""
+    digest = hashlib.sha256(AGENT_SOURCE.read_bytes()).hexdigest()[:12]
+    return f"agent-{digest}.py"
 
 
 def agent_argv(

@@ -4,6 +4,7 @@ for any backend that can run a short command on a node (SSH, Slurm)."""
 from __future__ import annotations
 
 from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 
 from jupyter_dist import node_side
 from jupyter_dist.errors import DistrunError, NodeError
@@ -44,3 +45,13 @@ def ports_on_nodes(
 
     asked = [node for node in nodes if node.name in wanted]
     return {key: port for ports in on_every_node(asked, on_node) for key, port in ports.items()}
+
+
+def on_every_node(nodes: list[Node], work: Callable[[Node], object]) -> list:
+    """`work(node)` for every node at once; the results in the nodes' order (the first
+    failure raised)."""
+    if not nodes:
+        return []
+    with ThreadPoolExecutor(max_workers=min(32, len(nodes))) as pool:
+        futures = [pool.submit(work, node) for node in nodes]
+        return [f.result() for f in futures]

@@ -27,11 +27,10 @@ import sys
 import threading
 import time
 from collections.abc import Iterator
-from concurrent.futures import ThreadPoolExecutor
 
 from jupyter_dist.backends.agent_client import AGENT_SOURCE, agent_argv
 from jupyter_dist.backends.local import LocalBackend, LocalProcess
-from jupyter_dist.backends.node_ports import ports_on_nodes
+from jupyter_dist.backends.node_ports import on_every_node, ports_on_nodes
 from jupyter_dist.errors import DistrunError, NodeError
 from jupyter_dist.node_side.agent import PATH_FIRST_VAR
 from jupyter_dist.nodes import Inventory, Node
@@ -256,7 +255,7 @@ class SlurmBackend(LocalBackend):
                 proc.wait(timeout=COMMAND_TIMEOUT_S)
 
     def choose_ports(self, requests: list[PortRequest], nodes: list[Node]) -> dict[str, int]:
-        return ports_on_nodes(requests, nodes, self.run_on_node, _on_every_node)
+        return ports_on_nodes(requests, nodes, self.run_on_node, on_every_node)
 
     def sweep(self, job_id: str, node_names: set[str]) -> list[int]:
         """The agent's sweep on every node where one did not report a clean exit."""
@@ -276,7 +275,7 @@ class SlurmBackend(LocalBackend):
             return []
 
         nodes = [Node(name, name, "slurm", sys.executable) for name in sorted(node_names)]
-        return [pid for pids in _on_every_node(nodes, on_node) for pid in pids]
+        return [pid for pids in on_every_node(nodes, on_node) for pid in pids]
 
     def mpi_launch(self, ctx: PlanContext) -> MpiLaunch:
         return mpi_launch(ctx)
@@ -359,22 +358,12 @@ exec srun --jobid="$SLURM_JOB_ID" --nodelist="$host" --nodes=1 --ntasks=1 --over
 """
 
 
-def tasks_per_node(spec: JobSpec) -> int:
-    """The most processes the job starts on one node (Dask: its workers; the scheduler and
-    the client beside them on node 0 mostly wait, and share the node's CPUs as steps do)."""
-    dist = spec.distribution
-    per_node = getattr(dist, "process_count_per_instance", None)
-    if spec.job_type == "tensorflow":  # its tasks, spread over the nodes
-        per_node = -(-len(dist.tasks(spec.instance_count)) // spec.instance_count)
-    return per_node or 1
-
-
 def allocation_options(spec: JobSpec, name: str = "jupyter-dist") -> list[str]:
     """The options that ask Slurm for the job's nodes (salloc's and sbatch's): nodes, tasks
     per node, a job name, and the spec's backend options."""
     options = spec.backend
     argv = [
-        f"--nodes={spec.instance_count}", f"--ntasks-per-node={tasks_per_node(spec)}",
+        f"--nodes={spec.instance_count}", f"--ntasks-per-node={spec.processes_per_node()}",
         f"--job-name={name}",
     ]  # fmt: skip
     for flag in SALLOC_KEYS:
@@ -435,7 +424,8 @@ def _allocation_error(said: list[str], spec: JobSpec) -> DistrunError:
 def _never_granted(reason: str, spec: JobSpec) -> DistrunError:
     """A request Slurm would keep pending for ever, in one line with what each partition
     offers (nodes, and CPUs per node)."""
-    asked = f"{counted(spec.instance_count, 'node')} of {counted(tasks_per_node(spec), 'task')}"
+    tasks = counted(spec.processes_per_node(), "task")
+    asked = f"{counted(spec.instance_count, 'node')} of {tasks}"
     try:
         rows = _slurm("sinfo", "-h", "-o", "%R %D %c", timeout=10).split("\n")
         offers = [f"{p} ({counted(int(n), 'node')}, {c} CPUs each)" for p, n, c in
@@ -457,11 +447,3 @@ def _address(name: str) -> str:
         if "=" in word
     )
     return fields.get("NodeAddr") or name
-
-
-def _on_every_node(nodes: list[Node], work) -> list:
-    if not nodes:
-        return []
-    with ThreadPoolExecutor(max_workers=len(nodes)) as pool:
-        futures = [pool.submit(work, node) for node in nodes]
-        return [f.result() for f in futures]

@@ -7,7 +7,6 @@ against known_hosts; an unknown host is refused unless the node says `accept-new
 from __future__ import annotations
 
 import contextlib
-import functools
 import getpass
 import hashlib
 import json
@@ -25,7 +24,12 @@ from typing import Any
 
 import paramiko
 
-from jupyter_dist.backends.agent_client import AGENT_SOURCE, AgentProcess, agent_argv
+from jupyter_dist.backends.agent_client import (
+    AGENT_SOURCE,
+    AgentProcess,
+    agent_argv,
+    agent_file_name,
+)
 from jupyter_dist.backends.base import Backend, NodeHealth
 from jupyter_dist.backends.node_ports import ports_on_nodes
 from jupyter_dist.code_folder import read_code_folder
@@ -448,12 +452,6 @@ done
 PATH=$(printf '%s\\n' "$PATH" | tr ':' '\\n' | grep -vxF {shlex.quote(folder)} | paste -sd: -)
 exec ssh -F {shlex.quote(config_path)} "$@"
 """
-
-
-@functools.cache  # once per process: every start, prepare and sweep names the agent
-def agent_file_name() -> str:
-    digest = hashlib.sha256(AGENT_SOURCE.read_bytes()).hexdigest()[:12]
-    return f"agent-{digest}.py"
 
 
 class SshBackend(Backend):

@@ -21,6 +21,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from jupyter_dist.backends import check_section
 from jupyter_dist.code_folder import CodeFolder, read_code_folder
 from jupyter_dist.errors import ExportError
 from jupyter_dist.export import azureml, kubernetes, sbatch, skypilot
@@ -112,6 +113,8 @@ class Exported:
 
 def export(spec: JobSpec, fmt: str, target: ExportTarget) -> Exported:
     """The files that run `spec` under `fmt` (a key of FORMATS), named from `target`."""
+    if spec.backend:  # its keys, as a run would check them
+        check_section(spec.backend)
     chosen = FORMATS.get(fmt)
     if chosen is None:
         raise ExportError(f"unknown export format {fmt!r}; valid formats: {', '.join(FORMATS)}")

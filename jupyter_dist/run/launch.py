@@ -12,7 +12,7 @@ from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
 
 from jupyter_dist import node_side
-from jupyter_dist.backends import Backend, choose_backend
+from jupyter_dist.backends import Backend, check_section, choose_backend
 from jupyter_dist.code_folder import read_code_folder
 from jupyter_dist.diagnose import network
 from jupyter_dist.diagnose.stall import DEFAULT_STALL_TIMEOUT_S
@@ -64,6 +64,8 @@ def make_plan(
     acquired is released."""
     store = store or JobStore()
     inventory = inventory or Inventory()
+    if spec.backend:
+        check_section(spec.backend)
     chosen = choose_backend(inventory, spec.backend.type if spec.backend else None)
     nodes = chosen.acquire(spec, inventory, str(store.root), str(cwd or os.getcwd()))
     try:

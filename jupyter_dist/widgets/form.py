@@ -36,7 +36,7 @@ _START = {"nodes": 1, "procs_per_node": 1, "stall_timeout": DEFAULT_STALL_TIMEOU
           "grace_period": int(GRACE_PERIOD_S), "restart_delay": int(RESTART_DELAY_S)}  # fmt: skip
 _UNSET = {
     "worker_count": 0, "ps_count": 0, "threads": 0, "scheduler_port": 0, "dashboard_port": 0,
-    "timeout": 0, "gpus_per_node": 0, "stall_timeout": DEFAULT_STALL_TIMEOUT_S,
+    "timeout": 0, "stall_timeout": DEFAULT_STALL_TIMEOUT_S,
     "grace_period": int(GRACE_PERIOD_S), "on_stall": "warn", "max_restarts": 0,
     "restart_delay": int(RESTART_DELAY_S),
 }  # fmt: skip
@@ -97,6 +97,8 @@ def _value(option: Option, control: w.Widget) -> Any:
         value = value.strip()
     if value == "" or (option.name in _UNSET and value == _UNSET[option.name]):
         return None
+    if option.backend and option.kind == "int" and value == 0:
+        return None  # a backend's number left at 0 is its default (GPUs: none)
     return value
 
 
