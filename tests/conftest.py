@@ -88,6 +88,17 @@ def ssh_cluster(tmp_path_factory):
 
 
 @pytest.fixture(scope="session")
+def ray_cluster(tmp_path_factory):
+    """A real Ray cluster: a head and a worker, each in a network namespace of its own."""
+    import raynodes
+
+    cluster = raynodes.start(2, tmp_path_factory.mktemp("raynodes"))
+    yield cluster
+    leftovers = raynodes.stop(cluster)
+    assert leftovers == [], f"processes of a job left on the Ray nodes: {leftovers}"
+
+
+@pytest.fixture(scope="session")
 def slurm_cluster():
     """A real Slurm cluster: a controller and two compute nodes in network namespaces. Its
     files live in a folder the munge user can reach (pytest's own are root's alone)."""

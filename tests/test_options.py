@@ -25,6 +25,7 @@ from jupyter_dist.spec import JOB_TYPES, MAX_NODES, MAX_PROCS_PER_NODE, SALLOC_K
 
 DECLARED = declared_options()
 SLURM = {option.name: option for option in backend_class("slurm").options}
+RAY = {option.name: option for option in backend_class("ray").options}
 
 
 def _flat(text: str) -> str:
@@ -73,7 +74,9 @@ def test_the_declaration_is_the_options_model():
     assert {f.name for f in fields(LaunchOptions)} == generic
     assert not any(o.backend for o in OPTIONS)
     assert {o.spec_key or o.name for o in SLURM.values()} == {"job", *SALLOC_KEYS}
-    assert [o for o in DECLARED if o.backend] == list(SLURM.values())
+    assert {o.spec_key or o.name for o in RAY.values()} == {"address", "gpus_per_node",
+                                                             "cpus_per_node"}  # fmt: skip
+    assert [o for o in DECLARED if o.backend] == [*SLURM.values(), *RAY.values()]
     bounds = {o.name: o.bounds for o in DECLARED}
     assert bounds["nodes"] == (1, MAX_NODES)
     assert bounds["procs_per_node"] == (1, MAX_PROCS_PER_NODE)
@@ -133,7 +136,9 @@ def test_the_form_offers_every_option_that_applies():
         for option in offered(FORM, DECLARED):
             control = form.controls[option.name]
             assert control.tooltip == option.full_help
-            applies = not option.job_types or job_type in option.job_types
+            applies = (not option.job_types or job_type in option.job_types) and (
+                option.backend in (None, "slurm")
+            )
             visible = _shown(control, form) and not getattr(control, "disabled", False)
             assert visible == applies, (job_type, option.flag)
     form.type.value = "dask"
@@ -148,6 +153,11 @@ def test_the_form_offers_every_option_that_applies():
     form.backend.value = ""  # the slurm box hides: its values no longer count
     assert form.options().backend_options == {}
     assert not _shown(form.controls["partition"], form)
+    form.backend.value = "ray"  # a backend's box is its own options
+    assert _shown(form.controls["ray_address"], form)
+    assert not _shown(form.controls["partition"], form)
+    form.controls["ray_address"].value = "ray://head:10001"
+    assert form.options().backend_options == {RAY["ray_address"]: "ray://head:10001"}
 
 
 def test_the_docs_table_is_the_declaration():

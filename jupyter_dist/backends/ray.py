@@ -1,0 +1,397 @@
+"""The ray backend: a job's nodes are nodes of a Ray cluster (KubeRay, a managed or cloud
+cluster, a few `ray start` machines).
+
+Ray only places the job; the node agents do the rest, as they do over SSH:
+
+    acquire   connect (`--ray-address`: auto, ray://HOST:10001 for Ray Client, or a head's
+              HOST:PORT; default RAY_ADDRESS, else auto), then one placement group of a
+              bundle per planned node (its processes' CPUs, `--ray-gpus-per-node` GPUs),
+              STRICT_SPREAD: each node's bundle on a Ray node of its own. While the cluster
+              cannot place it, the wait is said (as Slurm's pending reason); a request no
+              node of the cluster could ever hold is one line saying what the nodes have.
+              Then a RayNodeHost actor (backends/ray_host.py) in each bundle.
+    prepare   the agent, the code folder and the plan's files, written by the actors.
+    start     the actor starts the agent as its subprocess; RayProcess moves its bytes.
+    release   every actor stopped (their agents' input closes: each stops its tree) and
+              killed, and the placement group removed.
+
+MASTER_ADDR is the first bundle's Ray node's address and the ports are found free there,
+so a notebook outside the cluster (Ray Client) needs no route to the ranks. One Ray
+connection per process (Ray's own rule): a job asking for another cluster's address is
+refused in one line.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import itertools
+import logging
+import os
+import posixpath
+import shlex
+import sys
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+from jupyter_dist.backends import ray_host
+from jupyter_dist.backends.agent_client import (
+    AGENT_SOURCE,
+    AgentProcess,
+    agent_argv,
+    agent_file_name,
+)
+from jupyter_dist.backends.base import Backend, NodeHealth
+from jupyter_dist.backends.node_ports import on_every_node, ports_on_nodes
+from jupyter_dist.code_folder import read_code_folder
+from jupyter_dist.errors import DistrunError, NodeError
+from jupyter_dist.nodes import Inventory, Node
+from jupyter_dist.options import Option
+from jupyter_dist.plan.context import PortRequest
+from jupyter_dist.plan.model import LaunchPlan, ProcessPlan
+from jupyter_dist.spec import MAX_PROCS_PER_NODE, JobSpec
+
+RAY_OPTIONS = (
+    Option("ray_address", "the Ray cluster: auto, ray://HOST:10001 (Ray Client, from outside "
+           "the cluster) or a head's HOST:PORT (default: RAY_ADDRESS, else auto)",
+           metavar="ADDRESS", backend="ray", spec_key="address"),
+    Option("ray_gpus_per_node", "GPUs each node's bundle asks for (default 0)", kind="int",
+           metavar="N", backend="ray", spec_key="gpus_per_node",
+           bounds=(0, MAX_PROCS_PER_NODE)),
+    Option("ray_cpus_per_node", "CPUs each node's bundle asks for (default: its processes)",
+           kind="int", metavar="N", backend="ray", spec_key="cpus_per_node",
+           bounds=(0, 4096)),
+)  # fmt: skip
+
+CALL_TIMEOUT_S = 60.0  # an actor that does not answer a short call in this long is lost
+READ_WAIT_S = 1.0  # how long one read (or wait) call waits on the Ray node for something
+PENDING_SAY_AFTER_S = 2.0  # a placement not done by then is said to be waiting
+START_TIMEOUT_S = 120.0  # the actors' start on their nodes (a worker process each)
+
+_connection: dict[str, Any] = {}  # "address": what this process connected to
+_connection_lock = threading.Lock()
+
+
+def _import_ray():
+    try:
+        import ray
+    except ImportError:
+        raise NodeError(
+            "the ray backend needs Ray where the notebook runs: pip install 'jupyter-dist[ray]'"
+        ) from None
+    return ray
+
+
+def connect(address: str):
+    """Ray, connected to `address` (once per process); NodeError in one line if it cannot
+    be, or if this process is connected to another cluster."""
+    ray = _import_ray()
+    with _connection_lock:
+        if ray.is_initialized():
+            held = _connection.get("address")
+            if held is not None and held != address:
+                raise NodeError(
+                    f"ray: this process is connected to {held}; Ray allows one cluster per "
+                    f"process (restart the kernel to use {address})"
+                )
+            return ray
+        # Sent by value: the Ray nodes need nothing of jupyter-dist to run the actor.
+        ray.cloudpickle.register_pickle_by_value(ray_host)
+        try:
+            ray.init(address=address, log_to_driver=False, logging_level=logging.ERROR)
+        except Exception as exc:  # Ray's own words, on one line
+            said = " ".join(str(exc).split()) or type(exc).__name__
+            raise NodeError(f"ray: cannot connect to {address}: {said[:300]}") from None
+        _connection["address"] = address
+        return ray
+
+
+def _resources(bundle: dict[str, float]) -> str:
+    cpus, gpus = bundle.get("CPU", 0), bundle.get("GPU", 0)
+    return f"{cpus:g} CPUs" + (f" and {gpus:g} GPUs" if gpus else "")
+
+
+class RayProcess(AgentProcess):
+    """A process whose agent is a subprocess of a RayNodeHost actor: its bytes read and
+    written through the actor's calls."""
+
+    def __init__(self, ray, host, key: str, label: str) -> None:
+        super().__init__()
+        self._ray, self._host, self._key = ray, host, key
+        self.label = label
+        self._lost: str | None = None
+
+    def _call(self, method: str, *args: Any, timeout: float = CALL_TIMEOUT_S) -> Any:
+        try:
+            return self._ray.get(getattr(self._host, method).remote(self._key, *args),
+                                 timeout=timeout)  # fmt: skip
+        except Exception as exc:  # the actor (or its node) is gone: the streams end
+            self._lost = self._lost or type(exc).__name__
+            raise OSError(str(exc)) from None
+
+    def _read(self, stream: str) -> bytes:
+        while True:
+            try:
+                data = self._call("read", stream, READ_WAIT_S)
+            except OSError:
+                return b""
+            if data is not None:
+                return data
+
+    def _write_stdin(self, data: bytes) -> None:
+        self._call("write", data)
+
+    def _close_stdin(self) -> None:
+        self._call("close_stdin")
+
+    def _wait(self) -> int:
+        while True:
+            try:
+                code = self._call("wait", READ_WAIT_S)
+            except OSError:
+                return 255
+            if code is not None:
+                return code
+
+    @property
+    def exit_note(self) -> str | None:
+        note = super().exit_note
+        return f"{note} (its Ray actor is gone: {self._lost})" if note and self._lost else note
+
+
+class RayBackend(Backend):
+    """A job's nodes are the Ray nodes its placement group's bundles landed on."""
+
+    name = "ray"
+    options = RAY_OPTIONS
+
+    def __init__(self, report=None) -> None:
+        self._ray = None
+        self._group = None
+        self._hosts: dict[str, Any] = {}  # node name -> its RayNodeHost actor
+        self._nodes: dict[str, Node] = {}
+        self._keys = itertools.count()
+        self._report = report or (lambda text: print(text, file=sys.stderr, flush=True))
+
+    # -- placing the job -----------------------------------------------------------------
+
+    def acquire(self, spec: JobSpec, inventory: Inventory, workdir: str, cwd: str) -> list[Node]:
+        """A bundle per node, placed (waiting while the cluster cannot), and an actor in each;
+        the nodes they landed on. On any failure, nothing is left on the cluster."""
+        if spec.job_type == "mpi":
+            raise NodeError(
+                "ray: MPI jobs do not run on Ray (mpirun starts its daemons on the other nodes "
+                "over SSH or Slurm, which Ray does not give); use the ssh or slurm backend, or "
+                "a pytorch job"
+            )
+        if spec.nodes:
+            raise NodeError("ray: Ray places the job's nodes itself; give a count (--nodes N), "
+                            "not names")  # fmt: skip
+        section = spec.backend
+        address = (section.option("address") if section else None) or os.environ.get(
+            "RAY_ADDRESS", "auto"
+        )
+        self._ray = ray = connect(address)
+        from ray.util.placement_group import placement_group
+        from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
+
+        procs = spec.processes_per_node()
+        gpus = section.gpus_per_node if section and section.gpus_per_node else 0
+        cpus = section.option("cpus_per_node") if section else None
+        bundle = {"CPU": float(procs if cpus is None else cpus)}
+        if gpus:
+            bundle["GPU"] = float(gpus)
+        count = spec.instance_count
+        self._check_placeable(bundle, count)
+        self._group = placement_group([dict(bundle) for _ in range(count)],
+                                      strategy="STRICT_SPREAD")  # fmt: skip
+        try:
+            self._wait_placed(bundle, count)
+            host_class = ray.remote(ray_host.RayNodeHost)
+            hosts = [
+                host_class.options(
+                    num_cpus=bundle["CPU"], num_gpus=bundle.get("GPU", 0),
+                    max_concurrency=3 * max(procs, 1) + 16,  # a reader per stream, a waiter
+                    scheduling_strategy=PlacementGroupSchedulingStrategy(
+                        self._group, placement_group_bundle_index=index),
+                ).remote()
+                for index in range(count)
+            ]  # fmt: skip
+            infos = ray.get([host.info.remote() for host in hosts], timeout=START_TIMEOUT_S)
+            nodes = []
+            taken = set()
+            for index, (host, info) in enumerate(zip(hosts, infos, strict=True)):
+                name = info["hostname"]
+                if name in taken:
+                    name = f"{name}-{index}"
+                taken.add(name)
+                self._hosts[name] = host
+                nodes.append(Node(
+                    name=name, host=info["ip"], backend="ray", python=info["python"],
+                    workdir=info["workdir"], gpus=gpus or None, shares_files=False,
+                    software={"python": info["version"]},
+                ))  # fmt: skip
+        except BaseException:
+            self.release()
+            raise
+        self._nodes = {node.name: node for node in nodes}
+        return nodes
+
+    def _check_placeable(self, bundle: dict[str, float], count: int) -> None:
+        """NodeError when fewer of the cluster's live nodes than `count` could ever hold
+        the bundle, naming what each node has."""
+        alive = [n for n in self._ray.nodes() if n.get("Alive")]
+        fits = [
+            n for n in alive
+            if all(n.get("Resources", {}).get(k, 0) >= v for k, v in bundle.items())
+        ]  # fmt: skip
+        if len(fits) >= count:
+            return
+        has = "; ".join(
+            f"{n.get('NodeManagerAddress')}: {_resources(n.get('Resources', {}))}" for n in alive
+        )
+        raise NodeError(
+            f"ray: the job needs {count} nodes with {_resources(bundle)} each, and the "
+            f"cluster has {len(fits)} such of its {len(alive)} ({has or 'no nodes'})"
+        )
+
+    def _wait_placed(self, bundle: dict[str, float], count: int) -> None:
+        """Until the placement group is placed, saying once a while it waits (short waits:
+        an interrupt is never held up; the caller removes the group on one)."""
+        ready = self._group.ready()
+        asked = time.monotonic()
+        said = False
+        while not self._ray.wait([ready], timeout=0.5)[0]:
+            if not said and time.monotonic() - asked > PENDING_SAY_AFTER_S:
+                said = True
+                self._report(f"ray: waiting for {count} nodes with {_resources(bundle)} each "
+                             f"(the cluster's free resources cannot hold them yet)")  # fmt: skip
+        if said:
+            self._report(f"ray: placed after {time.monotonic() - asked:.0f} s")
+
+    def preflight(self, nodes: list[Node]) -> list[Node]:
+        return [self._nodes.get(node.name, node) for node in nodes]  # acquire asked them
+
+    def spares(self, inventory: Inventory) -> list[Node]:
+        """None: Ray places the job's nodes; a restart runs on the same ones."""
+        return []
+
+    def health(self, nodes: list[Node]) -> list[NodeHealth]:
+        return [NodeHealth(node.name, node.host, None, "ok") for node in nodes]
+
+    def release(self) -> None:
+        """Every actor stopped (each agent's input closed: it stops its tree) and killed;
+        the placement group removed. Idempotent; never raises."""
+        ray, hosts, self._hosts = self._ray, list(self._hosts.values()), {}
+        if ray is None:
+            return
+        stops = []
+        for host in hosts:  # a dead actor has nothing to stop; it is killed next either way
+            with contextlib.suppress(Exception):
+                stops.append(host.stop_all.remote(5.0))
+        with contextlib.suppress(Exception):
+            if stops:
+                ray.wait(stops, num_returns=len(stops), timeout=15)
+        for host in hosts:
+            with contextlib.suppress(Exception):
+                ray.kill(host)
+        group, self._group = self._group, None
+        if group is not None:
+            from ray.util.placement_group import remove_placement_group
+
+            with contextlib.suppress(Exception):  # gone with the cluster
+                remove_placement_group(group)
+
+    # -- running on the nodes ------------------------------------------------------------
+
+    def _host(self, node: Node):
+        host = self._hosts.get(node.name)
+        if host is None:
+            raise NodeError(f"node {node.name}: not one of this job's Ray nodes")
+        return host
+
+    def _call(self, node: Node, method: str, *args: Any, timeout: float = CALL_TIMEOUT_S):
+        try:
+            return self._ray.get(getattr(self._host(node), method).remote(*args),
+                                 timeout=timeout)  # fmt: skip
+        except NodeError:
+            raise
+        except Exception as exc:
+            said = " ".join(str(exc).split())[:300] or type(exc).__name__
+            raise NodeError(f"node {node.name}: its Ray actor failed: {said}") from None
+
+    def choose_ports(self, requests: list[PortRequest], nodes: list[Node]) -> dict[str, int]:
+        return ports_on_nodes(requests, nodes, self.run_on_node, on_every_node)
+
+    def prepare(self, plan: LaunchPlan, nodes: list[Node]) -> None:
+        """The agent, the code folder (into the job's folder: `code`) and the plan's files,
+        written by each node's actor; private folders and files."""
+        agent = (agent_file_name(), AGENT_SOURCE.read_bytes())
+        code = Path(plan.code_dir) if plan.code_dir else None
+        shipped = read_code_folder(code, ignore_files=False) if code is not None else None
+
+        def ship(node: Node) -> None:
+            job_dir = posixpath.join(node.workdir, plan.job_id)
+            folders = [job_dir]
+            entries = [(posixpath.join(node.workdir, agent[0]), agent[1], 0o600)]
+            if shipped is not None:
+                target = posixpath.join(job_dir, "code")
+                folders += [target, *(posixpath.join(target, f) for f in shipped.folders)]
+                entries += [
+                    (posixpath.join(target, rel), (code / rel).read_bytes(),
+                     0o700 if rel in shipped.executable else 0o600)
+                    for rel in shipped.files
+                ]  # fmt: skip
+            entries += [
+                (p.path, p.content.encode(), 0o700 if p.executable else 0o600)
+                for p in plan.files if nodes[p.node_rank].name == node.name
+            ]  # fmt: skip
+            self._call(node, "make_folders", folders)
+            self._call(node, "put_files", entries)
+
+        on_every_node(nodes, ship)
+
+    def start(self, proc: ProcessPlan, node: Node, grace: float) -> RayProcess:
+        node = self._nodes.get(node.name, node)
+        key = f"{proc.label}#{next(self._keys)}"
+        self._call(node, "start", key, self._argv(proc, node, grace), dict(proc.env), None)
+        return RayProcess(self._ray, self._host(node), key, f"{proc.label} on {node.name}")
+
+    def _argv(self, proc: ProcessPlan, node: Node, grace: float) -> list[str]:
+        agent = posixpath.join(node.workdir, agent_file_name())
+        return agent_argv(node.python, agent, proc.cwd, proc.argv, grace, proc.stdin)
+
+    def command_line(self, proc: ProcessPlan, node: Node, grace: float) -> str:
+        """What the node's actor runs (as its subprocess, with these variables added)."""
+        node = self._nodes.get(node.name, node)
+        env_words = [f"{name}={value}" for name, value in proc.env.items()]
+        return shlex.join(["env", *env_words, *self._argv(proc, node, grace)])
+
+    def collect(self, node: Node, folder: str) -> dict[str, bytes]:
+        return self._call(node, "collect", folder)
+
+    def run_on_node(self, node: Node, argv: list[str], timeout: float = 60) -> tuple[int, str, str]:
+        code, out, err = self._call(node, "run", argv, timeout, timeout=timeout + CALL_TIMEOUT_S)
+        return code, out, err
+
+    def sweep(self, job_id: str, node_names: set[str]) -> list[int]:
+        return self._agents_say("--sweep", job_id, node_names)
+
+    def terminate_ranks(self, job_id: str, node_names: set[str]) -> list[int]:
+        return self._agents_say("--term", job_id, node_names)
+
+    def _agents_say(self, flag: str, job_id: str, node_names: set[str]) -> list[int]:
+        """The agent's one-shot `flag` for the job on the named nodes: the pids it printed.
+        Never raises."""
+
+        def on_node(node: Node) -> list[int]:
+            agent = posixpath.join(node.workdir, agent_file_name())
+            try:
+                code, out, _ = self.run_on_node(node, [node.python, agent, flag, job_id], 30)
+            except DistrunError:
+                return []
+            return [int(p) for p in out.split()] if code == 0 else []
+
+        nodes = [n for n in self._nodes.values() if n.name in node_names and n.name in self._hosts]
+        return [pid for pids in on_every_node(nodes, on_node) for pid in pids]

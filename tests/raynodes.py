@@ -1,0 +1,203 @@
+"""A real Ray cluster on one machine, for tests and for trying the ray backend by hand: a head
+and workers, each a `ray start --block` in a network namespace of its own (own IP on a
+private bridge, own hostname and /etc/hosts, a cgroup v2 as a node has), the recipe of
+shared/FIELD-NOTES.md. This machine's outward interface carries none of its traffic.
+
+Never `ray stop` (it kills Ray processes by name across the whole machine): each node is
+stopped by the PID of its `ray start`, workers before the head, then whatever is left in
+its namespace.
+
+By hand (as root)::
+
+    python tests/raynodes.py up 2 /var/tmp/ray   # prints the addresses; Ctrl-C tears down
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import netns
+
+RAY = Path(sys.executable).with_name("ray")
+CPUS_PER_NODE = 2
+CLIENT_PORT = 10001
+GCS_PORT = 6379
+
+
+@dataclass
+class RayNode:
+    name: str
+    host: str
+    namespace: str
+    process: subprocess.Popen | None = None
+
+
+@dataclass
+class RayCluster:
+    root: Path
+    bridge: str
+    temp_dir: Path  # Ray's session files (short: they hold unix sockets)
+    nodes: list[RayNode] = field(default_factory=list)
+
+    @property
+    def head(self) -> RayNode:
+        return self.nodes[0]
+
+    @property
+    def client_address(self) -> str:
+        """Ray Client's address: what a notebook outside the cluster connects to."""
+        return f"ray://{self.head.host}:{CLIENT_PORT}"
+
+    @property
+    def head_address(self) -> str:
+        """The head's GCS address: for a driver inside the cluster's network (`inside`)."""
+        return f"{self.head.host}:{GCS_PORT}"
+
+    def inside(self, node: RayNode | None = None) -> list[str]:
+        """The words that run a command in a node's namespace (the head's by default)."""
+        return ["ip", "netns", "exec", (node or self.head).namespace]
+
+    def pids(self, node: RayNode) -> list[int]:
+        out = subprocess.run(["ip", "netns", "pids", node.namespace],
+                             capture_output=True, text=True).stdout  # fmt: skip
+        return [int(pid) for pid in out.split()]
+
+    def job_processes(self, job_id: str) -> list[int]:
+        """Processes on the cluster's nodes carrying the job's id (DISTRUN_JOB_ID)."""
+        found = []
+        for node in self.nodes:
+            for pid in self.pids(node):
+                with contextlib.suppress(OSError):
+                    environ = Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
+                    if f"DISTRUN_JOB_ID={job_id}".encode() in environ:
+                        found.append(pid)
+        return found
+
+
+def start(count: int, root: Path, tag: int | None = None) -> RayCluster:
+    """A head and `count - 1` workers, CPUS_PER_NODE CPUs each; returns once every node
+    has joined."""
+    tag = os.getpid() % 10000 if tag is None else tag
+    subnet = f"10.{150 + tag % 50}.{tag % 250}"
+    root.mkdir(parents=True, exist_ok=True)
+    cluster = RayCluster(root=root, bridge=f"rybr{tag}", temp_dir=Path(f"/tmp/dray{tag}"))
+    shutil.rmtree(cluster.temp_dir, ignore_errors=True)
+    netns.add_bridge(cluster.bridge, f"{subnet}.1/24")
+    hosts = ["127.0.0.1 localhost"]
+    for i in range(count):
+        name = "rayhead" if i == 0 else f"rayworker{i}"
+        node = RayNode(name=name, host=f"{subnet}.{i + 2}", namespace=f"ry{tag}n{i}")
+        hosts.append(f"{node.host} {name}")
+        cluster.nodes.append(node)
+    hosts_file = root / "hosts"
+    hosts_file.write_text("\n".join(hosts) + "\n")
+    empty = root / "empty"  # no DNS: names are the hosts file's
+    empty.write_text("")
+    try:
+        for i, node in enumerate(cluster.nodes):
+            netns.add_host(node.namespace, f"ryv{tag}n{i}", cluster.bridge, f"{node.host}/24")
+            common = [f"--node-ip-address={node.host}", f"--num-cpus={CPUS_PER_NODE}",
+                      "--num-gpus=0", "--object-store-memory=100000000",
+                      "--disable-usage-stats"]  # fmt: skip
+            if i == 0:
+                role = ["--head", f"--port={GCS_PORT}", f"--ray-client-server-port={CLIENT_PORT}",
+                        "--include-dashboard=false", f"--temp-dir={cluster.temp_dir}"]  # fmt: skip
+            else:
+                role = [f"--address={cluster.head_address}"]
+            ray_start = " ".join([str(RAY), "start", "--block", *role, *common])
+            script = (
+                "{ mount -t cgroup2 none /sys/fs/cgroup 2>/dev/null || true; } && "
+                f"hostname {node.name} && mount --bind {hosts_file} /etc/hosts && "
+                f"mount --bind {empty} /etc/resolv.conf && exec {ray_start}"
+            )
+            argv = [*cluster.inside(node), "unshare", "--uts", "--mount", "sh", "-c", script]
+            with open(root / f"{node.name}.log", "w") as log:
+                node.process = subprocess.Popen(
+                    argv, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
+                    # A Ray Client driver that is gone (a killed kernel) loses its actors
+                    # after this grace, not Ray's default 30 s.
+                    env={**os.environ, "RAY_USAGE_STATS_ENABLED": "0",
+                         "RAY_CLIENT_RECONNECT_GRACE_PERIOD": "5"},
+                )  # fmt: skip
+            _wait_started(cluster, node)
+        _wait_usable(cluster)
+    except BaseException:
+        stop(cluster)
+        raise
+    return cluster
+
+
+def _wait_started(cluster: RayCluster, node: RayNode, timeout: float = 90) -> None:
+    log = cluster.root / f"{node.name}.log"
+    deadline = time.monotonic() + timeout
+    while "Ray runtime started" not in log.read_text(errors="replace"):
+        if node.process.poll() is not None or time.monotonic() > deadline:
+            raise RuntimeError(f"ray on {node.name} did not start: {log.read_text()[-1500:]}")
+        time.sleep(0.2)
+
+
+# Ray Client, from this machine: every node alive. Its server starts a process for each
+# client through the runtime-env agent, which may still be starting after `ray start` says
+# the runtime started (then the connection fails): tried again until it works.
+_PROBE = """
+import logging, sys, ray
+ray.init(sys.argv[1], logging_level=logging.ERROR)
+alive = [n for n in ray.nodes() if n["Alive"]]
+sys.exit(0 if len(alive) == int(sys.argv[2]) else 3)
+"""
+
+
+def _wait_usable(cluster: RayCluster, timeout: float = 120) -> None:
+    deadline = time.monotonic() + timeout
+    while True:
+        probe = subprocess.run(
+            [sys.executable, "-c", _PROBE, cluster.client_address, str(len(cluster.nodes))],
+            capture_output=True, text=True, timeout=timeout,
+        )  # fmt: skip
+        if probe.returncode == 0:
+            return
+        if time.monotonic() > deadline:
+            raise RuntimeError(f"the Ray cluster is not usable: {probe.stderr[-1500:]}")
+        time.sleep(2)
+
+
+def stop(cluster: RayCluster) -> list[str]:
+    """Every node down, workers first; returns what of a job was still running there."""
+    leftovers = []
+    for node in reversed(cluster.nodes):
+        for pid in cluster.pids(node):
+            with contextlib.suppress(OSError):
+                environ = Path(f"/proc/{pid}/environ").read_bytes()
+                if b"DISTRUN_JOB_ID=" in environ:
+                    cmd = Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ")
+                    leftovers.append(f"{node.name}: pid {pid}: {cmd.decode().strip()}")
+        if node.process is not None and node.process.poll() is None:
+            node.process.terminate()  # a blocking `ray start` stops what it started
+            try:
+                node.process.wait(30)
+            except subprocess.TimeoutExpired:
+                node.process.kill()
+                node.process.wait(10)
+        for pid in cluster.pids(node):
+            with contextlib.suppress(OSError):
+                os.kill(pid, signal.SIGKILL)
+        subprocess.run(["ip", "netns", "del", node.namespace], capture_output=True)
+    subprocess.run(["ip", "link", "del", cluster.bridge], capture_output=True)
+    shutil.rmtree(cluster.temp_dir, ignore_errors=True)
+    return leftovers
+
+
+if __name__ == "__main__":
+    netns.up_from_command_line(
+        "raynodes.py", start, stop,
+        lambda c: f"{len(c.nodes)} Ray nodes up: Ray Client {c.client_address}, head "
+                  f"{c.head_address} (from inside: {' '.join(c.inside())} ...)",
+    )  # fmt: skip

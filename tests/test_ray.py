@@ -1,0 +1,242 @@
+"""The ray backend on a real Ray cluster (tests/raynodes.py: a head and a worker, each in a
+network namespace of its own): DDP across its nodes over Ray Client and over the head's
+address, fail-fast, Ctrl-C and a killed notebook leaving nothing, an unplaceable request,
+and the backend's own options."""
+
+from __future__ import annotations
+
+import json
+import re
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+from helpers import EXAMPLES, execute_notebook, result_reports, run_cli, stream_text
+
+from jupyter_dist.store import JobStore
+
+pytestmark = pytest.mark.slow
+
+# Which of the job's actors and placement groups Ray still holds (its GCS, read from a
+# driver inside the head's namespace: a head-address driver must be reachable by the
+# cluster). An actor of ours that is not DEAD, a group not REMOVED, is left over.
+CLUSTER_STATE = """
+import json, logging, ray
+from ray._private import state
+ray.init({address!r}, logging_level=logging.ERROR)
+actors = [a["State"] for a in state.actors().values()
+          if a.get("ActorClassName", a.get("Name", "")).endswith("RayNodeHost")]
+groups = [g["state"] for g in ray.util.placement_group_table().values()]
+print(json.dumps({{"actors": actors, "groups": groups}}))
+"""
+
+
+def cluster_state(ray_cluster) -> dict:
+    done = subprocess.run(
+        [*ray_cluster.inside(), sys.executable, "-c",
+         CLUSTER_STATE.format(address=ray_cluster.head_address)],
+        capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr[-2000:]
+    return json.loads(done.stdout.strip().splitlines()[-1])
+
+
+def assert_nothing_left(ray_cluster, job_id: str, within: float = 30) -> None:
+    """No process of the job on any Ray node, every actor of ours dead and every placement
+    group removed (within `within` seconds: Ray removes a gone driver's actors)."""
+    deadline = time.monotonic() + within
+    while True:
+        processes = ray_cluster.job_processes(job_id)
+        found = cluster_state(ray_cluster)
+        left = [s for s in found["actors"] if s != "DEAD"] + [
+            s for s in found["groups"] if s != "REMOVED"
+        ]
+        if not processes and not left:
+            return
+        if time.monotonic() > deadline:
+            pytest.fail(f"left on the cluster: processes {processes}, actors and groups {left}")
+        time.sleep(1)
+
+
+def test_ddp_across_two_ray_nodes_over_ray_client(ray_cluster, store):
+    """examples/pytorch_ddp.yml, 2 nodes x 2 ranks, from outside the cluster (Ray Client):
+    a rank on each Ray node, MASTER_ADDR the first bundle's node, identical weights."""
+    done = run_cli(
+        "run", str(EXAMPLES / "pytorch_ddp.yml"), "--backend", "ray",
+        "--ray-address", ray_cluster.client_address, store=store, timeout=300,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    (record,) = store.jobs()
+    reports = result_reports(store, record.job_id)
+    assert sorted(reports) == [0, 1, 2, 3]
+    first, second = reports[0]["host"], reports[2]["host"]  # where the bundles landed
+    assert {first, second} == {"rayhead", "rayworker1"}
+    assert reports[1]["host"] == first and reports[3]["host"] == second
+    addresses = {node.name: node.host for node in ray_cluster.nodes}
+    assert {reports[r]["env"]["MASTER_ADDR"] for r in reports} == {addresses[first]}
+    assert len({json.dumps(reports[r]["weights"]) for r in reports}) == 1
+    assert "4 ranks on 2 nodes (ray)" in done.stderr
+    assert record.status()["nodes"] == [first, second]
+    assert_nothing_left(ray_cluster, record.job_id)
+
+
+def test_a_driver_on_the_clusters_network_uses_the_heads_address(ray_cluster, tmp_path):
+    """`--ray-address HOST:6379` from a notebook on the cluster's network (here: the head's
+    namespace), a rank on each node."""
+    store = JobStore(tmp_path / "jobs")
+    spec = tmp_path / "job.yml"
+    spec.write_text(
+        "command: python -c \"import os, socket; print('on', socket.gethostname(), "
+        "os.environ['RANK'])\"\nresources: {instance_count: 2}\n"
+        f"backend: {{type: ray, address: '{ray_cluster.head_address}'}}\n"
+    )
+    done = subprocess.run(
+        [*ray_cluster.inside(), sys.executable, "-m", "jupyter_dist.cli", "run", str(spec),
+         "--store", str(store.root)],
+        capture_output=True, text=True, timeout=300,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    assert "[rank 0] on ray" in done.stdout and "[rank 1] on ray" in done.stdout
+    assert "on rayhead" in done.stdout and "on rayworker1" in done.stdout
+    assert_nothing_left(ray_cluster, store.jobs()[0].job_id)
+
+
+def test_a_failed_rank_stops_the_others_and_is_named(ray_cluster, store, tmp_path):
+    spec = tmp_path / "fail.yml"
+    spec.write_text(
+        'command: >-\n  if [ "$RANK" = 3 ]; then echo gave up >&2; exit 3; fi; sleep 300\n'
+        "resources: {instance_count: 2}\n"
+        "distribution: {type: pytorch, process_count_per_instance: 2}\n"
+    )
+    started = time.monotonic()
+    done = run_cli("run", str(spec), "--backend", "ray", "--ray-address",
+                   ray_cluster.client_address, store=store, timeout=300)  # fmt: skip
+    assert done.returncode == 1, done.stdout[-2000:] + done.stderr[-2000:]
+    assert time.monotonic() - started < 200  # not the 300 s the others would sleep
+    assert re.search(r"Root cause: rank 3 on ray(head|worker1) ", done.stdout + done.stderr)
+    assert "exited with code 3" in done.stdout + done.stderr
+    (record,) = store.jobs()
+    assert record.status()["state"] == "failed"
+    assert_nothing_left(ray_cluster, record.job_id)
+
+
+def _start_long_job(ray_cluster, store, tmp_path):
+    spec = tmp_path / "long.yml"
+    spec.write_text("command: echo started; sleep 300\nresources: {instance_count: 2}\n")
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "jupyter_dist.cli", "run", str(spec), "--backend", "ray",
+         "--ray-address", ray_cluster.client_address, "--store", str(store.root)],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
+    )  # fmt: skip
+    seen = 0
+    deadline = time.monotonic() + 120
+    while seen < 2 and time.monotonic() < deadline:
+        seen += "started" in proc.stdout.readline()
+    assert seen == 2, proc.stderr.read() if proc.poll() is not None else "no start"
+    (record,) = store.jobs()
+    assert len(ray_cluster.job_processes(record.job_id)) >= 4  # an agent and a shell each
+    return proc, record
+
+
+def test_ctrl_c_cancels_and_leaves_nothing(ray_cluster, store, tmp_path):
+    proc, record = _start_long_job(ray_cluster, store, tmp_path)
+    proc.send_signal(signal.SIGINT)
+    _, err = proc.communicate(timeout=120)
+    assert proc.returncode == 130, err[-2000:]
+    assert record.status()["state"] == "cancelled"
+    assert_nothing_left(ray_cluster, record.job_id)
+
+
+def test_a_killed_notebook_leaves_nothing_on_the_cluster(ray_cluster, store, tmp_path):
+    """The launcher SIGKILLed (a kernel's death): Ray drops its actors once its client is
+    gone for good, each agent's input closes, and the agent stops its tree."""
+    proc, record = _start_long_job(ray_cluster, store, tmp_path)
+    proc.kill()
+    proc.wait(30)
+    assert_nothing_left(ray_cluster, record.job_id, within=90)
+
+
+def test_a_request_no_node_can_hold_is_one_line(ray_cluster, store, tmp_path):
+    spec = tmp_path / "gpus.yml"
+    spec.write_text("command: echo hi\nresources: {instance_count: 2}\n")
+    done = run_cli("run", str(spec), "--backend", "ray", "--ray-address",
+                   ray_cluster.client_address, "--ray-gpus-per-node", "1", store=store)  # fmt: skip
+    assert done.returncode == 2
+    assert done.stderr.count("\n") == 1, done.stderr
+    assert done.stderr.startswith(
+        "error: ray: the job needs 2 nodes with 1 CPUs and 1 GPUs each, and the cluster has 0 "
+        "such of its 2 ("
+    ), done.stderr
+    assert f"{ray_cluster.head.host}: 2 CPUs" in done.stderr
+    too_many = run_cli("run", str(spec), "--backend", "ray", "--ray-address",
+                       ray_cluster.client_address, "--nodes", "3", store=store)  # fmt: skip
+    assert "the job needs 3 nodes with 1 CPUs each, and the cluster has 2 such" in too_many.stderr
+    assert store.jobs() == []
+    state = cluster_state(ray_cluster)
+    assert all(s == "REMOVED" for s in state["groups"])
+
+
+def test_the_backends_own_keys_are_checked_when_planned(tmp_path, store):
+    spec = tmp_path / "typo.yml"
+    spec.write_text("command: echo hi\nbackend: {type: ray, adress: auto}\n")
+    done = run_cli("plan", str(spec), store=store)
+    assert done.returncode == 2
+    assert done.stderr == (
+        "error: backend: 'adress' is not an option of the ray backend (did you mean "
+        "'address'?); its options: address, gpus_per_node, cpus_per_node\n"
+    )
+    spec.write_text("command: echo hi\nbackend: {type: ray, cpus_per_node: many}\n")
+    done = run_cli("plan", str(spec), store=store)
+    assert done.stderr == (
+        "error: backend: cpus_per_node: expected a whole number from 0 to 4096 "
+        "(--ray-cpus-per-node)\n"
+    ), done.stderr
+
+
+def test_tensorflow_multi_worker_mirrored_on_ray(ray_cluster, store):
+    done = run_cli(
+        "run", str(EXAMPLES / "tensorflow_mwms.yml"), "--backend", "ray",
+        "--ray-address", ray_cluster.client_address, store=store, timeout=300,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr[-3000:]
+    (record,) = store.jobs()
+    reports = result_reports(store, record.job_id)
+    assert sorted(reports) == [0, 1]
+    assert len({json.dumps(r["weights"]) for r in reports.values()}) == 1
+    assert set(record.status()["nodes"]) == {"rayhead", "rayworker1"}
+    assert_nothing_left(ray_cluster, record.job_id)
+
+
+def test_a_warm_session_and_a_dask_cluster_from_a_notebook(ray_cluster, kernel_env):
+    """In one notebook over Ray Client: a warm session whose second cell uses the process
+    group the first made, then an interactive Dask cluster with a worker on each Ray node."""
+    from test_dask import WHERE_TASKS_RAN
+
+    where = f"--backend ray --ray-address {ray_cluster.client_address}"
+    nb = execute_notebook(
+        f"%distrun session start --nodes 2 --procs-per-node 2 {where}",
+        "%%distrun\nimport socket, torch, torch.distributed as dist\n"
+        "dist.init_process_group('gloo')\nrank = dist.get_rank()",
+        "%%distrun\nt = torch.tensor([float(rank)])\ndist.all_reduce(t)\n"
+        "print(rank, socket.gethostname(), t.item())",
+        "%distrun session stop",
+        f"%%distrun --type dask --nodes 2 -p 1 --threads 1 {where}\n",
+        WHERE_TASKS_RAN,
+        "%distrun dask stop",
+        timeout=300,
+    )
+    text = stream_text(nb.cells[3])
+    hosts = {}
+    for rank in range(4):
+        found = re.search(rf"\[rank {rank}\] {rank} (ray\w+) 6\.0", text)
+        assert found, text
+        hosts[rank] = found.group(1)
+    assert hosts[0] == hosts[1] and hosts[2] == hosts[3] and hosts[0] != hosts[2]
+    placed = dict(json.loads(stream_text(nb.cells[6]).splitlines()[0]))
+    assert {key.split()[0] for key in placed} == {"rayhead", "rayworker1"}, placed
+    assert "stopped" in stream_text(nb.cells[7])
+    for record in JobStore(kernel_env).jobs():
+        assert_nothing_left(ray_cluster, record.job_id)
