@@ -1,6 +1,6 @@
 """Launch overhead: `jupyter distrun run` vs torchrun by hand, and planning time.
 
-    .venv/bin/python bench/launch.py [--runs 5] [--plan-only]
+    .venv/bin/python bench/launch.py [--runs 5] [--plan-only | --ray-only]
 
 1. A trivial 4-rank gloo job (bench/trivial_gloo.py) started by `jupyter distrun run`
    (1 local node x 4 processes, per_process) and by `torchrun --standalone --nproc-per-node 4`
@@ -13,11 +13,17 @@
 4. The network check before launch (diagnose/network.py) of a 2-node job on two sshd test
    nodes (tests/sshnodes.py, warm connections): its cost alone, median of `--runs`, and
    against the whole warm launch of the same trivial job without it. Goal: < 0.3 s.
+5. The same trivial gloo job, 2 nodes x 2 ranks on a 2-node Ray cluster (tests/raynodes.py,
+   reached over Ray Client), by `--backend ray` (in this process: `run`) and by hand with
+   Ray's own `ray.util` (a STRICT_SPREAD placement group, an actor per bundle starting its
+   node's ranks, then the actors killed and the group removed), alternating: median wall
+   time of each, and the ratio. Goal: <= 1.2.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
 import statistics
 import subprocess
@@ -171,16 +177,116 @@ def bench_network_check(runs: int) -> None:
           f"precedes {launch:.3f} s; ratio check / launch {check / launch:.2f}")  # fmt: skip
 
 
+# By hand with Ray's own API: what a user without jupyter-dist would write.
+class _HandRanks:
+    def free_port(self) -> int:
+        import socket
+
+        with socket.socket() as probe:
+            probe.bind(("", 0))
+            return probe.getsockname()[1]
+
+    def address(self) -> str:
+        import ray
+
+        return ray.util.get_node_ip_address()
+
+    def run(self, script: str, ranks: list[int], world: int, master: str, port: int) -> list:
+        import os
+        import subprocess
+        import sys
+
+        procs = [
+            subprocess.Popen([sys.executable, script], env={
+                **os.environ, "RANK": str(rank), "WORLD_SIZE": str(world), "LOCAL_RANK":
+                str(i), "MASTER_ADDR": master, "MASTER_PORT": str(port), "OMP_NUM_THREADS": "1"})
+            for i, rank in enumerate(ranks)
+        ]  # fmt: skip
+        return [proc.wait() for proc in procs]
+
+
+def _by_hand(ray, nodes: int, per_node: int) -> None:
+    from ray.util.placement_group import placement_group, remove_placement_group
+    from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
+
+    group = placement_group([{"CPU": per_node}] * nodes, strategy="STRICT_SPREAD")
+    ray.get(group.ready())
+    ranks_class = ray.remote(_HandRanks)
+    actors = [
+        ranks_class.options(num_cpus=per_node, scheduling_strategy=PlacementGroupSchedulingStrategy(
+            group, placement_group_bundle_index=i)).remote()
+        for i in range(nodes)
+    ]  # fmt: skip
+    master = ray.get(actors[0].address.remote())
+    port = ray.get(actors[0].free_port.remote())
+    codes = ray.get([
+        actor.run.remote(str(SCRIPT), list(range(i * per_node, (i + 1) * per_node)),
+                         nodes * per_node, master, port)
+        for i, actor in enumerate(actors)
+    ])  # fmt: skip
+    for actor in actors:
+        ray.kill(actor)
+    remove_placement_group(group)
+    if any(code for node in codes for code in node):
+        raise SystemExit(f"the hand-made Ray job failed: {codes}")
+
+
+def bench_ray(runs: int) -> None:
+    sys.path.insert(0, str(HERE.parent / "tests"))
+    import raynodes
+
+    from jupyter_dist.backends.ray import connect
+    from jupyter_dist.run.launch import run
+    from jupyter_dist.spec import parse_spec
+    from jupyter_dist.store import JobStore
+
+    with tempfile.TemporaryDirectory() as tmp:
+        cluster = raynodes.start(2, Path(tmp) / "ray")
+        try:
+            ray = connect(cluster.client_address)
+            ray.cloudpickle.register_pickle_by_value(sys.modules[__name__])
+            store = JobStore(Path(tmp) / "jobs")
+            spec = parse_spec(
+                f"command: python {SCRIPT}\nresources: {{instance_count: 2}}\n"
+                "environment_variables: {OMP_NUM_THREADS: '1'}\n"
+                "distribution: {type: pytorch, process_count_per_instance: 2}\n"
+                f"backend: {{type: ray, address: '{cluster.client_address}'}}\n"
+            )
+            ours, hand = [], []
+            for i in range(runs + 1):  # the first of each warms Ray's worker pool: not counted
+                start = time.perf_counter()
+                if not run(spec, store=store).ok:
+                    raise SystemExit("the trivial job on Ray failed")
+                took = time.perf_counter() - start
+                start = time.perf_counter()
+                _by_hand(ray, 2, 2)
+                if i:
+                    ours.append(took)
+                    hand.append(time.perf_counter() - start)
+        finally:
+            with contextlib.suppress(Exception):
+                ray.shutdown()  # before its cluster goes: no complaint from a dead channel
+            raynodes.stop(cluster)
+    mine, theirs = statistics.median(ours), statistics.median(hand)
+    print(f"ray, 2 nodes x 2 ranks over Ray Client: --backend ray {mine:.2f} s, by hand with "
+          f"ray.util {theirs:.2f} s; ratio {mine / theirs:.2f} (goal <= 1.2)")  # fmt: skip
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--runs", type=int, default=5)
     parser.add_argument("--plan-only", action="store_true", help="only the planning benches")
+    parser.add_argument("--ray-only", action="store_true", help="only the Ray bench")
     args = parser.parse_args()
+    if args.ray_only:
+        bench_ray(args.runs)
+        return
     bench_planning()
     bench_plan_command()
     if not args.plan_only:
         bench_launch(args.runs)
         bench_network_check(args.runs)
+        bench_ray(args.runs)
 
 
 if __name__ == "__main__":

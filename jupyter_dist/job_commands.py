@@ -21,7 +21,7 @@ import time
 from collections.abc import Callable, Mapping, Sequence
 from typing import TextIO
 
-from jupyter_dist.backends import inventory_backend
+from jupyter_dist.backends import backend_class, declared_options, inventory_backend
 from jupyter_dist.describe import (
     INSPECT_COLUMNS,
     attempt_rows,
@@ -136,6 +136,10 @@ def add_parsers(sub: argparse._SubParsersAction, common: argparse.ArgumentParser
     nodes_file = BY_NAME["nodes_file"]
     nodes.add_argument(*nodes_file.flags(), **nodes_file.argparse_kwargs())
     nodes.add_argument("--trust", metavar="NAME", help="record NAME's host key in known_hosts")
+    # A backend that reaches a cluster by itself lists that cluster's nodes (ray's), with
+    # its own options (--ray-address).
+    for option in (BY_NAME["backend"], *(o for o in declared_options() if o.backend)):
+        nodes.add_argument(*option.flags(), **option.argparse_kwargs())
 
     jobs = sub.add_parser("jobs", parents=[common], help="list jobs in the store, newest first")
     jobs.add_argument("--json", action="store_true", help="a JSON list of every job's status")
@@ -281,6 +285,8 @@ def print_table(
 
 
 def cmd_nodes(args: argparse.Namespace, store: JobStore) -> int:
+    if args.backend:
+        return _cluster_nodes(args)
     inventory = load_inventory(args.nodes_file)
     if inventory.is_local:
         print("no node inventory: jobs run on local nodes (this machine)", file=sys.stderr)
@@ -301,6 +307,36 @@ def cmd_nodes(args: argparse.Namespace, store: JobStore) -> int:
         for h in backend.health(list(inventory.nodes))
     ]  # fmt: skip
     print_table(rows, list(rows[0]), title=f"nodes in {inventory.source}")
+    return EXIT_OK if all(r["status"] == "ok" for r in rows) else EXIT_FAILED
+
+
+def _cluster_nodes(args: argparse.Namespace) -> int:
+    """`nodes --backend NAME`: the nodes of the cluster that backend reaches, and what each
+    has; a backend whose nodes come from the inventory says so."""
+    options = {
+        option.spec_key or option.name: getattr(args, option.name)
+        for option in declared_options()
+        if option.backend == args.backend and getattr(args, option.name, None) is not None
+    }  # fmt: skip
+    found = backend_class(args.backend)().cluster_nodes(options)
+    if found is None:
+        raise DistrunError(f"the {args.backend} backend lists no nodes of its own (its nodes "
+                           f"are the inventory's or an allocation's): jupyter distrun nodes "
+                           f"[--nodes-file FILE]")  # fmt: skip
+    rows = [
+        {
+            "node": h.name, "host": h.host, "status": h.status,
+            "cpus": "" if h.cpus is None else f"{h.cpus:g}",
+            "gpus": "" if h.gpus is None else str(h.gpus),
+            "memory": "" if h.memory is None else f"{h.memory / 2**30:.1f} GiB",
+            "problem": h.problem or "",
+        }
+        for h in found
+    ]  # fmt: skip
+    if not rows:
+        print(f"the {args.backend} cluster has no nodes", file=sys.stderr)
+        return EXIT_FAILED
+    print_table(rows, list(rows[0]), title=f"{args.backend} nodes")
     return EXIT_OK if all(r["status"] == "ok" for r in rows) else EXIT_FAILED
 
 

@@ -132,7 +132,7 @@ OPTIONS: tuple[Option, ...] = (
     Option("nodes_file", "node inventory (default: $DISTRUN_NODES_FILE, else the Jupyter "
            "config dir's distrun/nodes.yml; none means local nodes)", metavar="FILE",
            fronts=frozenset({MAGIC, CLI_SPEC})),
-    Option("backend", "where the processes run: local, ssh, slurm or an installed one; "
+    Option("backend", "where the processes run: local, ssh, slurm, ray or an installed one; "
            "default: the spec's backend, else slurm where SLURM_JOB_ID is set, ssh with a "
            "node inventory, local without", metavar="NAME"),
     Option("timeout", "stop the job after this many seconds", kind="int", metavar="SECONDS",

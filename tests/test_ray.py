@@ -6,6 +6,7 @@ and the backend's own options."""
 from __future__ import annotations
 
 import json
+import os
 import re
 import signal
 import subprocess
@@ -122,22 +123,25 @@ def test_a_failed_rank_stops_the_others_and_is_named(ray_cluster, store, tmp_pat
     assert_nothing_left(ray_cluster, record.job_id)
 
 
-def _start_long_job(ray_cluster, store, tmp_path):
+def _start_long_job(ray_cluster, store, tmp_path, procs_per_node: int = 1):
     spec = tmp_path / "long.yml"
-    spec.write_text("command: echo started; sleep 300\nresources: {instance_count: 2}\n")
+    spec.write_text(
+        "command: echo started; sleep 300\nresources: {instance_count: 2}\n"
+        f"distribution: {{type: pytorch, process_count_per_instance: {procs_per_node}}}\n"
+    )
     proc = subprocess.Popen(
         [sys.executable, "-m", "jupyter_dist.cli", "run", str(spec), "--backend", "ray",
          "--ray-address", ray_cluster.client_address, "--store", str(store.root)],
         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
         preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
     )  # fmt: skip
-    seen = 0
+    ranks, seen = 2 * procs_per_node, 0
     deadline = time.monotonic() + 120
-    while seen < 2 and time.monotonic() < deadline:
+    while seen < ranks and time.monotonic() < deadline:
         seen += "started" in proc.stdout.readline()
-    assert seen == 2, proc.stderr.read() if proc.poll() is not None else "no start"
+    assert seen == ranks, proc.stderr.read() if proc.poll() is not None else "no start"
     (record,) = store.jobs()
-    assert len(ray_cluster.job_processes(record.job_id)) >= 4  # an agent and a shell each
+    assert len(ray_cluster.job_processes(record.job_id)) >= 2 * ranks  # an agent, a shell
     return proc, record
 
 
@@ -240,3 +244,73 @@ def test_a_warm_session_and_a_dask_cluster_from_a_notebook(ray_cluster, kernel_e
     assert "stopped" in stream_text(nb.cells[7])
     for record in JobStore(kernel_env).jobs():
         assert_nothing_left(ray_cluster, record.job_id)
+
+
+def test_nodes_lists_the_clusters_nodes_and_what_each_has(ray_cluster, store):
+    done = run_cli("nodes", "--backend", "ray", "--ray-address", ray_cluster.client_address,
+                   store=store, env={**os.environ, "COLUMNS": "160"})  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    rows = [line for line in done.stdout.splitlines() if "ray" in line and "10." in line]
+    assert len(rows) == 2, done.stdout
+    for node in ray_cluster.nodes:
+        (row,) = [r for r in rows if f" {node.host} " in r]
+        assert node.name in row and " ok " in row and " 2 " in row and "GiB" in row, row
+    other = run_cli("nodes", "--backend", "ssh", store=store)
+    assert other.returncode == 2
+    assert other.stderr.startswith("error: the ssh backend lists no nodes of its own")
+
+
+def test_a_request_waits_while_the_cluster_is_busy_and_an_interrupt_withdraws_it(
+    ray_cluster, store, tmp_path
+):
+    """A job holding every CPU; a second one waits, says so, and Ctrl-C takes its placement
+    group off the cluster at once; the first one's ranks are untouched."""
+    proc, record = _start_long_job(ray_cluster, store, tmp_path, procs_per_node=2)
+    spec = tmp_path / "second.yml"
+    spec.write_text("command: echo second\nresources: {instance_count: 2}\n")
+    second = subprocess.Popen(
+        [sys.executable, "-m", "jupyter_dist.cli", "run", str(spec), "--backend", "ray",
+         "--ray-address", ray_cluster.client_address, "--store", str(store.root)],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
+    )  # fmt: skip
+    said = second.stderr.readline()
+    assert said == (
+        "ray: waiting for 2 nodes with 1 CPUs each (other work holds the cluster: 0 of 4 CPUs "
+        "free)\n"
+    ), said
+    second.send_signal(signal.SIGINT)
+    second.communicate(timeout=60)
+    assert second.returncode == 130
+    groups = cluster_state(ray_cluster)["groups"]
+    assert groups.count("CREATED") == 1 and set(groups) <= {"CREATED", "REMOVED"}, groups
+    assert len(ray_cluster.job_processes(record.job_id)) >= 8  # the first job runs on
+    proc.send_signal(signal.SIGINT)
+    proc.communicate(timeout=120)
+    assert len(store.jobs()) == 1  # the second never started
+    assert_nothing_left(ray_cluster, record.job_id)
+
+
+def test_one_cluster_per_process_and_no_mpi(ray_cluster, store, tmp_path):
+    """Ray allows one cluster per process: a second address is refused in one line (the
+    first connection kept); an MPI job is refused before anything is asked of Ray."""
+    other = "ray://10.255.255.1:10001"
+    done = subprocess.run(
+        [sys.executable, "-c",
+         "from jupyter_dist.backends.ray import connect\n"
+         "from jupyter_dist.errors import NodeError\n"
+         f"connect({ray_cluster.client_address!r})\n"
+         f"try:\n    connect({other!r})\nexcept NodeError as e:\n    print(e)\n"
+         f"connect({ray_cluster.client_address!r})\nprint('still connected')"],
+        capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    assert done.stdout == (
+        f"ray: this process is connected to {ray_cluster.client_address}; Ray allows one "
+        f"cluster per process (restart the kernel to use {other})\nstill connected\n"
+    ), done.stderr[-2000:]
+    spec = tmp_path / "mpi.yml"
+    spec.write_text("command: echo hi\nresources: {instance_count: 2}\ndistribution: {type: mpi}\n")
+    refused = run_cli("run", str(spec), "--backend", "ray", "--ray-address", other, store=store)
+    assert refused.returncode == 2
+    assert refused.stderr.startswith("error: ray: MPI jobs do not run on Ray (mpirun starts")
+    assert refused.stderr.count("\n") == 1

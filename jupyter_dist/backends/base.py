@@ -22,8 +22,10 @@ A job that starts again after a failure (run/job.Restarts) keeps its nodes and g
 `health` and `preflight` before the next attempt: a node that cannot be reached is replaced by
 one of `spares` where the job asked for nodes by count; then on from `choose_ports`.
 
-Outside a job, `health(nodes)` checks nodes for `jupyter distrun nodes` and the sidebar, and
-`trust(node)` records a node's identity (an SSH host key) for `nodes --trust`.
+Outside a job, `health(nodes)` checks nodes for `jupyter distrun nodes` and the sidebar,
+`trust(node)` records a node's identity (an SSH host key) for `nodes --trust`, and a
+backend that reaches a cluster by itself lists its nodes (`cluster_nodes`, for `nodes
+--backend NAME`).
 
 A backend's own launch options (`options`) are declared on its class and offered by every
 front: a new backend, and its flags, is one module plus its line in the registry.
@@ -113,6 +115,8 @@ class NodeHealth:
     hostname: str | None = None
     gpus: int | None = None
     problem: str | None = None  # why it is not ok, in one line
+    cpus: float | None = None  # where the backend knows them (a Ray node's resources)
+    memory: int | None = None  # bytes
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -204,6 +208,13 @@ class Backend(ABC):
                     NodeHealth(node.name, node.host, None, "unreachable", problem=str(exc))
                 )
         return found
+
+    def cluster_nodes(self, options: dict[str, Any]) -> list[NodeHealth] | None:
+        """The nodes of the cluster a backend reaches by itself (Ray's), with what each
+        has, for `jupyter distrun nodes --backend NAME`; `options` are its own options as
+        the spec's backend: section would hold them. None for a backend whose nodes are
+        the inventory's (ssh, local) or an allocation's (slurm)."""
+        return None
 
     def spares(self, inventory: Inventory) -> list[Node]:
         """Nodes that may replace a job's node that cannot be reached when the job starts

@@ -265,13 +265,32 @@ class RayBackend(Backend):
         while not self._ray.wait([ready], timeout=0.5)[0]:
             if not said and time.monotonic() - asked > PENDING_SAY_AFTER_S:
                 said = True
+                free = self._ray.available_resources().get("CPU", 0)
+                total = self._ray.cluster_resources().get("CPU", 0)
                 self._report(f"ray: waiting for {count} nodes with {_resources(bundle)} each "
-                             f"(the cluster's free resources cannot hold them yet)")  # fmt: skip
+                             f"(other work holds the cluster: {free:g} of {total:g} CPUs "
+                             f"free)")  # fmt: skip
         if said:
             self._report(f"ray: placed after {time.monotonic() - asked:.0f} s")
 
     def preflight(self, nodes: list[Node]) -> list[Node]:
         return [self._nodes.get(node.name, node) for node in nodes]  # acquire asked them
+
+    def cluster_nodes(self, options: dict[str, Any]) -> list[NodeHealth]:
+        """Every node of the cluster Ray knows, alive or not, with its resources."""
+        ray = connect(options.get("address") or os.environ.get("RAY_ADDRESS", "auto"))
+        found = []
+        for node in ray.nodes():
+            has = node.get("Resources", {})
+            alive = bool(node.get("Alive"))
+            found.append(NodeHealth(
+                node.get("NodeManagerHostname") or node.get("NodeManagerAddress", "?"),
+                node.get("NodeManagerAddress", "?"), None, "ok" if alive else "dead",
+                gpus=int(has.get("GPU", 0)), cpus=has.get("CPU", 0.0),
+                memory=int(has.get("memory", 0)) or None,
+                problem=None if alive else "Ray lost this node",
+            ))  # fmt: skip
+        return sorted(found, key=lambda h: (h.status != "ok", h.name))
 
     def spares(self, inventory: Inventory) -> list[Node]:
         """None: Ray places the job's nodes; a restart runs on the same ones."""
