@@ -123,10 +123,11 @@ def test_a_failed_rank_stops_the_others_and_is_named(ray_cluster, store, tmp_pat
     assert_nothing_left(ray_cluster, record.job_id)
 
 
-def _start_long_job(ray_cluster, store, tmp_path, procs_per_node: int = 1):
+def _start_long_job(ray_cluster, store, tmp_path, procs_per_node: int = 1, command: str = ""):
     spec = tmp_path / "long.yml"
     spec.write_text(
-        "command: echo started; sleep 300\nresources: {instance_count: 2}\n"
+        f"command: {json.dumps(command or 'echo started; sleep 300')}\n"
+        "resources: {instance_count: 2}\n"
         f"distribution: {{type: pytorch, process_count_per_instance: {procs_per_node}}}\n"
     )
     proc = subprocess.Popen(
@@ -314,3 +315,59 @@ def test_one_cluster_per_process_and_no_mpi(ray_cluster, store, tmp_path):
     assert refused.returncode == 2
     assert refused.stderr.startswith("error: ray: MPI jobs do not run on Ray (mpirun starts")
     assert refused.stderr.count("\n") == 1
+
+
+def test_stacks_and_meters_of_ranks_on_ray_nodes(ray_cluster, store, tmp_path):
+    """`stacks` from another process asks the job's owner, which reads every rank through
+    its Ray actors (faulthandler: py-spy is not on these nodes); `inspect` shows each rank's
+    CPU and memory as the agents measured them."""
+    waits = "def wait_here():\n    time.sleep(300)\n"
+    (tmp_path / "hang.py").write_text(f"import time\n{waits}print('started', flush=True)\n"
+                                      "wait_here()\n")  # fmt: skip
+    proc, record = _start_long_job(
+        ray_cluster, store, tmp_path, command=f"exec python {tmp_path / 'hang.py'}"
+    )
+    try:
+        done = run_cli("stacks", record.job_id, "--method", "faulthandler", store=store)
+        assert done.returncode == 0, done.stderr
+        assert done.stdout.startswith(f"Stacks of job {record.job_id}: 2 Python processes on 2 "
+                                      "nodes"), done.stdout  # fmt: skip
+        assert done.stdout.count("in wait_here") >= 1 and "hang.py:3" in done.stdout
+        time.sleep(3)  # a few usage reports
+        shown = run_cli("inspect", record.job_id, store=store, env={**os.environ, "COLUMNS": "200"})
+        assert re.search(r"rank 0 .* \d+(\.\d+)? MiB", shown.stdout), shown.stdout
+    finally:
+        proc.send_signal(signal.SIGINT)
+        proc.communicate(timeout=120)
+    assert_nothing_left(ray_cluster, record.job_id)
+
+
+def test_torchrun_on_ray_nodes(ray_cluster, store):
+    done = run_cli(
+        "run", str(EXAMPLES / "pytorch_ddp_torchrun.yml"), "--backend", "ray",
+        "--ray-address", ray_cluster.client_address, store=store, timeout=300,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr[-3000:]
+    reports = result_reports(store, store.jobs()[0].job_id)
+    assert sorted(reports) == [0, 1, 2, 3]
+    assert len({json.dumps(r["weights"]) for r in reports.values()}) == 1
+    assert {r["host"] for r in reports.values()} == {"rayhead", "rayworker1"}
+
+
+def test_no_line_is_lost_through_the_actors(ray_cluster, store, tmp_path):
+    """200,000 lines from each of 2 ranks, stdout and stderr, written as fast as Python
+    can: every one stored, in order."""
+    spec = tmp_path / "lines.yml"
+    spec.write_text(
+        "command: >-\n  python -c \"import sys; [print(i) or print(i, file=sys.stderr) "
+        "for i in range(200000)]\"\nresources: {instance_count: 2}\n"
+    )
+    done = run_cli("run", str(spec), "--backend", "ray", "--ray-address",
+                   ray_cluster.client_address, "--color", "never", store=store,
+                   timeout=300)  # fmt: skip
+    assert done.returncode == 0, done.stderr[-2000:]
+    (record,) = store.jobs()
+    for key in ("rank-0", "rank-1"):
+        for stream in ("stdout", "stderr"):
+            numbers = [int(line.text) for line in record.iter_log(key, stream)]
+            assert numbers == list(range(200000)), (key, stream, len(numbers))
