@@ -122,10 +122,7 @@ def start(count: int, root: Path, tag: int | None = None) -> RayCluster:
             with open(root / f"{node.name}.log", "w") as log:
                 node.process = subprocess.Popen(
                     argv, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
-                    # A Ray Client driver that is gone (a killed kernel) loses its actors
-                    # after this grace, not Ray's default 30 s.
-                    env={**os.environ, "RAY_USAGE_STATS_ENABLED": "0",
-                         "RAY_CLIENT_RECONNECT_GRACE_PERIOD": "5"},
+                    env={**os.environ, "RAY_USAGE_STATS_ENABLED": "0"},
                 )  # fmt: skip
             _wait_started(cluster, node)
         _wait_usable(cluster)

@@ -61,13 +61,32 @@ def assert_nothing_left(ray_cluster, job_id: str, within: float = 30) -> None:
         time.sleep(1)
 
 
-def test_ddp_across_two_ray_nodes_over_ray_client(ray_cluster, store):
-    """examples/pytorch_ddp.yml, 2 nodes x 2 ranks, from outside the cluster (Ray Client):
-    a rank on each Ray node, MASTER_ADDR the first bundle's node, identical weights."""
-    done = run_cli(
-        "run", str(EXAMPLES / "pytorch_ddp.yml"), "--backend", "ray",
-        "--ray-address", ray_cluster.client_address, store=store, timeout=300,
+# How the notebook reaches the cluster: Ray Client from this machine (outside the cluster's
+# network), or the head's address from inside it (the head's namespace: a head-address
+# driver must be reachable by the cluster).
+MODES = ("client", "head")
+
+
+def distrun_argv(ray_cluster, mode: str, *args: str) -> list[str]:
+    """`jupyter distrun ARGS --backend ray --ray-address ...` for `mode`."""
+    inside, address = (
+        ([], ray_cluster.client_address) if mode == "client"
+        else (ray_cluster.inside(), ray_cluster.head_address)
     )  # fmt: skip
+    return [*inside, sys.executable, "-m", "jupyter_dist.cli", *args, "--backend", "ray",
+            "--ray-address", address]  # fmt: skip
+
+
+def distrun(ray_cluster, mode: str, *args: str, store, timeout: float = 300):
+    argv = [*distrun_argv(ray_cluster, mode, *args), "--store", str(store.root)]
+    return subprocess.run(argv, capture_output=True, text=True, timeout=timeout)
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_ddp_across_two_ray_nodes(ray_cluster, store, mode):
+    """examples/pytorch_ddp.yml, 2 nodes x 2 ranks: a rank on each Ray node, MASTER_ADDR
+    the first bundle's node, identical weights."""
+    done = distrun(ray_cluster, mode, "run", str(EXAMPLES / "pytorch_ddp.yml"), store=store)
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     (record,) = store.jobs()
     reports = result_reports(store, record.job_id)
@@ -83,28 +102,8 @@ def test_ddp_across_two_ray_nodes_over_ray_client(ray_cluster, store):
     assert_nothing_left(ray_cluster, record.job_id)
 
 
-def test_a_driver_on_the_clusters_network_uses_the_heads_address(ray_cluster, tmp_path):
-    """`--ray-address HOST:6379` from a notebook on the cluster's network (here: the head's
-    namespace), a rank on each node."""
-    store = JobStore(tmp_path / "jobs")
-    spec = tmp_path / "job.yml"
-    spec.write_text(
-        "command: python -c \"import os, socket; print('on', socket.gethostname(), "
-        "os.environ['RANK'])\"\nresources: {instance_count: 2}\n"
-        f"backend: {{type: ray, address: '{ray_cluster.head_address}'}}\n"
-    )
-    done = subprocess.run(
-        [*ray_cluster.inside(), sys.executable, "-m", "jupyter_dist.cli", "run", str(spec),
-         "--store", str(store.root)],
-        capture_output=True, text=True, timeout=300,
-    )  # fmt: skip
-    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
-    assert "[rank 0] on ray" in done.stdout and "[rank 1] on ray" in done.stdout
-    assert "on rayhead" in done.stdout and "on rayworker1" in done.stdout
-    assert_nothing_left(ray_cluster, store.jobs()[0].job_id)
-
-
-def test_a_failed_rank_stops_the_others_and_is_named(ray_cluster, store, tmp_path):
+@pytest.mark.parametrize("mode", MODES)
+def test_a_failed_rank_stops_the_others_and_is_named(ray_cluster, store, tmp_path, mode):
     spec = tmp_path / "fail.yml"
     spec.write_text(
         'command: >-\n  if [ "$RANK" = 3 ]; then echo gave up >&2; exit 3; fi; sleep 300\n'
@@ -112,8 +111,7 @@ def test_a_failed_rank_stops_the_others_and_is_named(ray_cluster, store, tmp_pat
         "distribution: {type: pytorch, process_count_per_instance: 2}\n"
     )
     started = time.monotonic()
-    done = run_cli("run", str(spec), "--backend", "ray", "--ray-address",
-                   ray_cluster.client_address, store=store, timeout=300)  # fmt: skip
+    done = distrun(ray_cluster, mode, "run", str(spec), store=store)
     assert done.returncode == 1, done.stdout[-2000:] + done.stderr[-2000:]
     assert time.monotonic() - started < 200  # not the 300 s the others would sleep
     assert re.search(r"Root cause: rank 3 on ray(head|worker1) ", done.stdout + done.stderr)
@@ -123,7 +121,9 @@ def test_a_failed_rank_stops_the_others_and_is_named(ray_cluster, store, tmp_pat
     assert_nothing_left(ray_cluster, record.job_id)
 
 
-def _start_long_job(ray_cluster, store, tmp_path, procs_per_node: int = 1, command: str = ""):
+def _start_long_job(
+    ray_cluster, store, tmp_path, procs_per_node: int = 1, command: str = "", mode="client"
+):
     spec = tmp_path / "long.yml"
     spec.write_text(
         f"command: {json.dumps(command or 'echo started; sleep 300')}\n"
@@ -131,9 +131,10 @@ def _start_long_job(ray_cluster, store, tmp_path, procs_per_node: int = 1, comma
         f"distribution: {{type: pytorch, process_count_per_instance: {procs_per_node}}}\n"
     )
     proc = subprocess.Popen(
-        [sys.executable, "-m", "jupyter_dist.cli", "run", str(spec), "--backend", "ray",
-         "--ray-address", ray_cluster.client_address, "--store", str(store.root)],
+        [*distrun_argv(ray_cluster, mode, "run", str(spec)), "--store", str(store.root)],
         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        # A gone Ray Client's actors go after this grace (the client's setting), not 30 s.
+        env={**os.environ, "RAY_CLIENT_RECONNECT_GRACE_PERIOD": "5"},
         preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
     )  # fmt: skip
     ranks, seen = 2 * procs_per_node, 0
@@ -146,8 +147,9 @@ def _start_long_job(ray_cluster, store, tmp_path, procs_per_node: int = 1, comma
     return proc, record
 
 
-def test_ctrl_c_cancels_and_leaves_nothing(ray_cluster, store, tmp_path):
-    proc, record = _start_long_job(ray_cluster, store, tmp_path)
+@pytest.mark.parametrize("mode", MODES)
+def test_ctrl_c_cancels_and_leaves_nothing(ray_cluster, store, tmp_path, mode):
+    proc, record = _start_long_job(ray_cluster, store, tmp_path, mode=mode)
     proc.send_signal(signal.SIGINT)
     _, err = proc.communicate(timeout=120)
     assert proc.returncode == 130, err[-2000:]
@@ -155,20 +157,22 @@ def test_ctrl_c_cancels_and_leaves_nothing(ray_cluster, store, tmp_path):
     assert_nothing_left(ray_cluster, record.job_id)
 
 
-def test_a_killed_notebook_leaves_nothing_on_the_cluster(ray_cluster, store, tmp_path):
-    """The launcher SIGKILLed (a kernel's death): Ray drops its actors once its client is
-    gone for good, each agent's input closes, and the agent stops its tree."""
-    proc, record = _start_long_job(ray_cluster, store, tmp_path)
+@pytest.mark.parametrize("mode", MODES)
+def test_a_killed_notebook_leaves_nothing_on_the_cluster(ray_cluster, store, tmp_path, mode):
+    """The launcher SIGKILLed (a kernel's death): Ray drops its actors once its driver is
+    gone for good (a Ray Client after its reconnect grace), each agent's input closes, and
+    the agent stops its tree."""
+    proc, record = _start_long_job(ray_cluster, store, tmp_path, mode=mode)
     proc.kill()
     proc.wait(30)
     assert_nothing_left(ray_cluster, record.job_id, within=90)
 
 
-def test_a_request_no_node_can_hold_is_one_line(ray_cluster, store, tmp_path):
+@pytest.mark.parametrize("mode", MODES)
+def test_a_request_no_node_can_hold_is_one_line(ray_cluster, store, tmp_path, mode):
     spec = tmp_path / "gpus.yml"
     spec.write_text("command: echo hi\nresources: {instance_count: 2}\n")
-    done = run_cli("run", str(spec), "--backend", "ray", "--ray-address",
-                   ray_cluster.client_address, "--ray-gpus-per-node", "1", store=store)  # fmt: skip
+    done = distrun(ray_cluster, mode, "run", str(spec), "--ray-gpus-per-node", "1", store=store)
     assert done.returncode == 2
     assert done.stderr.count("\n") == 1, done.stderr
     assert done.stderr.startswith(
@@ -176,8 +180,7 @@ def test_a_request_no_node_can_hold_is_one_line(ray_cluster, store, tmp_path):
         "such of its 2 ("
     ), done.stderr
     assert f"{ray_cluster.head.host}: 2 CPUs" in done.stderr
-    too_many = run_cli("run", str(spec), "--backend", "ray", "--ray-address",
-                       ray_cluster.client_address, "--nodes", "3", store=store)  # fmt: skip
+    too_many = distrun(ray_cluster, mode, "run", str(spec), "--nodes", "3", store=store)
     assert "the job needs 3 nodes with 1 CPUs each, and the cluster has 2 such" in too_many.stderr
     assert store.jobs() == []
     state = cluster_state(ray_cluster)
@@ -359,8 +362,8 @@ def test_no_line_is_lost_through_the_actors(ray_cluster, store, tmp_path):
     can: every one stored, in order."""
     spec = tmp_path / "lines.yml"
     spec.write_text(
-        "command: >-\n  python -c \"import sys; [print(i) or print(i, file=sys.stderr) "
-        "for i in range(200000)]\"\nresources: {instance_count: 2}\n"
+        'command: >-\n  python -c "import sys; [print(i) or print(i, file=sys.stderr) '
+        'for i in range(200000)]"\nresources: {instance_count: 2}\n'
     )
     done = run_cli("run", str(spec), "--backend", "ray", "--ray-address",
                    ray_cluster.client_address, "--color", "never", store=store,
