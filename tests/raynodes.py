@@ -119,10 +119,13 @@ def start(count: int, root: Path, tag: int | None = None) -> RayCluster:
                 f"mount --bind {empty} /etc/resolv.conf && exec {ray_start}"
             )
             argv = [*cluster.inside(node), "unshare", "--uts", "--mount", "sh", "-c", script]
+            # Its own TMPDIR: what jobs leave in a node's folder goes with the cluster's.
+            tmp = root / node.name / "tmp"
+            tmp.mkdir(parents=True)
             with open(root / f"{node.name}.log", "w") as log:
                 node.process = subprocess.Popen(
                     argv, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
-                    env={**os.environ, "RAY_USAGE_STATS_ENABLED": "0"},
+                    env={**os.environ, "RAY_USAGE_STATS_ENABLED": "0", "TMPDIR": str(tmp)},
                 )  # fmt: skip
             _wait_started(cluster, node)
         _wait_usable(cluster)

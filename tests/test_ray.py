@@ -14,7 +14,14 @@ import sys
 import time
 
 import pytest
-from helpers import EXAMPLES, execute_notebook, result_reports, run_cli, stream_text
+from helpers import (
+    EXAMPLES,
+    execute_notebook,
+    not_private,
+    result_reports,
+    run_cli,
+    stream_text,
+)
 
 from jupyter_dist.store import JobStore
 
@@ -61,6 +68,15 @@ def assert_nothing_left(ray_cluster, job_id: str, within: float = 30) -> None:
         time.sleep(1)
 
 
+def assert_private_on_the_nodes(ray_cluster, job_id: str) -> None:
+    """The job's folder on each Ray node (in its TMPDIR, tests/raynodes.py), and the
+    per-node folder holding it: 0700 folders, 0600 files (programs 0700)."""
+    folders = sorted(ray_cluster.root.glob(f"*/tmp/distrun-ray-*/{job_id}"))
+    assert len(folders) == 2, folders
+    for folder in folders:
+        assert not_private(folder.parent) == []
+
+
 # How the notebook reaches the cluster: Ray Client from this machine (outside the cluster's
 # network), or the head's address from inside it (the head's namespace: a head-address
 # driver must be reachable by the cluster).
@@ -99,6 +115,7 @@ def test_ddp_across_two_ray_nodes(ray_cluster, store, mode):
     assert len({json.dumps(reports[r]["weights"]) for r in reports}) == 1
     assert "4 ranks on 2 nodes (ray)" in done.stderr
     assert record.status()["nodes"] == [first, second]
+    assert_private_on_the_nodes(ray_cluster, record.job_id)
     assert_nothing_left(ray_cluster, record.job_id)
 
 
@@ -336,6 +353,7 @@ def test_stacks_and_meters_of_ranks_on_ray_nodes(ray_cluster, store, tmp_path):
         assert done.stdout.startswith(f"Stacks of job {record.job_id}: 2 Python processes on 2 "
                                       "nodes"), done.stdout  # fmt: skip
         assert done.stdout.count("in wait_here") >= 1 and "hang.py:3" in done.stdout
+        assert_private_on_the_nodes(ray_cluster, record.job_id)  # the stacks' files too
         time.sleep(3)  # a few usage reports
         shown = run_cli("inspect", record.job_id, store=store, env={**os.environ, "COLUMNS": "200"})
         assert re.search(r"rank 0 .* \d+(\.\d+)? MiB", shown.stdout), shown.stdout
