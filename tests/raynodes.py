@@ -191,6 +191,10 @@ def stop(cluster: RayCluster) -> list[str]:
                 os.kill(pid, signal.SIGKILL)
         subprocess.run(["ip", "netns", "del", node.namespace], capture_output=True)
     subprocess.run(["ip", "link", "del", cluster.bridge], capture_output=True)
+    # Ray's own logs stay with the cluster's folder (a failed run is read there later).
+    logs = cluster.temp_dir / "session_latest" / "logs"
+    if logs.is_dir():
+        shutil.copytree(logs, cluster.root / "ray-logs", dirs_exist_ok=True)
     shutil.rmtree(cluster.temp_dir, ignore_errors=True)
     return leftovers
 

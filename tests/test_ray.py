@@ -221,11 +221,9 @@ def test_the_backends_own_keys_are_checked_when_planned(tmp_path, store):
     ), done.stderr
 
 
-def test_tensorflow_multi_worker_mirrored_on_ray(ray_cluster, store):
-    done = run_cli(
-        "run", str(EXAMPLES / "tensorflow_mwms.yml"), "--backend", "ray",
-        "--ray-address", ray_cluster.client_address, store=store, timeout=300,
-    )  # fmt: skip
+@pytest.mark.parametrize("mode", MODES)
+def test_tensorflow_multi_worker_mirrored_on_ray(ray_cluster, store, mode):
+    done = distrun(ray_cluster, mode, "run", str(EXAMPLES / "tensorflow_mwms.yml"), store=store)
     assert done.returncode == 0, done.stderr[-3000:]
     (record,) = store.jobs()
     reports = result_reports(store, record.job_id)
@@ -364,10 +362,8 @@ def test_stacks_and_meters_of_ranks_on_ray_nodes(ray_cluster, store, tmp_path):
 
 
 def test_torchrun_on_ray_nodes(ray_cluster, store):
-    done = run_cli(
-        "run", str(EXAMPLES / "pytorch_ddp_torchrun.yml"), "--backend", "ray",
-        "--ray-address", ray_cluster.client_address, store=store, timeout=300,
-    )  # fmt: skip
+    example = str(EXAMPLES / "pytorch_ddp_torchrun.yml")
+    done = distrun(ray_cluster, "client", "run", example, store=store)
     assert done.returncode == 0, done.stderr[-3000:]
     reports = result_reports(store, store.jobs()[0].job_id)
     assert sorted(reports) == [0, 1, 2, 3]
@@ -383,9 +379,7 @@ def test_no_line_is_lost_through_the_actors(ray_cluster, store, tmp_path):
         'command: >-\n  python -c "import sys; [print(i) or print(i, file=sys.stderr) '
         'for i in range(200000)]"\nresources: {instance_count: 2}\n'
     )
-    done = run_cli("run", str(spec), "--backend", "ray", "--ray-address",
-                   ray_cluster.client_address, "--color", "never", store=store,
-                   timeout=300)  # fmt: skip
+    done = distrun(ray_cluster, "client", "run", str(spec), "--color", "never", store=store)
     assert done.returncode == 0, done.stderr[-2000:]
     (record,) = store.jobs()
     for key in ("rank-0", "rank-1"):

@@ -69,6 +69,8 @@ READ_WAIT_S = 1.0  # how long one read (or wait) call waits on the Ray node for 
 PENDING_SAY_AFTER_S = 2.0  # a placement not done by then is said to be waiting
 START_TIMEOUT_S = 120.0  # the actors' start on their nodes (a worker process each)
 
+CONNECT_TRIES = 3
+_TRANSIENT = "Starting Ray client server failed"
 _connection: dict[str, Any] = {}  # "address": what this process connected to
 _connection_lock = threading.Lock()
 
@@ -98,11 +100,18 @@ def connect(address: str):
             return ray
         # Sent by value: the Ray nodes need nothing of jupyter-dist to run the actor.
         ray.cloudpickle.register_pickle_by_value(ray_host)
-        try:
-            ray.init(address=address, log_to_driver=False, logging_level=logging.ERROR)
-        except Exception as exc:  # Ray's own words, on one line
-            said = " ".join(str(exc).split()) or type(exc).__name__
-            raise NodeError(f"ray: cannot connect to {address}: {said[:300]}") from None
+        for attempt in range(CONNECT_TRIES):
+            try:
+                ray.init(address=address, log_to_driver=False, logging_level=logging.ERROR)
+                break
+            except Exception as exc:  # Ray's own words, on one line
+                said = " ".join(str(exc).split()) or type(exc).__name__
+                # Ray Client's server starts a process per client; on a busy head that start
+                # sometimes fails once, and works when asked again (as a user would).
+                if _TRANSIENT in said and attempt + 1 < CONNECT_TRIES:
+                    time.sleep(1.0)
+                    continue
+                raise NodeError(f"ray: cannot connect to {address}: {said[:300]}") from None
         _connection["address"] = address
         return ray
 
