@@ -386,3 +386,17 @@ def test_no_line_is_lost_through_the_actors(ray_cluster, store, tmp_path):
         for stream in ("stdout", "stderr"):
             numbers = [int(line.text) for line in record.iter_log(key, stream)]
             assert numbers == list(range(200000)), (key, stream, len(numbers))
+
+
+def test_plan_places_then_gives_the_placement_back(ray_cluster, store, tmp_path):
+    """`plan` (the dry run) asks Ray for the job's nodes to say where each rank runs and
+    the exact command its actor starts, then removes the placement group again."""
+    spec = tmp_path / "plan.yml"
+    spec.write_text("command: echo hi\nresources: {instance_count: 2}\n")
+    done = distrun(ray_cluster, "client", "plan", str(spec), store=store)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert "rayhead" in done.stdout and "rayworker1" in done.stdout, done.stdout
+    assert "agent-" in done.stdout and "echo hi" in done.stdout
+    assert store.jobs() == []
+    assert all(s == "REMOVED" for s in cluster_state(ray_cluster)["groups"])
+    assert all(s == "DEAD" for s in cluster_state(ray_cluster)["actors"])

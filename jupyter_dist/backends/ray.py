@@ -70,7 +70,8 @@ PENDING_SAY_AFTER_S = 2.0  # a placement not done by then is said to be waiting
 START_TIMEOUT_S = 120.0  # the actors' start on their nodes (a worker process each)
 
 CONNECT_TRIES = 3
-_TRANSIENT = "Starting Ray client server failed"
+# Ray Client's server could not start its per-client process (it answers either way).
+_TRANSIENT = ("Starting Ray client server failed", "Initialization failure from server")
 _connection: dict[str, Any] = {}  # "address": what this process connected to
 _connection_lock = threading.Lock()
 
@@ -108,7 +109,7 @@ def connect(address: str):
                 said = " ".join(str(exc).split()) or type(exc).__name__
                 # Ray Client's server starts a process per client; on a busy head that start
                 # sometimes fails once, and works when asked again (as a user would).
-                if _TRANSIENT in said and attempt + 1 < CONNECT_TRIES:
+                if any(word in said for word in _TRANSIENT) and attempt + 1 < CONNECT_TRIES:
                     time.sleep(1.0)
                     continue
                 raise NodeError(f"ray: cannot connect to {address}: {said[:300]}") from None
