@@ -307,7 +307,16 @@ class RayBackend(Backend):
         return []
 
     def health(self, nodes: list[Node]) -> list[NodeHealth]:
-        return [NodeHealth(node.name, node.host, None, "ok") for node in nodes]
+        """Each placed node's actor asked (before a restart's attempt): ok when it answers."""
+
+        def check(node: Node) -> NodeHealth:
+            try:
+                self._call(node, "info", timeout=10)
+            except NodeError as exc:
+                return NodeHealth(node.name, node.host, None, "unreachable", problem=str(exc))
+            return NodeHealth(node.name, node.host, None, "ok")
+
+        return on_every_node(nodes, check)
 
     def release(self) -> None:
         """Every actor stopped (each agent's input closed: it stops its tree) and killed;
