@@ -400,3 +400,20 @@ def test_plan_places_then_gives_the_placement_back(ray_cluster, store, tmp_path)
     assert store.jobs() == []
     assert all(s == "REMOVED" for s in cluster_state(ray_cluster)["groups"])
     assert all(s == "DEAD" for s in cluster_state(ray_cluster)["actors"])
+
+
+def test_a_restart_runs_again_on_the_placed_nodes(ray_cluster, store, tmp_path):
+    """--max-restarts on Ray: a rank fails in attempt 1; the nodes' actors answer the health
+    check, and attempt 2 runs on the same placement and succeeds."""
+    spec = tmp_path / "restart.yml"
+    spec.write_text(
+        'command: >-\n  if [ "$DISTRUN_RESTART_COUNT" = 0 ] && [ "$RANK" = 1 ]; then exit 4; '
+        "fi; echo attempt $DISTRUN_RESTART_COUNT\nresources: {instance_count: 2}\n"
+        "limits: {max_restarts: 1, restart_delay: 1}\n"
+    )
+    done = distrun(ray_cluster, "client", "run", str(spec), store=store)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert "[rank 0] attempt 1" in done.stdout and "[rank 1] attempt 1" in done.stdout
+    (record,) = store.jobs()
+    assert record.status()["attempt"] == 2
+    assert_nothing_left(ray_cluster, record.job_id)
