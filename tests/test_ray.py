@@ -25,7 +25,7 @@ from helpers import (
 
 from jupyter_dist.store import JobStore
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.ray]
 
 # Which of the job's actors and placement groups Ray still holds (its GCS, read from a
 # driver inside the head's namespace: a head-address driver must be reachable by the
