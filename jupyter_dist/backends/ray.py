@@ -368,6 +368,10 @@ class RayBackend(Backend):
         agent = (agent_file_name(), AGENT_SOURCE.read_bytes())
         code = Path(plan.code_dir) if plan.code_dir else None
         shipped = read_code_folder(code, ignore_files=False) if code is not None else None
+        code_files = [  # read once, sent to every node
+            (rel, (code / rel).read_bytes(), 0o700 if rel in shipped.executable else 0o600)
+            for rel in shipped.files
+        ] if shipped is not None else []  # fmt: skip
 
         def ship(node: Node) -> None:
             job_dir = posixpath.join(node.workdir, plan.job_id)
@@ -376,11 +380,8 @@ class RayBackend(Backend):
             if shipped is not None:
                 target = posixpath.join(job_dir, "code")
                 folders += [target, *(posixpath.join(target, f) for f in shipped.folders)]
-                entries += [
-                    (posixpath.join(target, rel), (code / rel).read_bytes(),
-                     0o700 if rel in shipped.executable else 0o600)
-                    for rel in shipped.files
-                ]  # fmt: skip
+                entries += [(posixpath.join(target, rel), data, mode)
+                            for rel, data, mode in code_files]  # fmt: skip
             entries += [
                 (p.path, p.content.encode(), 0o700 if p.executable else 0o600)
                 for p in plan.files if nodes[p.node_rank].name == node.name
