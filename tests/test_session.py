@@ -269,3 +269,48 @@ def test_a_dropped_ssh_connection_ends_the_session_and_leaves_nothing(ssh_nodes,
     while ssh_nodes.job_processes(job_id) and time.monotonic() < deadline:
         time.sleep(0.2)
     assert ssh_nodes.job_processes(job_id) == []
+
+
+def test_an_interrupt_that_comes_after_its_cell_ended_leaves_the_rank_alive(tmp_path):
+    """The kernel's interrupt races a rank's report of a cell that just ended: one that
+    arrives while the rank reports is ignored (it used to end the rank); one that arrives
+    in a cell's code fails that cell; the rank runs the next cell either way."""
+    import json
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    from jupyter_dist import node_side
+    from jupyter_dist.node_side.session_worker import MARK
+
+    worker = Path(node_side.__file__).parent / "session_worker.py"
+    env = {**os.environ, "DISTRUN_JOB_DIR": str(tmp_path)}
+    proc = subprocess.Popen([sys.executable, str(worker)], stdin=subprocess.PIPE,
+                            stdout=subprocess.PIPE, text=True, env=env)  # fmt: skip
+
+    def run(cell: int, code: str) -> dict:
+        proc.stdin.write(json.dumps({"cell": cell, "code": code}) + "\n")
+        proc.stdin.flush()
+        for line in proc.stdout:
+            if line.startswith(f"{MARK} done "):
+                return json.loads(line[len(MARK) + 6 :])
+        raise AssertionError(f"the rank ended (exit {proc.wait()})")
+
+    interrupt_in = (
+        "import os, signal, threading\n"
+        "threading.Timer({}, os.kill, (os.getpid(), signal.SIGINT)).start()\n"
+    )
+    try:
+        assert proc.stdout.readline().startswith(f"{MARK} ready ")
+        # the report (its memory reading) takes 1 s; the interrupt comes 0.3 s into it
+        slow_report = ("import __main__, time\nread = __main__.memory\n"
+                       "__main__.memory = lambda: (time.sleep(1), read())[1]\n")  # fmt: skip
+        assert run(1, slow_report + interrupt_in.format(0.3))["ok"] is True
+        failed = run(2, interrupt_in.format(0.3) + "import time\ntime.sleep(30)\n")
+        assert failed["ok"] is False and failed["type"] == "KeyboardInterrupt"
+        assert run(3, "x = 1\n")["ok"] is True
+        proc.stdin.close()
+        assert proc.wait(timeout=10) == 0
+    finally:
+        proc.kill()
+        proc.wait()

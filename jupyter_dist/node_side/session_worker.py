@@ -12,8 +12,9 @@ stdout: `MARK done {"cell": N, "ok": true}`, or with `"ok": false` and the error
 `message`, `traceback`), whose traceback also went to stderr as Python prints it. Both
 `ready` (`MARK ready {...}`) and `done` reports carry the rank's memory: `rss` (resident
 bytes) and, once the cell used CUDA through torch, `gpu` (bytes torch holds on its device).
-SIGINT raises KeyboardInterrupt in the running cell (it fails; the rank lives on). `MARK
-ready` is its first line. End of input ends it.
+SIGINT raises KeyboardInterrupt in the running cell (it fails; the rank lives on); one that
+arrives outside a cell's code (between cells, or while a finished cell reports) is ignored:
+the cell it was meant for has ended. `MARK ready` is its first line. End of input ends it.
 """
 
 import base64
@@ -25,12 +26,22 @@ import sys
 import traceback
 
 MARK = "\x1edistrun-session"
+_in_cell = [False]  # whether SIGINT should interrupt: only a cell's own code is stopped
+
+
+def on_interrupt(_signum, _frame):
+    if _in_cell[0]:
+        raise KeyboardInterrupt
 
 
 def run_cell(code, cell, namespace):
     """Run one cell; its report (without the mark)."""
     try:
-        exec(compile(code, f"<cell {cell}>", "exec"), namespace)
+        _in_cell[0] = True
+        try:
+            exec(compile(code, f"<cell {cell}>", "exec"), namespace)
+        finally:
+            _in_cell[0] = False
     except BaseException as exc:  # KeyboardInterrupt and SystemExit fail the cell too
         kind, text = type(exc).__name__, str(exc)
         lines = traceback.format_exception(type(exc), exc, exc.__traceback__)
@@ -72,16 +83,14 @@ def save_values(names, cell, namespace):
 
 
 def main():
-    # SIGINT is KeyboardInterrupt here even where it was inherited ignored (a launcher in
-    # the background, `nohup jupyter lab &`): an interrupt must reach the running cell.
-    signal.signal(signal.SIGINT, signal.default_int_handler)
+    # SIGINT is handled here even where it was inherited ignored (a launcher in the
+    # background, `nohup jupyter lab &`): an interrupt must reach the running cell. One
+    # that comes after the cell ended (it raced the report) must not end the rank.
+    signal.signal(signal.SIGINT, on_interrupt)
     namespace = {"__name__": "__main__", "__builtins__": __builtins__}
     say(sys.stdout, f"{MARK} ready {json.dumps(memory())}")
     while True:
-        try:
-            line = sys.stdin.readline()
-        except KeyboardInterrupt:  # an interrupt between cells: nothing runs to stop
-            continue
+        line = sys.stdin.readline()
         if not line:
             return
         request = json.loads(line)

@@ -140,8 +140,7 @@ def _run(
             session.job.cancel("its supervisor was stopped")
         if interrupt.exists():
             interrupt.unlink(missing_ok=True)
-            names = [p.name for p in session.chosen(request.get("ranks"))]
-            session.job.interrupt(names)
+            session.interrupt_cell()
             thread.join(INTERRUPT_GRACE_S)
             if thread.is_alive():
                 session.job.cancel(

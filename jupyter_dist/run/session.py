@@ -87,6 +87,7 @@ class Session:
         self._flushed: dict[int, set[str]] = {}  # cell -> ranks whose stderr is all in
         self._changed = threading.Condition()
         self._running_cell: int | None = None  # quiet ranks are a stall only while set
+        self._running_names: list[str] = []  # the processes that run it
         # process name -> {"rss": bytes, "gpu": bytes}, as each rank last reported
         self.memory: dict[str, dict[str, int]] = {}
 
@@ -171,11 +172,11 @@ class Session:
             done = len(self._reports.get(cell, {})) == len(names)
             return done and len(self._flushed.get(cell, ())) == len(names)
 
-        self._running_cell = cell
+        self._running_cell, self._running_names = cell, names
         try:
             self._wait(all_reported, None, on_tick)
         except KeyboardInterrupt:
-            self.job.interrupt(names)
+            self.interrupt_cell()
             try:
                 self._wait(all_reported, INTERRUPT_GRACE_S, on_tick)
             except TimeoutError:
@@ -189,10 +190,19 @@ class Session:
                 raise SessionEnded(self.ended_message()) from None
             raise
         finally:
-            self._running_cell = None
+            self._running_cell, self._running_names = None, []
         result.reports = dict(self._reports.pop(cell))
         self._flushed.pop(cell, None)
         return result
+
+    def interrupt_cell(self) -> None:
+        """SIGINT to the ranks still running the current cell: a rank whose cell has
+        ended (it reported) has nothing to stop. Nothing when no cell runs."""
+        with self._changed:
+            cell, names = self._running_cell, self._running_names
+            running = [n for n in names if n not in self._reports.get(cell, {})]
+        if running:
+            self.job.interrupt(running)
 
     def chosen(self, ranks: list[int] | None) -> list[ProcessPlan]:
         """The session's rank processes, or those of `ranks` (SpecError naming a rank the
