@@ -22,7 +22,9 @@ from pydantic import (
     model_validator,
 )
 
+from jupyter_dist.env_names import environment_variables
 from jupyter_dist.errors import SpecError
+from jupyter_dist.spec_dialect import translate
 from jupyter_dist.validation import (
     Port,
     StrictSection,
@@ -39,29 +41,6 @@ JOB_TYPES = ("pytorch", "tensorflow", "mpi", "dask")
 SCRIPT_NAME = "script.py"
 SCRIPT_RUNNER_NAME = "cell_runner.py"  # shipped beside every inline script; runs it
 
-# Names jupyter-dist sets for every process; a spec may not set them itself.
-RESERVED_ENV: dict[str, str] = {
-    name: "set by jupyter-dist for every rank"
-    for name in (
-        "RANK",
-        "LOCAL_RANK",
-        "WORLD_SIZE",
-        "NODE_RANK",
-        "GROUP_RANK",
-        "LOCAL_WORLD_SIZE",
-        "MASTER_ADDR",
-        "TF_CONFIG",
-        "AZ_BATCH_MASTER_NODE",
-        "AZUREML_MPI_HOSTFILE",
-        "DASK_SCHEDULER_ADDRESS",
-        "PYTHONUNBUFFERED",
-        "TORCHELASTIC_RESTART_COUNT",
-    )
-}
-RESERVED_ENV["MASTER_PORT"] = "use distribution.master_port to choose it"
-RESERVED_ENV_PREFIXES = ("DISTRUN_", "OMPI_COMM_WORLD_")
-
-_ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*\Z")
 _EXPRESSION = re.compile(r"\$\{\{\s*(.*?)\s*\}\}")
 _INPUT_REF = re.compile(r"inputs\.([A-Za-z_][A-Za-z0-9_\-]*)\Z")
 
@@ -73,6 +52,7 @@ MAX_PROCS_PER_NODE = 1024
 MAX_PROCESSES = 16384  # in one job, every node's together
 MAX_SECONDS = 31 * 24 * 3600  # a time limit of a month
 MAX_RESTARTS = 1000
+
 
 Count = count(1, MAX_PROCS_PER_NODE)
 
@@ -91,6 +71,19 @@ class TensorFlowDistribution(StrictSection):
     chief_count: count(0, 1) = 0
     evaluator_count: count(0, 1) = 0
     base_port: Port | None = None
+    # Ours: variables for the tasks of one type only, over the job's (task type -> mapping).
+    task_environment_variables: dict[Literal["chief", "worker", "ps", "evaluator"],
+                                     dict[str, str]] = Field(default_factory=dict)  # fmt: skip
+
+    @field_validator("task_environment_variables", mode="before")
+    @classmethod
+    def _task_env(cls, value: Any) -> Any:
+        if value is None:
+            return {}
+        if not isinstance(value, dict):
+            raise fail("mapping", "expected a mapping of task types (chief, worker, ps, "
+                       "evaluator) to variables")  # fmt: skip
+        return {kind: environment_variables(env) for kind, env in value.items()}
 
     def tasks(self, instance_count: int) -> list[tuple[str, int]]:
         """Every task of the job as (kind, index), in order: chief?, workers (one per node
@@ -140,6 +133,9 @@ Distribution = Annotated[
 
 class Resources(StrictSection):
     instance_count: count(1, MAX_NODES) = 1
+    # Ours: the GPUs each node gives the job, whatever runs it (a backend's own
+    # gpus_per_node, where the spec gives one, says what that backend asks for instead).
+    gpus_per_node: count(0, MAX_PROCS_PER_NODE) | None = None
     # Azure-only (its job resource configuration): accepted and kept, never acted on.
     instance_type: Any = None
     shm_size: Any = None
@@ -268,6 +264,8 @@ class JobSpec(StrictSection):
     is_deterministic: Any = None
 
     _base_dir: Path = PrivateAttr(default_factory=Path.cwd)
+    # What of the design proposal's shape was read as what (spec_dialect.py), one line each.
+    _read_as: list[str] = PrivateAttr(default_factory=list)
 
     @field_validator("distribution", mode="before")
     @classmethod
@@ -323,42 +321,7 @@ class JobSpec(StrictSection):
     @field_validator("environment_variables", mode="before")
     @classmethod
     def _env_names(cls, value: Any) -> Any:
-        if value is None:
-            return {}
-        if not isinstance(value, dict):
-            raise fail("mapping", "expected a mapping of variable names to strings")
-        clean: dict[str, str] = {}
-        for name, item in value.items():
-            if not isinstance(name, str) or not _ENV_NAME.match(name):
-                raise fail(
-                    "env_name",
-                    "{name!r} is not a valid variable name (letters, digits, _; not first a digit)",
-                    name=name,
-                )
-            reason = RESERVED_ENV.get(name) or (
-                "set by jupyter-dist" if name.startswith(RESERVED_ENV_PREFIXES) else None
-            )
-            if reason:
-                raise fail(
-                    "env_reserved", "{name} cannot be set here: {why}", name=name, why=reason
-                )
-            if isinstance(item, bool):
-                raise fail(
-                    "env_value",
-                    "{name}={item!r}: expected a string value (YAML reads unquoted "
-                    "true/yes/on as a boolean: quote it)",
-                    name=name,
-                    item=item,
-                )
-            if not isinstance(item, str | int | float):
-                raise fail(
-                    "env_value",
-                    "{name}={item!r}: expected a string value",
-                    name=name,
-                    item=item,
-                )
-            clean[name] = str(item)
-        return clean
+        return environment_variables(value)
 
     @field_validator("nodes", mode="before")
     @classmethod
@@ -449,6 +412,17 @@ class JobSpec(StrictSection):
             return -(-len(dist.tasks(self.instance_count)) // self.instance_count) or 1
         return getattr(dist, "process_count_per_instance", None) or 1
 
+    @property
+    def read_as(self) -> list[str]:
+        """How the file's proposal-shaped keys were read (`distributed:` and what goes with
+        it), one line each; [] for a spec in the canonical shape."""
+        return list(self._read_as)
+
+    def gpus_per_node(self) -> int | None:
+        """The GPUs a node gives the job: the backend section's, else `resources`'."""
+        given = self.backend.gpus_per_node if self.backend else None
+        return given if given is not None else self.resources.gpus_per_node
+
     def resolved_command(self) -> str | None:
         """The command with every `${{inputs.NAME}}` replaced by its value; with only a
         `script`, the command runs it."""
@@ -495,7 +469,9 @@ class JobSpec(StrictSection):
             else:
                 dist[key] = value
         data["distribution"] = dist
-        return spec_from_dict(data, base_dir=self._base_dir)
+        changed = spec_from_dict(data, base_dir=self._base_dir)
+        changed._read_as = list(self._read_as)  # how the file was read still holds
+        return changed
 
 
 class _SpecDumper(yaml.SafeDumper):
@@ -583,10 +559,15 @@ def spec_from_dict(data: Any, base_dir: Path | str | None = None, source: str = 
     except YamlTooBig as exc:
         raise SpecError(f"{prefix}{exc}") from None
     try:
+        data, read_as = translate(data)
+    except SpecError as exc:
+        raise SpecError(f"{prefix}{exc}") from None
+    try:
         spec = JobSpec.model_validate(data)
     except ValidationError as exc:
         raise SpecError(prefix + _one_line(exc, data)) from None
     spec._base_dir = Path(base_dir or Path.cwd()).resolve()
+    spec._read_as = read_as
     try:
         code = spec.code_dir()
         usable = code is None or code.is_dir()

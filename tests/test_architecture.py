@@ -16,8 +16,10 @@ PACKAGE = ROOT / "jupyter_dist"
 # shared words of "presentation", never each other.
 LAYERS = {
     "base": ("jupyter_dist.errors", "jupyter_dist.validation", "jupyter_dist.masking",
-             "jupyter_dist.node_side", "jupyter_dist.code_folder"),
-    "model": ("jupyter_dist.spec", "jupyter_dist.nodes", "jupyter_dist.options"),
+             "jupyter_dist.node_side", "jupyter_dist.code_folder", "jupyter_dist.env_names",
+             "jupyter_dist.command_words"),
+    "model": ("jupyter_dist.spec", "jupyter_dist.spec_dialect", "jupyter_dist.nodes",
+              "jupyter_dist.options"),
     "plan": ("jupyter_dist.plan",),
     "record": ("jupyter_dist.store", "jupyter_dist.events"),
     "diagnose": ("jupyter_dist.diagnose",),

@@ -207,7 +207,7 @@ class RayBackend(Backend):
         from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
         procs = spec.processes_per_node()
-        gpus = section.gpus_per_node if section and section.gpus_per_node else 0
+        gpus = spec.gpus_per_node() or 0
         cpus = section.option("cpus_per_node") if section else None
         bundle = {"CPU": float(procs if cpus is None else cpus)}
         if gpus:

@@ -368,6 +368,8 @@ def allocation_options(spec: JobSpec, name: str = "jupyter-dist") -> list[str]:
     ]  # fmt: skip
     for flag in SALLOC_KEYS:
         value = getattr(options, flag, None) if options else None
+        if flag == "gpus_per_node":  # the backend's, else the job's resources'
+            value = spec.gpus_per_node()
         if value is not None:
             argv.append(f"--{flag.replace('_', '-')}={value}")
     return argv

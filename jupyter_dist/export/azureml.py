@@ -36,6 +36,7 @@ CHANGES_THE_JOB = {
     "chief_count": "Azure ML's TensorFlow jobs have workers and parameter servers only",
     "evaluator_count": "Azure ML's TensorFlow jobs have workers and parameter servers only",
     "mpi_args": "Azure ML starts mpirun itself and takes no options for it",
+    "task_environment_variables": "Azure ML gives every task the job's variables",
 }
 
 
@@ -65,6 +66,9 @@ def render(
             data.setdefault("display_name", value)
         elif value:
             left_out.append(key)
+    resources = data.get("resources") or {}
+    if resources.pop("gpus_per_node", None) is not None:  # Azure: the instance type's GPUs
+        left_out.append("resources.gpus_per_node")
     limits = data.pop("limits", None) or {}
     for key in ("stall_timeout", "on_stall", "grace_period", "max_restarts", "restart_delay"):
         if limits.pop(key, None) is not None:

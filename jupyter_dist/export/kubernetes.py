@@ -131,7 +131,7 @@ class _Pods:
             container["env"] = fixed
         if port is not None:
             container["ports"] = [{"name": port[0], "containerPort": port[1]}]
-        gpu_count = self.spec.backend.gpus_per_node if self.spec.backend else None
+        gpu_count = self.spec.gpus_per_node()
         if gpus and gpu_count:
             container["resources"] = {"limits": {"nvidia.com/gpu": str(gpu_count)}}
         if self.code_files or self.target.code_in_image:

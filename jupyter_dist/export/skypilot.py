@@ -90,11 +90,11 @@ def _exec(argv: list[str], env: dict[str, str], spec: JobSpec, word) -> list[str
 
 def _resources(spec: JobSpec, target: ExportTarget) -> dict:
     resources: dict = {}
-    gpus = spec.backend.gpus_per_node if spec.backend else None
+    gpus = spec.gpus_per_node()
     if gpus:
         if not target.accelerator:
             raise unsupported(
-                FORMAT, f"backend.gpus_per_node: {gpus}",
+                FORMAT, f"gpus_per_node: {gpus}",
                 "SkyPilot needs the GPU's name too: give --accelerator NAME (e.g. A100)",
             )  # fmt: skip
         resources["accelerators"] = f"{target.accelerator}:{gpus}"

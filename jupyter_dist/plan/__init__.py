@@ -81,6 +81,7 @@ def plan(
         processes=processes,
         files=files,
         code_dir=str(spec.code_dir()) if spec.code_dir() else None,
+        read_as=spec.read_as,
     )
 
 

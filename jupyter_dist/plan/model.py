@@ -103,6 +103,7 @@ class LaunchPlan:
     files: list[PlannedFile] = field(default_factory=list)
     code_dir: str | None = None  # the local folder shipped to every node
     code_left_out: str = ""  # what of it stays behind when it is copied (CodeFolder.left_out)
+    read_as: list[str] = field(default_factory=list)  # how the spec's file was read (JobSpec)
 
     def process(self, name: str) -> ProcessPlan:
         for proc in self.processes:
@@ -122,6 +123,7 @@ class LaunchPlan:
             "files": [asdict(f) for f in self.files],
             "code_dir": self.code_dir,
             "code_left_out": self.code_left_out,
+            "read_as": self.read_as,
         }
 
     @classmethod
@@ -150,6 +152,7 @@ class LaunchPlan:
             files=files,
             code_dir=data.get("code_dir"),
             code_left_out=str(data.get("code_left_out") or ""),
+            read_as=[str(line) for line in data.get("read_as") or []],
         )
 
 

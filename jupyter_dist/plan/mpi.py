@@ -7,11 +7,9 @@ node 0, with the same hostfile and variables: it starts the ranks itself."""
 
 from __future__ import annotations
 
-import itertools
 import posixpath
-import re
-import shlex
 
+from jupyter_dist.command_words import own_launcher, own_world
 from jupyter_dist.nodes import Node
 from jupyter_dist.plan.context import PlanContext, PortRequest
 from jupyter_dist.plan.model import PlannedFile, ProcessPlan
@@ -19,20 +17,6 @@ from jupyter_dist.spec import MpiDistribution
 
 # Names MPI itself must not be told to forward (they are per-rank, set by mpirun).
 _NOT_FORWARDED = ("OMPI_",)
-_ASSIGNMENT = re.compile(r"[A-Za-z_][A-Za-z0-9_]*=")
-# A command starting with one of these starts the ranks itself.
-SELF_LAUNCHERS = ("horovodrun", "mpirun", "mpiexec")
-
-
-def own_launcher(command: str | None) -> str | None:
-    """The launcher a command runs itself ("horovodrun", "mpirun"), or None."""
-    try:
-        words = shlex.split(command or "")
-    except ValueError:
-        return None
-    program = next((w for w in words if not _ASSIGNMENT.match(w)), "")  # after any VAR=value
-    program = posixpath.basename(program)
-    return program if program in SELF_LAUNCHERS else None
 
 
 def runs_ssh(ctx: PlanContext) -> bool:
@@ -40,15 +24,6 @@ def runs_ssh(ctx: PlanContext) -> bool:
     launcher): the backend then plans an `ssh` for it (MpiLaunch.ssh_env)."""
     launcher = getattr(ctx.spec.distribution, "launcher", None)
     return launcher == "horovodrun" or own_launcher(ctx.command) is not None
-
-
-def _own_world(command: str, default: int) -> int:
-    """The ranks a self-launching command asks for (-np N, -n N), else `default`."""
-    words = shlex.split(command)
-    for flag, value in itertools.pairwise(words):
-        if flag in ("-np", "-n", "--np") and value.isdigit():
-            return int(value)
-    return default
 
 
 def port_requests(dist: MpiDistribution, nodes: list[Node]) -> list[PortRequest]:
@@ -85,7 +60,7 @@ def build(ctx: PlanContext, dist: MpiDistribution) -> tuple[list[ProcessPlan], l
     launcher = own or dist.launcher
     if own is not None:  # it starts the ranks itself: run it once, with the hostfile
         argv = []
-        world = _own_world(ctx.command, world)
+        world = own_world(ctx.command, world)
         env.update(reach.ssh_env)
     elif launcher == "horovodrun":
         # horovodrun reads the same hostfile; it forwards the whole environment itself (its

@@ -39,7 +39,8 @@ def parity_notes(plan: LaunchPlan) -> list[str]:
             found.setdefault(("visible", count, visible, len(devices)), []).append(name)
         elif gpus and count > gpus:
             found.setdefault(("gpus", count, gpus), []).append(name)
-    notes = [_say(key, names) for key, names in found.items()] + _between_nodes(plan)
+    notes = [*plan.read_as]  # how the spec was read, first: the rest follows from it
+    notes += [_say(key, names) for key, names in found.items()] + _between_nodes(plan)
     if plan.code_left_out:
         notes.append(f"the nodes' copies of {plan.code_dir} lack {plan.code_left_out}")
     return notes

@@ -92,7 +92,11 @@ def build(ctx: PlanContext, dist: TensorFlowDistribution) -> list[ProcessPlan]:
                 t.node_rank,
                 f"{t.type}-{t.index}",
                 ctx.shell(ctx.command),
-                {**ctx.base_env(t.node_rank), "TF_CONFIG": json.dumps(tf_config)},
+                {
+                    **ctx.base_env(t.node_rank),
+                    **dist.task_environment_variables.get(t.type, {}),
+                    "TF_CONFIG": json.dumps(tf_config),
+                },
                 world,
                 label=label,
                 role=t.type,
