@@ -49,6 +49,7 @@ from jupyter_dist.events import (
 from jupyter_dist.nodes import load_inventory
 from jupyter_dist.options import BY_NAME
 from jupyter_dist.run.metrics import read_metrics, summarize_metrics
+from jupyter_dist.run.outputs import output_notes
 from jupyter_dist.run.requests import (
     effective_state,
     request_cancel,
@@ -387,6 +388,9 @@ def cmd_inspect(args: argparse.Namespace, store: JobStore) -> int:
     if configs:
         print(configs)
     print_checks(plan)
+    outputs = output_notes(plan, record.path) + list(status.get("outputs_copied") or [])
+    if outputs:
+        print("\n" + "\n".join(f"Output: {line}" for line in outputs))
     attempts = attempt_rows(status)
     if attempts:
         print()

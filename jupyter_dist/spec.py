@@ -6,6 +6,7 @@ and what would be valid. Azure-only keys are accepted and kept, never acted on.
 
 from __future__ import annotations
 
+import posixpath
 import re
 import shlex
 from pathlib import Path
@@ -42,7 +43,9 @@ SCRIPT_NAME = "script.py"
 SCRIPT_RUNNER_NAME = "cell_runner.py"  # shipped beside every inline script; runs it
 
 _EXPRESSION = re.compile(r"\$\{\{\s*(.*?)\s*\}\}")
-_INPUT_REF = re.compile(r"inputs\.([A-Za-z_][A-Za-z0-9_\-]*)\Z")
+_REFERENCE = re.compile(r"(inputs|outputs)\.([A-Za-z_][A-Za-z0-9_\-]*)\Z")
+_OUTPUT_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_\-]*\Z")
+OUTPUTS_FOLDER = "outputs"  # in the job's folder on each node: where outputs without a path go
 
 
 # Sane caps, checked before anything is planned (a typo of 100000000 nodes would otherwise
@@ -228,6 +231,49 @@ SALLOC_KEYS = ("partition", "time", "gpus_per_node", "account", "qos", "constrai
 InputValue = str | int | float | bool | dict
 
 
+class Output(StrictSection):
+    """Where the job writes a result (`${{outputs.NAME}}` in the command): Azure ML's output,
+    written on the nodes. Without a path, `outputs/NAME` in the job's folder on each node
+    (a file there for uri_file), which the runner copies into the store when the job ends."""
+
+    type: Literal["uri_folder", "uri_file"] = "uri_folder"
+    path: Annotated[str, Strict()] | None = None  # absolute, on every node
+    # Azure's: accepted and kept, never acted on.
+    mode: Any = None
+    description: Any = None
+
+    @field_validator("path")
+    @classmethod
+    def _absolute(cls, value: str | None) -> str | None:
+        if value is not None and ("://" in value or value.startswith("azureml:")):
+            raise fail(
+                "output_path",
+                "{path!r} is an Azure ML location; give an absolute "
+                "folder on the nodes, or leave path out (the job's folder)",
+                path=value,
+            )
+        if value is not None and not value.startswith("/"):
+            raise fail(
+                "output_path",
+                "{path!r} is not absolute; give an absolute path on "
+                "the nodes, or leave path out (the job's folder)",
+                path=value,
+            )
+        return value
+
+    def where(self, name: str) -> str:
+        """What `${{outputs.NAME}}` becomes in the command: its path, else the job's."""
+        return self.path or f"${{DISTRUN_JOB_DIR}}/{OUTPUTS_FOLDER}/{name}"
+
+    def folder(self, name: str) -> str:
+        """The folder that must exist before the command runs (as the shell writes it)."""
+        if self.type == "uri_folder":
+            return self.where(name)
+        return (
+            posixpath.dirname(self.path) if self.path else f"${{DISTRUN_JOB_DIR}}/{OUTPUTS_FOLDER}"
+        )
+
+
 class JobSpec(StrictSection):
     """A validated job. Build it with `load_spec`, `parse_spec` or `spec_from_dict`."""
 
@@ -257,7 +303,7 @@ class JobSpec(StrictSection):
     properties: Any = None
     environment: Any = None
     compute: Any = None
-    outputs: Any = None
+    outputs: dict[str, Output] = Field(default_factory=dict)
     identity: Any = None
     services: Any = None
     queue_settings: Any = None
@@ -318,6 +364,19 @@ class JobSpec(StrictSection):
                 )
         return value
 
+    @field_validator("outputs", mode="before")
+    @classmethod
+    def _output_mapping(cls, value: Any) -> Any:
+        if value is None:
+            return {}
+        if not isinstance(value, dict):
+            raise fail("mapping", "expected a mapping of output names to {{type, path}}")
+        for name in value:
+            if not isinstance(name, str) or not _OUTPUT_NAME.match(name):
+                raise fail("output", "{name!r} cannot name an output (letters, digits, _ "
+                           "and -; not first a digit)", name=name)  # fmt: skip
+        return {name: {} if item is None else item for name, item in value.items()}
+
     @field_validator("environment_variables", mode="before")
     @classmethod
     def _env_names(cls, value: Any) -> Any:
@@ -345,7 +404,7 @@ class JobSpec(StrictSection):
         if self.command is not None and not self.command.strip():
             raise fail("missing", "command: empty; give what each process runs")
         if self.command:
-            _substitute(self.command, self.inputs)  # unknown ${{inputs.x}} fail at load
+            _substitute(self.command, self.inputs, self.outputs)  # unknown names fail here
         count_set = "instance_count" in self.resources.model_fields_set
         if self.nodes is not None:
             if count_set and self.resources.instance_count != len(self.nodes):
@@ -427,7 +486,7 @@ class JobSpec(StrictSection):
         """The command with every `${{inputs.NAME}}` replaced by its value; with only a
         `script`, the command runs it."""
         if self.command:
-            return _substitute(self.command, self.inputs)
+            return _substitute(self.command, self.inputs, self.outputs)
         return script_command() if self.script is not None else None
 
     def code_dir(self) -> Path | None:
@@ -511,26 +570,33 @@ def _input_text(value: InputValue) -> str:
     return str(value)
 
 
-def _substitute(command: str, inputs: dict[str, InputValue]) -> str:
+def _substitute(
+    command: str, inputs: dict[str, InputValue], outputs: dict[str, Output] | None = None
+) -> str:
+    outputs = outputs or {}
+
     def replace(match: re.Match[str]) -> str:
-        ref = _INPUT_REF.match(match.group(1))
+        ref = _REFERENCE.match(match.group(1))
         if not ref:
             raise fail(
                 "expression",
-                "command: {expr} is not supported; only ${{{{inputs.NAME}}}} is",
+                "command: {expr} is not supported; only ${{{{inputs.NAME}}}} and "
+                "${{{{outputs.NAME}}}} are",
                 expr=match.group(0),
             )
-        name = ref.group(1)
-        if name not in inputs:
-            known = ", ".join(sorted(inputs)) or "none"
+        kind, name = ref.groups()
+        defined = inputs if kind == "inputs" else outputs
+        if name not in defined:
+            known = ", ".join(sorted(defined)) or "none"
             raise fail(
                 "input",
-                "command: ${{{{inputs.{name}}}}} is not defined in inputs "
-                "(inputs defined: {known})",
+                "command: ${{{{{kind}.{name}}}}} is not defined in {kind} "
+                "({kind} defined: {known})",
+                kind=kind,
                 name=name,
                 known=known,
             )
-        return _input_text(inputs[name])
+        return _input_text(inputs[name]) if kind == "inputs" else outputs[name].where(name)
 
     return _EXPRESSION.sub(replace, command)
 

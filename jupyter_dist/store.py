@@ -165,11 +165,11 @@ def append_private(path: Path, text: str) -> None:
         handle.write(text)
 
 
-def write_atomic(path: Path, text: str, mode: int | None = None) -> None:
-    """`text` as the whole of `path`, which no reader ever sees half written; private
-    (PRIVATE_FILE, or `mode`: 0o700 for a program)."""
+def write_atomic(path: Path, text: str | bytes, mode: int | None = None) -> None:
+    """`text` (or bytes) as the whole of `path`, which no reader ever sees half written;
+    private (PRIVATE_FILE, or `mode`: 0o700 for a program)."""
     tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    with open(tmp, "w", opener=_private_opener) as handle:
+    with open(tmp, "wb" if isinstance(text, bytes) else "w", opener=_private_opener) as handle:
         handle.write(text)
     if mode is not None:
         os.chmod(tmp, mode)

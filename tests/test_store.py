@@ -54,7 +54,8 @@ def test_every_feature_keeps_the_store_private(kernel_env):
     """Jobs of every kind and feature on local nodes, whose job folders are the store's: a
     cell with -o, a session with -i/-o, stacks of a hung job through the startup hook
     (pyhook/, stacks/), an MPI job (its hostfile), a Dask job, a job that started again
-    (its plan rewritten, its logs marked), a detached session. Then nothing in the whole
+    (its plan rewritten, its logs marked), a detached session, a job with outputs (a
+    folder with a subfolder, a file). Then nothing in the whole
     store is open to the group or others (pyhook/ and stacks/ were 0755 with 0644 files)."""
     from helpers import DASK_JOB, HANG_SCRIPT, execute_notebook, not_private
 
@@ -109,17 +110,23 @@ def test_every_feature_keeps_the_store_private(kernel_env):
             "command: '[ $RANK = 0 ] || [ $DISTRUN_RESTART_COUNT = 1 ]'\n"
             "resources: {instance_count: 2}\nlimits: {max_restarts: 1, restart_delay: 0}\n"
         )
-        for spec in (mpi, parse_spec(DASK_JOB), torchrun, restarted):
+        outputs = parse_spec(  # a folder and a file, written with the umask above
+            "command: mkdir -p ${{outputs.model}}/part && echo w > ${{outputs.model}}/part/w "
+            "&& echo s > ${{outputs.summary}}\n"
+            "outputs: {model: {}, summary: {type: uri_file}}\nresources: {instance_count: 2}\n"
+        )
+        for spec in (mpi, parse_spec(DASK_JOB), torchrun, restarted, outputs):
             result = run(spec, store=store, grace_period=1)
             assert result.ok, result.describe()
-        assert len(result.attempts) == 1  # the last one started again
+            if spec is restarted:
+                assert len(result.attempts) == 1  # it started again
     finally:
         os.umask(old)
     from jupyter_dist.run.requests import wait_until_ended
 
-    assert [wait_until_ended(record, 60) for record in store.jobs()].count("succeeded") >= 8
+    assert [wait_until_ended(record, 60) for record in store.jobs()].count("succeeded") >= 9
     jobs = [record.path for record in store.jobs()]
-    assert len(jobs) == 10, jobs
+    assert len(jobs) == 11, jobs
     made = {p.name for job in jobs for p in job.rglob("*")}
     assert {
         "pyhook",
@@ -131,6 +138,9 @@ def test_every_feature_keeps_the_store_private(kernel_env):
         "supervisor.log",
         "session.json",
         "metrics.jsonl",
+        "outputs",
+        "part",
+        "summary",
     } <= made, made
     assert any(name.startswith("cell-") for name in made) and "hostfile" in " ".join(made)
     assert not_private(store.root) == []

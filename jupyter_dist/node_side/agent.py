@@ -848,21 +848,23 @@ class Agent:
             self.tree.kill()  # leftovers of a finished process are not kept running
         if self.tree.cgroup is not None:
             self.tree.cgroup.remove()
-        _make_private(os.environ.get("DISTRUN_JOB_DIR"), LAUNCHER_LOGS)
+        _make_private(os.environ.get("DISTRUN_JOB_DIR"), WRITTEN_WITH_UMASK)
         return 128 - code if code < 0 else code
 
 
-# What launchers write into the job's folder with the umask they were given (torchrun's
-# per-worker logs, 0755 folders of 0644 files): made private once their tree is gone, as
-# everything in the job's folder is. (They sit in the job's 0700 folder meanwhile.)
-LAUNCHER_LOGS = "torchrun-*"
+# What processes write into the job's folder with the umask they were given (torchrun's
+# per-worker logs, the job's outputs: 0755 folders of 0644 files): made private once their
+# tree is gone, as everything in the job's folder is. (They sit in the job's 0700 folder
+# meanwhile.)
+WRITTEN_WITH_UMASK = ("torchrun-*", "outputs")
 
 
-def _make_private(job_dir, pattern):
-    """Every folder 0700 and file 0600 (a program 0700) below `job_dir`'s `pattern`."""
+def _make_private(job_dir, patterns):
+    """Every folder 0700 and file 0600 (a program 0700) below `job_dir`'s `patterns`."""
     if not job_dir:
         return
-    for top in glob.glob(os.path.join(glob.escape(job_dir), pattern)):
+    tops = [t for p in patterns for t in glob.glob(os.path.join(glob.escape(job_dir), p))]
+    for top in tops:
         for folder, _dirs, files in os.walk(top):  # (it enters no link to a folder)
             if not os.path.islink(folder):  # `top` itself may be one
                 with contextlib.suppress(OSError):

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import posixpath
+import shlex
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -30,6 +31,14 @@ class PortRequest:
             f"{self.setting}: port {self.fixed} on node {node.name} ({node.host}) is {reason}; "
             f"choose another port, or leave {self.setting} out for a free one"
         )
+
+
+def _shell_path(path: str) -> str:
+    """A path for the shell: quoted, with a leading ${DISTRUN_JOB_DIR} left to expand."""
+    variable = "${DISTRUN_JOB_DIR}"
+    if path.startswith(variable):
+        return f'"{variable}"{shlex.quote(path[len(variable) :]) if path != variable else ""}'
+    return shlex.quote(path)
 
 
 def plain_mpi_launch(ctx: PlanContext) -> MpiLaunch:
@@ -87,6 +96,12 @@ class PlanContext:
         }
 
     def shell(self, command: str) -> list[str]:
+        """The command as a shell runs it; first, where the job has outputs, their folders
+        made (private: the job's folder is; a path the spec gives is made too)."""
+        folders = [out.folder(name) for name, out in self.spec.outputs.items()]
+        if folders:
+            made = " ".join(_shell_path(folder) for folder in dict.fromkeys(folders))
+            command = f"(umask 077 && mkdir -p -- {made}) || exit 1\n{command}"
         return [SHELL, "-c", command]
 
     def process(

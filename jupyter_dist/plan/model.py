@@ -104,6 +104,8 @@ class LaunchPlan:
     code_dir: str | None = None  # the local folder shipped to every node
     code_left_out: str = ""  # what of it stays behind when it is copied (CodeFolder.left_out)
     read_as: list[str] = field(default_factory=list)  # how the spec's file was read (JobSpec)
+    # The spec's outputs: name -> {"type": uri_folder | uri_file, "path": absolute or None}.
+    outputs: dict[str, dict[str, Any]] = field(default_factory=dict)
 
     def process(self, name: str) -> ProcessPlan:
         for proc in self.processes:
@@ -124,6 +126,7 @@ class LaunchPlan:
             "code_dir": self.code_dir,
             "code_left_out": self.code_left_out,
             "read_as": self.read_as,
+            "outputs": self.outputs,
         }
 
     @classmethod
@@ -153,6 +156,7 @@ class LaunchPlan:
             code_dir=data.get("code_dir"),
             code_left_out=str(data.get("code_left_out") or ""),
             read_as=[str(line) for line in data.get("read_as") or []],
+            outputs=dict(data.get("outputs") or {}),
         )
 
 

@@ -43,6 +43,7 @@ from jupyter_dist.plan.model import MPI_LAUNCHER_ROLES, LaunchPlan, ProcessPlan
 from jupyter_dist.plan.summary import launch_summary
 from jupyter_dist.run.metrics import MetricsSink
 from jupyter_dist.run.output import OutputPipeline
+from jupyter_dist.run.outputs import collect_outputs
 from jupyter_dist.run.requests import owner_fields
 from jupyter_dist.run.stopping import escalate, watch_requests
 from jupyter_dist.store import JobRecord, attempt_marker
@@ -117,6 +118,7 @@ class Job(Listened):
         # (a process that has not reported its start cannot be stopped yet).
         self._pending_stop: str | None = None
         self.replaced: list[str] = []  # "node2 in place of node1", for each spare taken
+        self.outputs_copied: list[str] = []  # run/outputs.py: what came from the nodes
         self.state = "pending"
         self.created = time.time()
         self.started: float | None = None
@@ -540,6 +542,10 @@ class Job(Listened):
         if self._stall is not None:
             self._stall.stop()
         self._backend.sweep(self.job_id, self._unclean_nodes())  # nothing survives the job
+        # Before the nodes are given back (a Ray actor, a Slurm allocation holds them).
+        self.outputs_copied = collect_outputs(
+            self.plan, self._nodes.values(), self._backend, self.record.path
+        )
         self._backend.release()
         self._result = JobResult(
             job_id=self.job_id,
@@ -697,6 +703,7 @@ class Job(Listened):
                 "root_cause": self._root_cause.to_dict() if self._root_cause else None,
                 "message": self._message,
                 "stalled": self.stall_notice,
+                "outputs_copied": self.outputs_copied,
             }
 
     def _write_status(self) -> None:

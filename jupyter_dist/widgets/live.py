@@ -31,6 +31,7 @@ from jupyter_dist.diagnose.stall import describe_stall
 from jupyter_dist.events import Attempt, JobListener, JobResult, OutputLine, ProcessState
 from jupyter_dist.plan.parity import describe, parity_notes
 from jupyter_dist.run.metrics import MetricsReader, read_metrics, thinned
+from jupyter_dist.run.outputs import output_notes
 from jupyter_dist.spec import JobSpec
 from jupyter_dist.store import JobRecord, JobStore
 
@@ -78,7 +79,8 @@ class LiveView(anywidget.AnyWidget):
         self._take_plan(job.plan)
         shown = [s for s in job.processes.values() if names is None or s.name in names]
         kwargs = {
-            "name": job.name, "summary": job.summary, "checks": parity_notes(job.plan),
+            "name": job.name, "summary": job.summary,
+            "checks": parity_notes(job.plan) + output_notes(job.plan, job.record.path),
             "processes": [self._row(state) for state in shown],
             "attempt": attempt_caption(job.attempt, job.attempts_allowed),
             "attempts": [attempt.summary() for attempt in job.attempts], **kwargs,
