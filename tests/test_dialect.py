@@ -4,6 +4,7 @@ translation said; exports carry what it asks of the nodes; bad keys get one line
 
 from __future__ import annotations
 
+import json
 import re
 from pathlib import Path
 
@@ -213,3 +214,32 @@ def test_the_gpus_of_resources_reach_slurm_and_are_left_out_for_azure(tmp_path):
     azure = export(spec, "azureml", ExportTarget.at(tmp_path / "az/"))
     header, _, body = azure.files[azure.manifest].partition("\n$schema")
     assert "resources.gpus_per_node" in header and "gpus_per_node" not in body
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(
+    ("name", "changes", "ranks"),
+    [
+        # 4 nodes of 4 GPUs each in the file: 2 nodes of 1 rank here (--nodes, --procs-per-node)
+        pytest.param("pytorch_k8s", {"instance_count": 2, "process_count_per_instance": 1}, 2,
+                     marks=pytest.mark.torch),
+        # 4 workers in the file: 2 here (a TensorFlow job's count is its worker_count)
+        pytest.param("tensorflow_mwms", {"instance_count": 2, "worker_count": 2}, 2,
+                     marks=pytest.mark.tensorflow),
+        # `horovodrun -np 16`: the command fixes its ranks, so 4 local nodes of 4 slots each
+        pytest.param("mpi_horovodrun", {}, 16, marks=pytest.mark.horovod),
+    ],
+)  # fmt: skip
+def test_one_job_of_each_type_of_the_proposal_runs_on_local_nodes(name, changes, ranks, store):
+    """As written but for its counts, from examples/proposal/: `python train.py` there
+    runs the example of the job's kind (examples/src/train.py)."""
+    from helpers import result_reports
+
+    from jupyter_dist.run.launch import run
+
+    spec = load_spec(PROPOSAL / f"{name}.yml").with_overrides(**changes)
+    result = run(spec, store=store)
+    assert result.ok, result.describe()
+    reports = result_reports(store, result.job_id)
+    assert len(reports) == ranks, sorted(reports)
+    assert len({json.dumps(r["weights"]) for r in reports.values()}) == 1  # trained as one
