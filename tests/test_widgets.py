@@ -4,6 +4,7 @@ the plain-text form that notebooks saved without widgets keep."""
 from __future__ import annotations
 
 import json
+import re
 import shutil
 import subprocess
 from pathlib import Path
@@ -153,6 +154,12 @@ def test_the_live_view_carries_the_inspector_columns(kernel_env):
         # Every rank sees the one GPU: a check the view shows (the job itself runs on CPU).
         "%%distrun --nodes 2 --procs-per-node 2 --env CUDA_VISIBLE_DEVICES=0\nprint('ok')\n",
         "print(json.dumps(LiveView.last.processes))\nprint(json.dumps(LiveView.last.checks))",
+        # Where a job's outputs are (inspect says it too): among the inspector's lines.
+        "import os, tempfile\nspec_file = os.path.join(tempfile.mkdtemp(), 'outputs.yml')\n"
+        "open(spec_file, 'w').write('command: echo hi > ${{outputs.model}}/f\\n'\n"
+        "                           'outputs: {model: {}}\\n')",
+        "%distrun run $spec_file",
+        "print(json.dumps(LiveView.last.checks))",
     )
     import json
 
@@ -172,6 +179,8 @@ def test_the_live_view_carries_the_inspector_columns(kernel_env):
         "ranks using CUDA would share one (NCCL refuses that); list one device per rank, or "
         "pick each rank's by LOCAL_RANK"
     ]
+    (outputs_line,) = json.loads(nb.cells[8].outputs[0].text)
+    assert re.fullmatch(r"outputs\.model: /.+/\d{8}-\d{6}-\d{3}-\w{6}/outputs/model", outputs_line)
     final_text = nb.cells[4].outputs[-1].data["text/plain"]  # the settled view's text form
     assert "Check: the 2 ranks on each of local0, local1" in final_text
     torch_rows = json.loads(rows_text)
