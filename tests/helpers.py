@@ -205,12 +205,19 @@ def await_text(kc, text: str, count: int, timeout: float = 60) -> int:
 
 
 def interrupt_and_reply(km, kc, msg_id: str) -> dict:
-    """Interrupt the kernel; the reply to the execute request `msg_id`."""
+    """Interrupt the kernel; the reply to the execute request `msg_id`, once the kernel is
+    idle again: after an error, ipykernel aborts any request that reaches it while it
+    clears its queue, so a test's next request must not be sent before (its iopub
+    messages up to then are read)."""
     km.interrupt_kernel()
     reply = kc.get_shell_msg(timeout=60)
     while reply["parent_header"].get("msg_id") != msg_id:
         reply = kc.get_shell_msg(timeout=60)
-    return reply
+    while True:
+        msg = kc.get_iopub_msg(timeout=60)
+        if (msg["parent_header"].get("msg_id") == msg_id and msg["msg_type"] == "status"
+                and msg["content"]["execution_state"] == "idle"):  # fmt: skip
+            return reply
 
 
 @contextlib.contextmanager

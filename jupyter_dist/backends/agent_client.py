@@ -19,8 +19,10 @@ from collections.abc import Callable, Iterator
 from typing import Any
 
 from jupyter_dist import node_side
+from jupyter_dist.backends.node_ports import on_every_node
 from jupyter_dist.errors import DistrunError
 from jupyter_dist.node_side.agent import HANDSHAKE
+from jupyter_dist.nodes import Node
 
 AGENT_SOURCE = node_side.path("agent.py")
 _HANDSHAKE = HANDSHAKE.encode()
@@ -51,6 +53,27 @@ def agent_file_name() -> str:
     content, so that jobs of different versions never replace each other's."""
     digest = hashlib.sha256(AGENT_SOURCE.read_bytes()).hexdigest()[:12]
     return f"agent-{digest}.py"
+
+
+def agents_say(
+    flag: str,
+    job_id: str,
+    nodes: list[Node],
+    run: Callable[[Node, list[str], float], tuple[int, str, str]],
+    agent_path: Callable[[Node], str],
+) -> list[int]:
+    """The agent's one-shot `flag` for the job on every node at once (--sweep: kill what
+    still carries the job's id; --term: SIGTERM the job's MPI ranks), each run by `run`
+    (a backend's run_on_node) from `agent_path(node)`; the pids the agents printed. Never
+    raises: a node that cannot be reached has nothing to say."""
+
+    def on_node(node: Node) -> list[int]:
+        with contextlib.suppress(Exception):
+            code, out, _ = run(node, [node.python, agent_path(node), flag, job_id], 30)
+            return [int(p) for p in out.split()] if code == 0 else []
+        return []
+
+    return [pid for pids in on_every_node(nodes, on_node) for pid in pids]
 
 
 def agent_argv(

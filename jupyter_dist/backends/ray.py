@@ -41,11 +41,12 @@ from jupyter_dist.backends.agent_client import (
     AgentProcess,
     agent_argv,
     agent_file_name,
+    agents_say,
 )
 from jupyter_dist.backends.base import Backend, NodeHealth
 from jupyter_dist.backends.node_ports import on_every_node, ports_on_nodes
 from jupyter_dist.code_folder import read_code_folder
-from jupyter_dist.errors import DistrunError, NodeError
+from jupyter_dist.errors import NodeError
 from jupyter_dist.nodes import Inventory, Node
 from jupyter_dist.options import Option
 from jupyter_dist.plan.context import PortRequest
@@ -421,16 +422,6 @@ class RayBackend(Backend):
         return self._agents_say("--term", job_id, node_names)
 
     def _agents_say(self, flag: str, job_id: str, node_names: set[str]) -> list[int]:
-        """The agent's one-shot `flag` for the job on the named nodes: the pids it printed.
-        Never raises."""
-
-        def on_node(node: Node) -> list[int]:
-            agent = posixpath.join(node.workdir, agent_file_name())
-            try:
-                code, out, _ = self.run_on_node(node, [node.python, agent, flag, job_id], 30)
-            except DistrunError:
-                return []
-            return [int(p) for p in out.split()] if code == 0 else []
-
         nodes = [n for n in self._nodes.values() if n.name in node_names and n.name in self._hosts]
-        return [pid for pids in on_every_node(nodes, on_node) for pid in pids]
+        return agents_say(flag, job_id, nodes, self.run_on_node,
+                          lambda node: posixpath.join(node.workdir, agent_file_name()))  # fmt: skip

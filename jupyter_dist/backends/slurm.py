@@ -28,7 +28,7 @@ import threading
 import time
 from collections.abc import Iterator
 
-from jupyter_dist.backends.agent_client import AGENT_SOURCE, agent_argv
+from jupyter_dist.backends.agent_client import AGENT_SOURCE, agent_argv, agents_say
 from jupyter_dist.backends.local import LocalBackend, LocalProcess
 from jupyter_dist.backends.node_ports import on_every_node, ports_on_nodes
 from jupyter_dist.errors import DistrunError, NodeError
@@ -265,17 +265,9 @@ class SlurmBackend(LocalBackend):
         return self._agents_say("--term", job_id, node_names)
 
     def _agents_say(self, flag: str, job_id: str, node_names: set[str]) -> list[int]:
-        """The agent's one-shot `flag` (--sweep, --term) on the named nodes, as job steps."""
-
-        def on_node(node: Node) -> list[int]:
-            with contextlib.suppress(Exception):  # never raises: a node gone has nothing
-                argv = [node.python, str(AGENT_SOURCE), flag, job_id]
-                code, out, _ = self.run_on_node(node, argv)
-                return [int(p) for p in out.split()] if code == 0 else []
-            return []
-
+        """As job steps on the named nodes (they see this machine's files: the agent's own)."""
         nodes = [Node(name, name, "slurm", sys.executable) for name in sorted(node_names)]
-        return [pid for pids in on_every_node(nodes, on_node) for pid in pids]
+        return agents_say(flag, job_id, nodes, self.run_on_node, lambda _: str(AGENT_SOURCE))
 
     def mpi_launch(self, ctx: PlanContext) -> MpiLaunch:
         return mpi_launch(ctx)

@@ -29,6 +29,7 @@ from jupyter_dist.backends.agent_client import (
     AgentProcess,
     agent_argv,
     agent_file_name,
+    agents_say,
 )
 from jupyter_dist.backends.base import Backend, NodeHealth
 from jupyter_dist.backends.node_ports import ports_on_nodes
@@ -624,18 +625,9 @@ class SshBackend(Backend):
         return self._agents_say("--term", job_id, node_names)
 
     def _agents_say(self, flag: str, job_id: str, node_names: set[str]) -> list[int]:
-        """The agent's one-shot `flag` (--sweep, --term) for the job on the named nodes, at
-        once: the pids it printed. Never raises."""
-
-        def on_node(node: Node) -> list[int]:
-            agent = posixpath.join(node.workdir, agent_file_name())
-            with contextlib.suppress(Exception):
-                code, out, _ = self.connections.run(node, [node.python, agent, flag, job_id], 30)
-                return [int(p) for p in out.split()] if code == 0 else []
-            return []
-
         nodes = [n for n in self._nodes.values() if n.name in node_names]
-        return [pid for pids in parallel(nodes, on_node) for pid in pids]
+        return agents_say(flag, job_id, nodes, self.run_on_node,
+                          lambda node: posixpath.join(node.workdir, agent_file_name()))  # fmt: skip
 
 
 def _code_key(folder: Path) -> str:
