@@ -138,6 +138,7 @@ def test_form_validates_previews_and_submits_through_the_magics_path(kernel_env)
     assert out[6] == "'automatic' '' None\n"
 
 
+@pytest.mark.slow
 def test_the_live_view_carries_the_inspector_columns(kernel_env):
     """Who is who in the cell's view: ranks, master, role and each task's TF_CONFIG."""
     nb = execute_notebook(
