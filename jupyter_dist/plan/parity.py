@@ -4,7 +4,8 @@ torch versions, NCCL_*/GLOO_* variables) or lack on some nodes (what of the code
 stays behind: `LaunchPlan.code_left_out`), said before anything starts: one line per
 finding (nodes alike in it share the line), shown by `--dry-run`, `jupyter distrun plan`,
 `jupyter distrun inspect` and the live view. Nothing is refused: a note names what it saw
-and what to set.
+and what to set. First come the lines that say how the spec's file was read, where it was
+written in the design proposal's shape (`LaunchPlan.read_as`, spec_dialect.py).
 
     notes = parity_notes(plan)   # [] when nothing stands out
 """
