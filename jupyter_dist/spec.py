@@ -106,6 +106,9 @@ class MpiDistribution(StrictSection):
     process_count_per_instance: Count = 1
     launcher: Literal["mpirun", "horovodrun"] = "mpirun"
     mpi_args: list[str] = Field(default_factory=list)
+    # Ours: the CPU and memory limits of the launcher's pod where an export has one (a
+    # Kubeflow MPIJob's Launcher); a run on nodes does not cap them.
+    launcher_limits: dict[Literal["cpu", "memory"], str | int | float] = Field(default_factory=dict)
 
     @field_validator("mpi_args", mode="before")
     @classmethod

@@ -262,7 +262,14 @@ class _Reader:
                 path, limits = found
                 for name in ("cpu", "memory"):
                     value = getattr(limits, name)
-                    if value is not None:
+                    if value is None:
+                        continue
+                    if where.endswith(".launcher"):  # what an MPIJob export's Launcher gets
+                        self.dist.setdefault("launcher_limits", {})[name] = value
+                        self.said(f"{where}.{path}.{name}", value,
+                                  f"distribution.launcher_limits.{name}",
+                                  " (an exported MPIJob's Launcher pod)")  # fmt: skip
+                    else:
                         self.notes.append(f"kept {where}.{path}.{name}: {value} as written "
                                           "(not acted on: jupyter-dist does not cap a "
                                           "node's CPUs or memory)")  # fmt: skip

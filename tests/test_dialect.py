@@ -37,8 +37,8 @@ EXPECTED = {
         "slots)"]),
     "mpi_k8s": ("mpi", 4, 16, [
         "read distributed.mpi.worker.resources.limits.gpu: 4 as resources.gpus_per_node: 4",
-        "kept distributed.mpi.launcher.resources.limits.memory: 2Gi as written (not acted "
-        "on: jupyter-dist does not cap a node's CPUs or memory)"]),
+        "read distributed.mpi.launcher.resources.limits.memory: 2Gi as "
+        "distribution.launcher_limits.memory: 2Gi (an exported MPIJob's Launcher pod)"]),
     "pytorch_launch": ("pytorch", 4, 16, [
         "read processes per node as 1 (the command starts 4 processes on each node itself: "
         "--nproc_per_node 4, 16 ranks in all)"]),
@@ -119,6 +119,10 @@ def test_exports_carry_the_image_the_gpus_and_each_tasks_variables(tmp_path):
     tf = tf.files[tf.manifest]
     assert re.search(r"name: MAGIC\n\s+value: newnumber", tf)
     assert re.search(r"name: MAGIC\n\s+value: number", tf)
+    mpi = export(load_spec(PROPOSAL / "mpi_k8s.yml"), "kubeflow",
+                 ExportTarget.at(tmp_path / "mpi/"))  # fmt: skip
+    launcher = mpi.files[mpi.manifest].split("Launcher:")[1].split("Worker:")[0]
+    assert re.search(r"limits:\n\s+cpu: '1'\n\s+memory: 2Gi", launcher), launcher
 
 
 @pytest.mark.skipif(not SEEDS.is_dir(), reason="the seed documents are not beside this checkout")

@@ -28,6 +28,7 @@ AZURE_DISTRIBUTION = {
 # Ours, and only about how jupyter-dist launches or watches the job: left out, and said so.
 LAUNCH_ONLY = {
     "launcher",
+    "launcher_limits",
     "master_port",
     "base_port",
 }

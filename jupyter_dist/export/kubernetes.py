@@ -319,6 +319,9 @@ def _mpijob(pods: _Pods) -> dict:
     env = {k: v for k, v in proc.env.items() if k not in dropped}
     env |= {"DISTRUN_MPI_HOSTFILE": MPI_HOSTFILE, "AZUREML_MPI_HOSTFILE": MPI_HOSTFILE}
     launcher = pods.container("mpi", _without_forwarding(proc.argv, dropped), env, gpus=False)
+    if dist.launcher_limits:
+        limits = {key: str(value) for key, value in dist.launcher_limits.items()}
+        launcher["resources"] = {"limits": limits}
     worker = pods.container("mpi", None, {})
     return {
         "slotsPerWorker": dist.process_count_per_instance,
