@@ -26,6 +26,4 @@ if [[ $quick -eq 1 ]]; then
     exec .venv/bin/python -m pytest -m "not (ssh or slurm or browser or horovod or slow)" "$@"
 fi
 scripts/docs.sh
-# The Ray tests (tests/test_ray.py) flaked in fresh-clone CI runs (not locally): left out of
-# the whole run until that is fixed (issue 31); scripts/test.sh -m ray runs them.
-exec .venv/bin/python -m pytest -m "not ray" "$@"
+exec .venv/bin/python -m pytest "$@"
