@@ -57,3 +57,23 @@ def test_a_package_adds_a_backend_through_an_entry_point(tmp_path: Path):
     )  # fmt: skip
     assert done.returncode == 0, done.stderr
     assert done.stdout.split() == ["my_backend:MyBackend", "mine", "True"]
+
+
+def test_the_ray_hosts_pieces_make_a_file_only_once_whole(tmp_path):
+    """Below the Ray test of a large code folder: put_files' pieces, cut by the launcher's
+    batches, make each file only when its last piece is written, with its mode."""
+    from jupyter_dist.backends.ray import _batches
+    from jupyter_dist.backends.ray_host import RayNodeHost
+
+    host = object.__new__(RayNodeHost)  # its methods need no Ray node for files
+    big, small = bytes(range(25)), b"tiny"
+    batches = _batches([(str(tmp_path / "a" / "big"), big, 0o700),
+                        (str(tmp_path / "small"), small, 0o600)], limit=8)  # fmt: skip
+    assert [len(batch) for batch in batches] == [1, 1, 1, 2]
+    for number, batch in enumerate(batches):
+        host.put_files(batch)
+        assert (tmp_path / "a" / "big").exists() == (number == len(batches) - 1)
+    assert (tmp_path / "a" / "big").read_bytes() == big
+    assert (tmp_path / "small").read_bytes() == small
+    assert (tmp_path / "a" / "big").stat().st_mode & 0o777 == 0o700
+    assert not list(tmp_path.rglob("*.part"))

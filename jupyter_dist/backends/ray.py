@@ -69,6 +69,7 @@ CALL_TIMEOUT_S = 60.0  # an actor that does not answer a short call in this long
 READ_WAIT_S = 1.0  # how long one read (or wait) call waits on the Ray node for something
 PENDING_SAY_AFTER_S = 2.0  # a placement not done by then is said to be waiting
 START_TIMEOUT_S = 120.0  # the actors' start on their nodes (a worker process each)
+PUT_BYTES = 16 << 20  # the most of the job's files one actor call carries
 
 CONNECT_TRIES = 3
 # Ray Client's server could not start its per-client process (it answers either way).
@@ -116,6 +117,26 @@ def connect(address: str):
                 raise NodeError(f"ray: cannot connect to {address}: {said[:300]}") from None
         _connection["address"] = address
         return ray
+
+
+def _batches(entries: list[tuple[str, bytes, int]], limit: int = PUT_BYTES) -> list[list]:
+    """The files as put_files calls of at most `limit` bytes each: (path, piece, mode,
+    offset, size) entries, a large file cut into pieces over several calls, in order."""
+    batches: list[list] = [[]]
+    room = limit
+    for path, content, mode in entries:
+        offset = 0
+        while True:
+            piece = content[offset : offset + room]
+            batches[-1].append((path, piece, mode, offset, len(content)))
+            offset += len(piece)
+            room -= len(piece)
+            if room <= 0:
+                batches.append([])
+                room = limit
+            if offset >= len(content):
+                break
+    return [batch for batch in batches if batch]
 
 
 def _resources(bundle: dict[str, float]) -> str:
@@ -388,7 +409,8 @@ class RayBackend(Backend):
                 for p in plan.files if nodes[p.node_rank].name == node.name
             ]  # fmt: skip
             self._call(node, "make_folders", folders)
-            self._call(node, "put_files", entries)
+            for batch in _batches(entries):
+                self._call(node, "put_files", batch)
 
         on_every_node(nodes, ship)
 

@@ -54,15 +54,19 @@ class RayNodeHost:
         }  # fmt: skip
 
     def put_files(self, entries: list) -> None:
-        """(path, content, mode) each: written whole, private folders made on the way."""
-        for path, content, mode in entries:
-            folder = os.path.dirname(path)
-            os.makedirs(folder, mode=0o700, exist_ok=True)
+        """(path, piece, mode, offset, size) each: the piece of the file at `offset`; a file
+        appears at `path` (private folders made on the way) once its last piece is written,
+        never half. A large file comes in pieces over several calls, in order."""
+        for path, piece, mode, offset, size in entries:
+            os.makedirs(os.path.dirname(path), mode=0o700, exist_ok=True)
             temporary = f"{path}.{os.getpid()}.part"
-            with open(os.open(temporary, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, mode), "wb") as f:
-                f.write(content)
-            os.chmod(temporary, mode)
-            os.replace(temporary, path)
+            flags = os.O_WRONLY | os.O_CREAT | (os.O_TRUNC if offset == 0 else 0)
+            with open(os.open(temporary, flags, mode), "r+b" if offset else "wb") as handle:
+                handle.seek(offset)
+                handle.write(piece)
+            if offset + len(piece) >= size:
+                os.chmod(temporary, mode)
+                os.replace(temporary, path)
 
     def make_folders(self, folders: list) -> None:
         for folder in folders:
