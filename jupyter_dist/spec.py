@@ -236,45 +236,53 @@ InputValue = str | int | float | bool | dict
 
 class Output(StrictSection):
     """Where the job writes a result (`${{outputs.NAME}}` in the command): Azure ML's output,
-    written on the nodes. Without a path, `outputs/NAME` in the job's folder on each node
-    (a file there for uri_file), which the runner copies into the store when the job ends."""
+    written on the nodes. Without a path of the nodes' own, `outputs/NAME` in the job's
+    folder on each node (a file there for uri_file), which the runner copies into the store
+    when the job ends. An Azure ML location (`azureml://...`) is kept for Azure, not used."""
 
-    type: Literal["uri_folder", "uri_file"] = "uri_folder"
-    path: Annotated[str, Strict()] | None = None  # absolute, on every node
+    # Azure's types; all but uri_file are folders here.
+    type: Literal[
+        "uri_folder", "uri_file", "mlflow_model", "custom_model", "triton_model", "mltable"
+    ] = "uri_folder"
+    path: Annotated[str, Strict()] | None = None  # absolute on every node, or Azure's
     # Azure's: accepted and kept, never acted on.
     mode: Any = None
     description: Any = None
+    name: Any = None
+    version: Any = None
 
     @field_validator("path")
     @classmethod
     def _absolute(cls, value: str | None) -> str | None:
-        if value is not None and ("://" in value or value.startswith("azureml:")):
+        if value is not None and not value.startswith("/") and not _is_azure_location(value):
             raise fail(
                 "output_path",
-                "{path!r} is an Azure ML location; give an absolute "
-                "folder on the nodes, or leave path out (the job's folder)",
-                path=value,
-            )
-        if value is not None and not value.startswith("/"):
-            raise fail(
-                "output_path",
-                "{path!r} is not absolute; give an absolute path on "
-                "the nodes, or leave path out (the job's folder)",
+                "{path!r} is not absolute; give an absolute path on the nodes, or leave "
+                "path out (the job's folder)",
                 path=value,
             )
         return value
 
+    @property
+    def node_path(self) -> str | None:
+        """The path on the nodes the spec gives (None: the job's folder; an Azure ML
+        location is Azure's, not the nodes')."""
+        return None if self.path is None or _is_azure_location(self.path) else self.path
+
     def where(self, name: str) -> str:
         """What `${{outputs.NAME}}` becomes in the command: its path, else the job's."""
-        return self.path or f"${{DISTRUN_JOB_DIR}}/{OUTPUTS_FOLDER}/{name}"
+        return self.node_path or f"${{DISTRUN_JOB_DIR}}/{OUTPUTS_FOLDER}/{name}"
 
     def folder(self, name: str) -> str:
         """The folder that must exist before the command runs (as the shell writes it)."""
-        if self.type == "uri_folder":
+        if self.type != "uri_file":
             return self.where(name)
-        return (
-            posixpath.dirname(self.path) if self.path else f"${{DISTRUN_JOB_DIR}}/{OUTPUTS_FOLDER}"
-        )
+        job_outputs = f"${{DISTRUN_JOB_DIR}}/{OUTPUTS_FOLDER}"
+        return posixpath.dirname(self.node_path) if self.node_path else job_outputs
+
+
+def _is_azure_location(path: str) -> bool:
+    return "://" in path or path.startswith("azureml:")
 
 
 class JobSpec(StrictSection):

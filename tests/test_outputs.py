@@ -99,3 +99,24 @@ def test_exports_keep_the_outputs(fmt, tmp_path):
     else:  # made before the command runs, in the job's folder
         assert 'mkdir -p -- "${DISTRUN_JOB_DIR}"/outputs/model' in manifest
         assert "${DISTRUN_JOB_DIR}/outputs/model" in manifest
+
+
+def test_an_azure_ml_location_is_kept_for_azure_and_the_job_folder_used_here(store, tmp_path):
+    """Azure ML job files load unchanged: an output at an Azure datastore (and Azure's other
+    output types) runs into the job's folder here, and goes back to Azure as written."""
+    from jupyter_dist.export import export
+    from jupyter_dist.export.target import ExportTarget
+
+    location = "azureml://datastores/workspaceblobstore/paths/model"
+    spec = parse_spec(
+        "command: echo $RANK > ${{outputs.model}}/r$RANK\n"
+        f"outputs: {{model: {{type: mlflow_model, path: {location}, mode: rw_mount}}}}\n"
+    )
+    result = run(spec, store=store)
+    assert result.ok, result.describe()
+    job = store.get(result.job_id).path
+    assert (job / "outputs" / "model" / "r0").read_text() == "0\n"
+    exported = export(spec, "azureml", ExportTarget.at(tmp_path / "az/", image="img"))
+    manifest = exported.files[exported.manifest]
+    assert f"path: {location}" in manifest and "${{outputs.model}}" in manifest
+    assert "outputs.model.path" not in manifest  # nothing left out

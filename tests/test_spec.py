@@ -191,12 +191,8 @@ MALFORMED = [
     ("command: python x.py ${{inputs.epochs}}", "${{inputs.epochs}} is not defined in inputs"),
     ("command: python x.py ${{inputs.epochs}}\ninputs: {lr: 1}", "(inputs defined: lr)"),
     ("command: python x.py ${{outputs.model}}", "${{outputs.model}} is not defined in outputs"),
-    (
-        "command: x ${{outputs.m}}\noutputs: {m: {path: azureml://datastores/x}}",
-        "outputs.m.path: 'azureml://datastores/x' is an Azure ML location",
-    ),
     ("command: x ${{outputs.m}}\noutputs: {m: {path: out/model}}", "'out/model' is not absolute"),
-    ("command: x\noutputs: {m: {type: mltable}}", "outputs.m.type: 'mltable' is not valid"),
+    ("command: x\noutputs: {m: {type: table}}", "outputs.m.type: 'table' is not valid"),
     ("command: x\noutputs: {1m: {}}", "'1m' cannot name an output"),
     ("command: x ${{secrets.k}}", "${{secrets.k}} is not supported; only ${{inputs.NAME}} and"),
     (D + "inputs: {a: null}", "input 'a' has no usable value"),

@@ -67,8 +67,9 @@ def render(
             data.setdefault("display_name", value)
         elif value:
             left_out.append(key)
-    for name, output in (data.get("outputs") or {}).items():  # ours: a folder on the nodes
-        if output.pop("path", None) is not None:  # Azure's is a datastore's: it picks one
+    for name, output in (data.get("outputs") or {}).items():
+        if spec.outputs[name].node_path is not None:  # ours: a folder on the nodes, not Azure's
+            output.pop("path")
             left_out.append(f"outputs.{name}.path")
     resources = data.get("resources") or {}
     if resources.pop("gpus_per_node", None) is not None:  # Azure: the instance type's GPUs

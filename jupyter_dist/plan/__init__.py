@@ -82,7 +82,7 @@ def plan(
         files=files,
         code_dir=str(spec.code_dir()) if spec.code_dir() else None,
         read_as=spec.read_as,
-        outputs={name: {"type": out.type, "path": out.path} for name, out in spec.outputs.items()},
+        outputs={n: {"type": o.type, "path": o.node_path} for n, o in spec.outputs.items()},
     )
 
 
