@@ -71,7 +71,11 @@ def test_a_failing_rank_stops_the_job(launcher: str, store):
     if launcher == "per_process":
         assert sorted(cause.stopped + cause.collateral) == ["rank 0", "rank 1", "rank 3"]
     else:
-        assert cause.stopped == ["node 0"]  # torchrun on node 0, stopped with its ranks
+        # torchrun on node 0: stopped with its ranks, or, when they saw rank 2 go first
+        # (gloo's connection reset), ended of that itself; no one else is named.
+        others = set(cause.stopped + cause.collateral)
+        assert others <= {"node 0", "rank 0", "rank 1", "rank 3"}, cause.format()
+        assert "node 0" in cause.stopped or not cause.stopped, cause.format()
     assert job_processes(result.job_id) == []
 
 
