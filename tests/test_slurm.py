@@ -748,3 +748,24 @@ def test_stacks_of_a_hung_job_are_read_through_job_steps(allocation, store, tmp_
     finally:
         proc.terminate()
         proc.wait(60)
+
+
+def test_outputs_on_a_clusters_shared_filesystem_are_in_the_store(allocation, store, tmp_path):
+    """Slurm's nodes see this machine's files: each rank writes its output straight into the
+    store's job folder, which `inspect` names (nothing to copy)."""
+    spec = _spec(
+        tmp_path,
+        """\
+        command: echo $SLURMD_NODENAME > ${{outputs.model}}/rank-$RANK
+        outputs: {model: {type: uri_folder}}
+        resources: {instance_count: 2}
+    """,
+    )
+    done = run_cli("run", str(spec), store=store, env=allocation, timeout=120)
+    assert done.returncode == 0, done.stderr
+    (record,) = store.jobs()
+    model = record.path / "outputs" / "model"
+    assert sorted(p.read_text().strip() for p in model.iterdir()) == ["sln1", "sln2"]
+    shown = run_cli("inspect", record.job_id, store=store, env={**allocation, "COLUMNS": "300"})
+    assert f"Output: outputs.model: {model}" in shown.stdout, shown.stdout
+    assert "copied" not in shown.stdout

@@ -87,8 +87,11 @@ def plan(
 
 
 def _node_entry(node: Node) -> dict[str, Any]:
-    """A node as the plan keeps it: where it is, its GPUs, what its preflight read."""
+    """A node as the plan keeps it: where it is, its GPUs, whether it sees this machine's
+    files, what its preflight read."""
     entry = {"name": node.name, "host": node.host, "backend": node.backend, "gpus": node.gpus}
+    if node.shares_files:
+        entry["shares_files"] = True
     if node.software is not None:
         entry["software"] = node.software
     return entry

@@ -8,7 +8,8 @@ store into the store's job folder.
 
 An output without a `path` is written on each node into the job's folder there
 (`outputs/NAME`, a folder; for uri_file a file `outputs/NAME`). On local nodes that folder
-is the store's job folder itself: nothing to copy. From other nodes (SSH, Slurm, Ray) the
+is the store's job folder itself, as on a Slurm cluster's shared filesystem: nothing to
+copy. From nodes that do not see this machine's files (SSH, Ray) the
 files are copied into `<store job>/outputs/<node>/NAME` (the files directly in the folder;
 a subfolder stays on the node). An output with a `path` is where the spec says, on every
 node, and is not copied. Everything copied is private (0600 in 0700).
@@ -38,9 +39,11 @@ def _sees_store(node: Node, plan: LaunchPlan, record_path: Path) -> bool:
 
 def output_places(plan: LaunchPlan, record_path: Path) -> dict[str, str]:
     """Each output's place, in words: its own path on every node; the store's job folder
-    for local nodes; else the job's folder on each node, copied into the store."""
+    where the nodes see this machine's files (local nodes, a Slurm cluster's shared
+    filesystem: the job's folder is the store's); else the job's folder on each node,
+    copied into the store."""
     places = {}
-    local = all(n.get("backend") == "local" for n in plan.nodes)
+    local = all(n.get("shares_files") for n in plan.nodes)
     for name, output in plan.outputs.items():
         if output.get("path"):
             places[name] = f"{output['path']} on each node (the spec's path)"
