@@ -9,6 +9,18 @@ import sys
 from collections.abc import Callable
 from pathlib import Path
 
+# Each kind of test cluster has its own range of /24 subnets (the second octet), so that
+# clusters of one test run, which share a tag (the pid), never share a subnet: a bridge
+# holding another cluster's addresses takes their traffic (the Ray cluster's, once, when
+# its subnet was the Slurm cluster's for 1 pid in 5).
+SUBNET_RANGES = {"ssh": (200, 50), "slurm": (150, 40), "ray": (100, 50)}
+
+
+def subnet(kind: str, tag: int) -> str:
+    """The /24 (its first three octets) of the `kind` cluster with this tag."""
+    first, count = SUBNET_RANGES[kind]
+    return f"10.{first + tag % count}.{tag % 250}"
+
 
 def run(*argv: str) -> None:
     subprocess.run(argv, check=True, capture_output=True)

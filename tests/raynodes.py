@@ -86,7 +86,7 @@ def start(count: int, root: Path, tag: int | None = None) -> RayCluster:
     """A head and `count - 1` workers, CPUS_PER_NODE CPUs each; returns once every node
     has joined."""
     tag = os.getpid() % 10000 if tag is None else tag
-    subnet = f"10.{150 + tag % 50}.{tag % 250}"
+    subnet = netns.subnet("ray", tag)
     root.mkdir(parents=True, exist_ok=True)
     cluster = RayCluster(root=root, bridge=f"rybr{tag}", temp_dir=Path(f"/tmp/dray{tag}"))
     shutil.rmtree(cluster.temp_dir, ignore_errors=True)

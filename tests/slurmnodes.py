@@ -167,7 +167,7 @@ def start(count: int, root: Path) -> SlurmCluster:
         raise RuntimeError(problem)
     root.mkdir(parents=True, exist_ok=True)
     tag = os.getpid() % 10000
-    subnet = f"10.{150 + tag % 40}.{tag % 250}"
+    subnet = netns.subnet("slurm", tag)
     cluster = SlurmCluster(root=root, conf=root / "slurm.conf", bridge=f"slbr{tag}")
     try:
         netns.add_bridge(cluster.bridge, f"{subnet}.1/24")

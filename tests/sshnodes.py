@@ -150,7 +150,7 @@ def start(
     if use_namespaces is None:
         use_namespaces = namespaces_allowed()
     tag = os.getpid() % 10000 if tag is None else tag
-    subnet = f"10.{200 + tag % 50}.{tag % 250}"
+    subnet = netns.subnet("ssh", tag)
     if use_namespaces:
         cluster.bridge = f"drbr{tag}"
         netns.add_bridge(cluster.bridge, f"{subnet}.1/24")

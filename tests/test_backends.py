@@ -77,3 +77,13 @@ def test_the_ray_hosts_pieces_make_a_file_only_once_whole(tmp_path):
     assert (tmp_path / "small").read_bytes() == small
     assert (tmp_path / "a" / "big").stat().st_mode & 0o777 == 0o700
     assert not list(tmp_path.rglob("*.part"))
+
+
+def test_the_test_clusters_never_share_a_subnet():
+    """The sshd, Slurm and Ray test clusters of one run share a tag (the pid): their subnets
+    must differ for every tag (the Ray and Slurm ones once matched for 1 pid in 5, and the
+    Ray cluster's traffic went to the Slurm bridge)."""
+    import netns
+
+    for tag in range(10000):
+        assert len({netns.subnet(kind, tag) for kind in netns.SUBNET_RANGES}) == 3, tag
