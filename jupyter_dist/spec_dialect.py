@@ -154,10 +154,16 @@ class _Reader:
         worker = self.framework.worker
         workers = worker.count if worker is not None else None
         compute = self.data.get("compute") if isinstance(self.data.get("compute"), dict) else {}
-        resources = dict(self.data.get("resources") or {})
+        raw = self.data.get("resources")
+        if raw is not None and not isinstance(raw, dict):
+            raise SpecError("resources: expected a mapping of keys to values")
+        resources = dict(raw or {})
         written = compute.get("instance_count", resources.get("instance_count"))
         where = ("compute.instance_count" if "instance_count" in compute
                  else "resources.instance_count")  # fmt: skip
+        if written is not None and (isinstance(written, bool) or not isinstance(written, int)
+                                    or written < 1):  # fmt: skip
+            raise SpecError(f"{where}: {written!r} is not valid; expected a whole number >= 1")
         source = f"distributed.{self.kind}.worker.count"
         if self.kind == "tensorflow":
             if workers is not None:
@@ -187,7 +193,7 @@ class _Reader:
         """The workers' GPU limit (else the framework's) as resources.gpus_per_node."""
         for where, holder in ((f"distributed.{self.kind}.worker", self.framework.worker),
                               (f"distributed.{self.kind}", self.framework)):  # fmt: skip
-            found = _limits_of(holder)
+            found = _limits_of(holder) if holder is not None else None
             if found is not None and found[1].gpu is not None:
                 path, limits = found
                 self.data["resources"]["gpus_per_node"] = limits.gpu

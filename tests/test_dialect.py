@@ -170,6 +170,10 @@ def test_the_examples_are_the_seeds_jobs_as_written():
          "{RANK: 3}}}}",
          "distributed.tensorflow.parameter_server.environment_variables: RANK cannot be set "
          "here: set by jupyter-dist for every rank"),
+        ("distributed: {pytorch: {worker: {count: 2}}}\nresources: 5",
+         "resources: expected a mapping of keys to values"),
+        ("distributed: {mpi: {}}\ncompute: {instance_count: two}",
+         "compute.instance_count: 'two' is not valid; expected a whole number >= 1"),
         ("distributed: pytorch",
          "distributed: expected one of mpi, pytorch, tensorflow, as distributed: {pytorch: "
          "{worker: {count: 2}}}"),

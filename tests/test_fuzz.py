@@ -36,6 +36,16 @@ BASES = [
     {"command": "python t.py --lr ${{inputs.lr}}", "inputs": {"lr": 0.1},
      "environment_variables": {"A": "1"}, "limits": {"timeout": 60, "grace_period": 3},
      "nodes": ["local0"], "backend": {"type": "local"}, "code": "."},
+    # The design proposal's shape (spec_dialect.py), and outputs.
+    {"command": "horovodrun -np 4 python t.py", "compute": {"instance_count": 2},
+     "distributed": {"mpi": {"worker": {"count": 2, "resources": {"limits": {"gpu": 2}}},
+                             "launcher": {"resources": {"limits": {"cpu": 1}}}}},
+     "environment": {"docker": {"image": "img"}}},
+    {"command": "python t.py", "distributed": {"tensorflow": {
+        "worker": {"count": 2}, "parameter_server": {"count": 1,
+                                                     "environment_variables": {"A": "1"}}}}},
+    {"command": "python t.py --out ${{outputs.m}} ${{outputs.f}}",
+     "outputs": {"m": {"type": "uri_folder"}, "f": {"type": "uri_file", "path": "/tmp/f"}}},
 ]  # fmt: skip
 # Values that broke something once (or are next to a limit), drawn half of the time.
 SPECIAL = st.sampled_from(
