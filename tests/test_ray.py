@@ -293,19 +293,24 @@ def test_a_request_waits_while_the_cluster_is_busy_and_an_interrupt_withdraws_it
         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
         preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
     )  # fmt: skip
-    said = second.stderr.readline()
-    assert said == (
-        "ray: waiting for 2 nodes with 1 CPUs each (other work holds the cluster: 0 of 4 CPUs "
-        "free)\n"
-    ), said
-    second.send_signal(signal.SIGINT)
-    second.communicate(timeout=60)
-    assert second.returncode == 130
-    groups = cluster_state(ray_cluster)["groups"]
-    assert groups.count("CREATED") == 1 and set(groups) <= {"CREATED", "REMOVED"}, groups
-    assert len(ray_cluster.job_processes(record.job_id)) >= 8  # the first job runs on
-    proc.send_signal(signal.SIGINT)
-    proc.communicate(timeout=120)
+    try:
+        said = []  # Ray's own warnings may come first (a slow Ray Client connection's)
+        while not (said and said[-1].startswith("ray: ")) and len(said) < 50:
+            said.append(second.stderr.readline())
+            assert said[-1], said  # it ended before saying it waits
+        assert re.fullmatch(r"ray: waiting for 2 nodes with 1 CPUs each \(other work holds "
+                            r"the cluster: \d+ of 4 CPUs free\)\n", said[-1]), said  # fmt: skip
+        second.send_signal(signal.SIGINT)
+        second.communicate(timeout=60)
+        assert second.returncode == 130
+        groups = cluster_state(ray_cluster)["groups"]
+        assert groups.count("CREATED") == 1 and set(groups) <= {"CREATED", "REMOVED"}, groups
+        assert len(ray_cluster.job_processes(record.job_id)) >= 8  # the first job runs on
+    finally:  # whatever failed above, the next test gets the cluster free
+        for running in (second, proc):
+            if running.poll() is None:
+                running.send_signal(signal.SIGINT)
+                running.communicate(timeout=120)
     assert len(store.jobs()) == 1  # the second never started
     assert_nothing_left(ray_cluster, record.job_id)
 
