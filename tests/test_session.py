@@ -271,6 +271,7 @@ def test_a_dropped_ssh_connection_ends_the_session_and_leaves_nothing(ssh_nodes,
     assert ssh_nodes.job_processes(job_id) == []
 
 
+@pytest.mark.slow
 def test_an_interrupt_that_comes_after_its_cell_ended_leaves_the_rank_alive(tmp_path):
     """The kernel's interrupt races a rank's report of a cell that just ended: one that
     arrives while the rank reports is ignored (it used to end the rank); one that arrives
