@@ -73,12 +73,13 @@ def collect_outputs(
         if _sees_store(node, plan, record_path):
             continue
         job_outputs = posixpath.join(node.workdir, plan.job_id, OUTPUTS_FOLDER)
+        top: dict[str, bytes] | None = None  # the files directly in outputs/: read once
         for name, output in wanted.items():
             is_file = output.get("type") == "uri_file"
             try:
                 if is_file:
-                    found = backend.collect(node, job_outputs)
-                    files = {name: found[name]} if name in found else {}
+                    top = backend.collect(node, job_outputs) if top is None else top
+                    files = {name: top[name]} if name in top else {}
                 else:
                     files = backend.collect(node, posixpath.join(job_outputs, name))
             except (DistrunError, OSError) as exc:
