@@ -46,7 +46,7 @@ from jupyter_dist.events import (
     ProcessState,
     exit_text,
 )
-from jupyter_dist.nodes import load_inventory
+from jupyter_dist.nodes import load_inventory, this_machines_gpus
 from jupyter_dist.options import BY_NAME
 from jupyter_dist.run.metrics import read_metrics, summarize_metrics
 from jupyter_dist.run.outputs import output_notes
@@ -290,7 +290,9 @@ def cmd_nodes(args: argparse.Namespace, store: JobStore) -> int:
         return _cluster_nodes(args)
     inventory = load_inventory(args.nodes_file)
     if inventory.is_local:
-        print("no node inventory: jobs run on local nodes (this machine)", file=sys.stderr)
+        gpus = this_machines_gpus()
+        has = "" if gpus is None else f", {gpus} GPU{'s' * (gpus != 1)}"
+        print(f"no node inventory: jobs run on local nodes (this machine{has})", file=sys.stderr)
         return EXIT_OK
     backend = inventory_backend(inventory)
     if args.trust:

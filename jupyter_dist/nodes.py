@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import functools
 import os
+import shutil
+import subprocess
 import sys
 from dataclasses import dataclass
 from pathlib import Path
@@ -58,7 +61,8 @@ class Node:
 
 
 def local_nodes(count: int, workdir: Path | str, cwd: Path | str | None = None) -> list[Node]:
-    """`count` local nodes: each is this machine with its own node rank."""
+    """`count` local nodes: each is this machine with its own node rank (and all of its
+    GPUs: the plan's checks count the ranks of every local node against them)."""
     return [
         Node(
             name=f"local{i}",
@@ -66,10 +70,27 @@ def local_nodes(count: int, workdir: Path | str, cwd: Path | str | None = None) 
             python=sys.executable,
             workdir=str(workdir),
             cwd=str(cwd or os.getcwd()),
+            gpus=this_machines_gpus(),
             shares_files=True,
         )
         for i in range(count)
     ]
+
+
+@functools.cache
+def this_machines_gpus() -> int | None:
+    """The GPUs `nvidia-smi -L` lists here, read once per process; None without nvidia-smi
+    or where it fails (no driver). The SSH preflight reads a node's the same way."""
+    program = shutil.which("nvidia-smi")
+    if not program:
+        return None
+    try:
+        listed = subprocess.run([program, "-L"], capture_output=True, text=True, timeout=10)
+    except (OSError, subprocess.SubprocessError):
+        return None
+    if listed.returncode != 0:
+        return None
+    return sum(1 for line in listed.stdout.splitlines() if line.startswith("GPU "))
 
 
 @dataclass(frozen=True)

@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 import json
+import os
+import subprocess
+import sys
 import time
 
 import pytest
@@ -454,6 +457,69 @@ def test_parity_notes_more_ranks_than_a_nodes_gpus(store):
     ]
     launch_plan.nodes[0]["gpus"] = 2
     assert parity_notes(launch_plan) == []
+
+
+@pytest.fixture
+def listed_gpus(tmp_path, monkeypatch):
+    """A stand-in `nvidia-smi` first on PATH that lists as many GPUs as the returned
+    function is given (a negative count: it fails as without a driver)."""
+    from jupyter_dist.nodes import this_machines_gpus
+
+    programs = tmp_path / "bin"
+    programs.mkdir()
+    monkeypatch.setenv("PATH", f"{programs}:{os.environ['PATH']}")
+
+    def listing(count: int) -> None:
+        lines = "".join(f"echo 'GPU {i}: NVIDIA H200 (UUID: GPU-{i})'\n" for i in range(count))
+        body = lines if count >= 0 else "echo 'NVIDIA-SMI has failed' >&2; exit 9\n"
+        smi = programs / "nvidia-smi"
+        smi.write_text(f'#!/bin/sh\n[ "$1" = -L ] || exit 2\n{body}')
+        smi.chmod(0o755)
+        this_machines_gpus.cache_clear()
+
+    yield listing
+    this_machines_gpus.cache_clear()
+
+
+def test_local_nodes_have_this_machines_gpus_and_their_ranks_share_them(store, listed_gpus):
+    """Local nodes carry the GPUs nvidia-smi lists here; the ranks of all of them are
+    counted against those (they are one machine), ranks on one node as on any node."""
+    from jupyter_dist.nodes import this_machines_gpus
+    from jupyter_dist.plan.parity import parity_notes
+
+    def notes(nodes: int, per_node: int) -> list[str]:
+        spec = parse_spec(
+            f"command: x\nresources: {{instance_count: {nodes}}}\nenvironment_variables: "
+            f"{{OMP_NUM_THREADS: '1'}}\ndistribution: {{type: pytorch, "
+            f"process_count_per_instance: {per_node}}}"
+        )
+        launch_plan, _, chosen = make_plan(spec, store=store)
+        chosen.release()
+        return parity_notes(launch_plan)
+
+    listed_gpus(1)
+    assert this_machines_gpus() == 1
+    assert notes(1, 2) == [
+        "local0 has 1 GPU for 2 ranks: ranks using CUDA would share one (NCCL refuses that); "
+        "use --procs-per-node 1"
+    ]
+    assert notes(2, 1) == [
+        "this machine has 1 GPU for the 2 ranks of its local nodes (local0, local1): ranks "
+        "using CUDA would share one (NCCL refuses that); run at most 1 in all (--nodes times "
+        "--procs-per-node)"
+    ]
+    assert notes(1, 1) == []
+    listed_gpus(2)
+    assert notes(2, 1) == [] and notes(1, 2) == []
+    assert notes(2, 2)[0].startswith("this machine has 2 GPUs for the 4 ranks of its local")
+    listed_gpus(-1)  # no driver: nothing known, nothing said
+    assert this_machines_gpus() is None and notes(2, 2) == []
+    listed_gpus(3)  # `nodes` says them too
+    shown = subprocess.run(
+        [sys.executable, "-m", "jupyter_dist.cli", "nodes", "--store", str(store.root)],
+        capture_output=True, text=True, timeout=60, env={**os.environ, "DISTRUN_NODES_FILE": ""},
+    )  # fmt: skip
+    assert shown.stderr == "no node inventory: jobs run on local nodes (this machine, 3 GPUs)\n"
 
 
 def test_parity_notes_what_differs_between_nodes():

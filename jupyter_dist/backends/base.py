@@ -201,8 +201,8 @@ class Backend(ABC):
         found = []
         for node in nodes:
             try:
-                self.preflight([node])
-                found.append(NodeHealth(node.name, node.host, None, "ok"))
+                checked = self.preflight([node])[0]
+                found.append(NodeHealth(node.name, node.host, None, "ok", gpus=checked.gpus))
             except NodeError as exc:
                 found.append(
                     NodeHealth(node.name, node.host, None, "unreachable", problem=str(exc))

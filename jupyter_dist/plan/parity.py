@@ -24,6 +24,8 @@ def parity_notes(plan: LaunchPlan) -> list[str]:
     found: dict[tuple, list[str]] = {}  # (kind, details...) -> node names
     per_node = _ranks_per_node(plan)
     mpirun = next((p for p in plan.processes if p.role in MPI_LAUNCHER_ROLES), None)
+    # Local nodes are one machine: their ranks share its GPUs (said once, below the loop).
+    local = [n["name"] for n in plan.nodes if n.get("backend") == "local"]
     for node in plan.nodes:
         name, gpus = node["name"], node.get("gpus")
         own = [p for p in plan.processes if p.node == name and p.role in _STARTERS]
@@ -38,13 +40,24 @@ def parity_notes(plan: LaunchPlan) -> list[str]:
         devices = [d for d in visible.split(",") if d.strip()]  # "": no GPU, on purpose
         if devices and len(devices) < count:
             found.setdefault(("visible", count, visible, len(devices)), []).append(name)
-        elif gpus and count > gpus:
+        elif gpus and count > gpus and not (len(local) > 1 and name in local):
             found.setdefault(("gpus", count, gpus), []).append(name)
+    if len(local) > 1:
+        key = _machine_gpus(plan, per_node, local)
+        if key:
+            found[key] = local
     notes = [*plan.read_as]  # how the spec was read, first: the rest follows from it
     notes += [_say(key, names) for key, names in found.items()] + _between_nodes(plan)
     if plan.code_left_out:
         notes.append(f"the nodes' copies of {plan.code_dir} lack {plan.code_left_out}")
     return notes
+
+
+def _machine_gpus(plan: LaunchPlan, per_node: dict[str, int], local: list[str]) -> tuple | None:
+    """The finding where the ranks of all local nodes outnumber this machine's GPUs."""
+    gpus = next(n.get("gpus") for n in plan.nodes if n["name"] == local[0])
+    ranks = sum(per_node.get(name, 0) for name in local)
+    return ("machine-gpus", ranks, gpus) if gpus and ranks > gpus else None
 
 
 # Job types whose ranks talk through torch's collectives (Horovod's too: mpi).
@@ -122,6 +135,12 @@ def _say(key: tuple, names: list[str]) -> str:
             "(NCCL refuses that); list one device per rank, or pick each rank's by LOCAL_RANK"
         )
     gpus = key[2]
+    if kind == "machine-gpus":
+        return (
+            f"this machine has {gpus} GPU{'s' * (gpus != 1)} for the {count} ranks of its "
+            f"local nodes ({where}): ranks using CUDA would share one (NCCL refuses that); "
+            f"run at most {gpus} in all (--nodes times --procs-per-node)"
+        )
     return (
         f"{where} {'has' if len(names) == 1 else 'have'} {gpus} GPU{'s' * (gpus != 1)} for "
         f"{count} ranks: ranks using CUDA would share one (NCCL refuses that); use "
