@@ -1,6 +1,6 @@
 """Launch overhead: `jupyter distrun run` vs torchrun by hand, and planning time.
 
-    .venv/bin/python bench/launch.py [--runs 5] [--plan-only | --ray-only]
+    .venv/bin/python bench/launch.py [--runs 5] [--plan-only | --ray-only | --launch-only]
 
 1. A trivial 4-rank gloo job (bench/trivial_gloo.py) started by `jupyter distrun run`
    (1 local node x 4 processes, per_process) and by `torchrun --standalone --nproc-per-node 4`
@@ -55,7 +55,11 @@ def bench_launch(runs: int) -> None:
             "distribution: {type: pytorch, process_count_per_instance: 4}\n"
         )
         env = {**os.environ, "DISTRUN_HOME": tmp, "OMP_NUM_THREADS": "1"}
-        ours_argv = [str(BIN / "jupyter"), "distrun", "run", str(spec), "--color", "never"]
+        # `jupyter distrun`, or where jupyter_core put no `jupyter` (a GPU machine's Python
+        # with the package on PYTHONPATH) the same CLI as a module
+        front = [str(BIN / "jupyter"), "distrun"] if (BIN / "jupyter").exists() else [
+            sys.executable, "-m", "jupyter_dist.cli"]  # fmt: skip
+        ours_argv = [*front, "run", str(spec), "--color", "never"]
         torchrun_argv = [
             sys.executable,
             "-m",
@@ -277,9 +281,15 @@ def main() -> None:
     parser.add_argument("--runs", type=int, default=5)
     parser.add_argument("--plan-only", action="store_true", help="only the planning benches")
     parser.add_argument("--ray-only", action="store_true", help="only the Ray bench")
+    parser.add_argument(
+        "--launch-only", action="store_true", help="only the launch against torchrun"
+    )
     args = parser.parse_args()
     if args.ray_only:
         bench_ray(args.runs)
+        return
+    if args.launch_only:
+        bench_launch(args.runs)
         return
     bench_planning()
     bench_plan_command()

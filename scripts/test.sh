@@ -23,9 +23,10 @@ fi
 npx --no-install jest --silent
 if [[ $quick -eq 1 ]]; then
     # The marks come from the fixtures a test uses, and `slow` (tests/conftest.py).
-    exec .venv/bin/python -m pytest -m "not (ssh or slurm or browser or horovod or slow)" "$@"
+    exec .venv/bin/python -m pytest -m "not (ssh or slurm or browser or horovod or slow or gpu)" "$@"
 fi
 scripts/docs.sh
 # The Ray tests (tests/test_ray.py) still failed in fresh-clone CI runs, never here: left out
 # of the whole run until that is fixed (issue 31); scripts/test.sh -m ray runs them.
-exec .venv/bin/python -m pytest -m "not ray" "$@"
+# The GPU tests (tests/test_gpu.py) need a GPU, which CI's machines lack: run them where one is.
+exec .venv/bin/python -m pytest -m "not (ray or gpu)" "$@"

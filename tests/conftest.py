@@ -20,11 +20,12 @@ MARK_BY_MODULE = {
     "test_lab": "browser",
     "test_notebook7": "browser",
     "test_horovod": "horovod",
+    "test_gpu": "gpu",
 }
 # What `scripts/test.sh --quick` leaves out: the test clusters, the browser, Horovod, and
 # the tests marked `slow` by hand (each takes 1.5 s or more here: real framework jobs, kernels
 # that wait on purpose, wheel builds).
-QUICK_LEAVES_OUT = ("ssh", "slurm", "browser", "horovod", "slow")
+QUICK_LEAVES_OUT = ("ssh", "slurm", "browser", "horovod", "slow", "gpu")
 QUICK_EXPRESSION = "not (" + " or ".join(QUICK_LEAVES_OUT) + ")"
 SLOW_S = 1.5
 

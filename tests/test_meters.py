@@ -6,7 +6,7 @@ rank 1 idle with 500 MiB held.
 GPUs: no GPU machine runs these tests, so the agents read a stand-in `nvidia-smi` (first on
 PATH) that answers the two queries the agent asks, in nvidia-smi's CSV, for the ranks that
 registered their PID as holding GPU memory (rank 0 on GPU-0 at 90%, rank 1 on GPU-1 whose
-utilisation reads "[N/A]"). The real nvidia-smi's side is not checked here."""
+utilisation reads "[N/A]"). The real nvidia-smi's side is in tests/test_gpu.py, on a GPU."""
 
 from __future__ import annotations
 

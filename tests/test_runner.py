@@ -385,7 +385,8 @@ def test_an_abort_in_cpp_teardown_gets_its_hint(store, tmp_path):
 
 
 # What torch and NCCL print on GPUs (the test machines have none: the rank prints it, then
-# fails as torch would), and how each hint begins.
+# fails as torch would; tests/test_gpu.py makes a real GPU say the first three), and how each
+# hint begins.
 GPU_SIGNATURES = {
     "cuda-after-fork": (
         "RuntimeError: Cannot re-initialize CUDA in forked subprocess. To use CUDA with "

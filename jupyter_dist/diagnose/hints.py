@@ -20,8 +20,8 @@ _TIMED_OUT = re.compile(
 )
 
 
-# GPU signatures, in torch's and NCCL's words (not produced on a GPU in this project's tests:
-# its test machines have none; the jobs there print them).
+# GPU signatures, in torch's and NCCL's words (tests/test_gpu.py makes a real GPU say the
+# first three; tests/test_runner.py checks printed copies on the machines without one).
 _CUDA_AFTER_FORK = re.compile(
     r"Cannot re-initialize CUDA in forked subprocess|CUDA error: initialization error"
 )
