@@ -26,7 +26,5 @@ if [[ $quick -eq 1 ]]; then
     exec .venv/bin/python -m pytest -m "not (ssh or slurm or browser or horovod or slow or gpu)" "$@"
 fi
 scripts/docs.sh
-# The Ray tests (tests/test_ray.py) still failed in fresh-clone CI runs, never here: left out
-# of the whole run until that is fixed (issue 31); scripts/test.sh -m ray runs them.
 # The GPU tests (tests/test_gpu.py) need a GPU, which CI's machines lack: run them where one is.
-exec .venv/bin/python -m pytest -m "not (ray or gpu)" "$@"
+exec .venv/bin/python -m pytest -m "not gpu" "$@"

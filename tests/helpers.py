@@ -7,6 +7,7 @@ import json
 import os
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
 
 from jupyter_dist.store import JobStore
@@ -156,13 +157,30 @@ def start_cli_run(spec: Path, store: JobStore, *extra: str, ranks: int = 4, stde
     return proc, store.jobs()[0].job_id
 
 
-def execute_notebook(*sources: str, allow_errors: bool = False, timeout: int = 180):
-    """A notebook of `%load_ext jupyter_dist` and these cells, run in a real kernel."""
+def execute_notebook(
+    *sources: str, allow_errors: bool = False, timeout: int = 180, kernel_prefix: list[str] = ()
+):
+    """A notebook of `%load_ext jupyter_dist` and these cells, run in a real kernel. With
+    `kernel_prefix` the kernel starts under those words (`ip netns exec NS`: a test node's
+    network), and talks to this process over files (ZeroMQ's ipc), which cross namespaces."""
     import nbformat
+    from jupyter_client import KernelManager
     from nbclient import NotebookClient
+
+    class Prefixed(KernelManager):
+        def format_kernel_cmd(self, extra_arguments=None):
+            return [*kernel_prefix, *super().format_kernel_cmd(extra_arguments)]
 
     nb = nbformat.v4.new_notebook()
     nb.cells = [nbformat.v4.new_code_cell(s) for s in ("%load_ext jupyter_dist", *sources)]
+    options = {}
+    if kernel_prefix:
+        with tempfile.TemporaryDirectory() as sockets:
+            options["km"] = Prefixed(kernel_name="python3", transport="ipc",
+                                     ip=os.path.join(sockets, "kernel"))  # fmt: skip
+            client = NotebookClient(nb, timeout=timeout, allow_errors=allow_errors, **options)
+            client.execute()
+        return nb
     NotebookClient(nb, timeout=timeout, kernel_name="python3", allow_errors=allow_errors).execute()
     return nb
 

@@ -16,10 +16,12 @@ import time
 import pytest
 from helpers import (
     EXAMPLES,
+    await_text,
     execute_notebook,
     not_private,
     result_reports,
     run_cli,
+    running_kernel,
     stream_text,
 )
 
@@ -185,6 +187,22 @@ def test_a_killed_notebook_leaves_nothing_on_the_cluster(ray_cluster, store, tmp
     assert_nothing_left(ray_cluster, record.job_id, within=90)
 
 
+def test_a_killed_kernel_leaves_nothing_on_the_cluster(ray_cluster, kernel_env, monkeypatch):
+    """A real kernel running a `%%distrun --backend ray` cell over Ray Client, SIGKILLed:
+    the same end as a killed launcher (the actors go once the client's grace is over)."""
+    monkeypatch.setenv("RAY_CLIENT_RECONNECT_GRACE_PERIOD", "5")  # the kernel inherits it
+    with running_kernel() as (km, kc):
+        kc.execute(
+            f"%%distrun --backend ray --ray-address {ray_cluster.client_address} --nodes 2\n"
+            "import time\nprint('sleeping', flush=True)\ntime.sleep(300)\n"
+        )
+        assert await_text(kc, "sleeping", 2, timeout=120) == 2
+        (record,) = JobStore(kernel_env).jobs()
+        assert len(ray_cluster.job_processes(record.job_id)) >= 4  # an agent, a rank each
+        km.signal_kernel(signal.SIGKILL)
+        assert_nothing_left(ray_cluster, record.job_id, within=90)
+
+
 @pytest.mark.parametrize("mode", MODES)
 def test_a_request_no_node_can_hold_is_one_line(ray_cluster, store, tmp_path, mode):
     spec = tmp_path / "gpus.yml"
@@ -233,12 +251,16 @@ def test_tensorflow_multi_worker_mirrored_on_ray(ray_cluster, store, mode):
     assert_nothing_left(ray_cluster, record.job_id)
 
 
-def test_a_warm_session_and_a_dask_cluster_from_a_notebook(ray_cluster, kernel_env):
-    """In one notebook over Ray Client: a warm session whose second cell uses the process
-    group the first made, then an interactive Dask cluster with a worker on each Ray node."""
+@pytest.mark.parametrize("mode", MODES)
+def test_a_warm_session_and_a_dask_cluster_from_a_notebook(ray_cluster, kernel_env, mode):
+    """In one notebook (over Ray Client, or with its kernel in the head's network and the
+    head's address): a warm session whose second cell uses the process group the first
+    made, then an interactive Dask cluster with a worker on each Ray node."""
     from test_dask import WHERE_TASKS_RAN
 
-    where = f"--backend ray --ray-address {ray_cluster.client_address}"
+    client = mode == "client"
+    address = ray_cluster.client_address if client else ray_cluster.head_address
+    where = f"--backend ray --ray-address {address}"
     nb = execute_notebook(
         f"%distrun session start --nodes 2 --procs-per-node 2 {where}",
         "%%distrun\nimport socket, torch, torch.distributed as dist\n"
@@ -250,6 +272,7 @@ def test_a_warm_session_and_a_dask_cluster_from_a_notebook(ray_cluster, kernel_e
         WHERE_TASKS_RAN,
         "%distrun dask stop",
         timeout=300,
+        kernel_prefix=() if client else ray_cluster.inside(),
     )
     text = stream_text(nb.cells[3])
     hosts = {}
