@@ -299,6 +299,14 @@ export function stepRates(metrics) {
   return found;
 }
 
+// A process's last step and steps per second, for its row in the inspector: "step 340 ·
+// 2.1/s", or "" where none of its keys reported a step.
+export function rankProgress(rates, keys) {
+  const found = keys.map((key) => rates[key]).find(Boolean);
+  if (!found) return "";
+  return `step ${found.step}` + (found.rate !== null ? ` · ${found.rate.toFixed(1)}/s` : "");
+}
+
 // Ranks whose rate has stayed SLOW_BELOW under the median of all ranks' rates for at least
 // SLOW_FOR_S seconds (`since`, key -> when it was first seen slow, is kept between calls):
 // [{key, rate, median}]. Ranks in lock step (DDP) never are: they wait for each other.
@@ -626,6 +634,7 @@ function render({ model, el }) {
   }
 
   let gpuShown = false;
+  let stepsShown = false;  // the inspector's progress column (once a rank reports a step)
   function drawMeters() {
     if (withGpu() !== gpuShown) return drawStatus();  // the GPU column comes in
     for (const chip of rankBar.querySelectorAll(".distrun-rank")) drawChipMeter(chip);
@@ -677,6 +686,9 @@ function render({ model, el }) {
     gpuShown = withGpu();
     head.append(cell("th", "cpu"), cell("th", "memory"));
     if (gpuShown) head.appendChild(cell("th", "gpu"));
+    const rates = stepRates(held.metrics);
+    stepsShown = Object.keys(rates).length > 0;
+    if (stepsShown) head.appendChild(cell("th", "progress"));
     if (withTf) head.appendChild(cell("th", "TF_CONFIG"));
     const rows = processes.map((p) => {
       const tr = element("tr", `distrun-process distrun-${p.state}`);
@@ -688,6 +700,11 @@ function render({ model, el }) {
         tr.appendChild(td);
       }
       tr.append(...meterCells(p.name));
+      if (stepsShown) {
+        const td = cell("td", rankProgress(rates, p.keys || [p.name]));
+        td.className = "distrun-rank-progress";
+        tr.appendChild(td);
+      }
       if (withTf) tr.appendChild(tfConfigCell(p.tf_config));
       tr.dataset.process = p.name;
       return tr;
@@ -754,9 +771,19 @@ function render({ model, el }) {
     const names = Object.keys(held.metrics).sort();
     charts.style.display = names.length ? "" : "none";
     charts.replaceChildren(...names.map((name) => chartNode(name, chartOf(held.metrics[name]))));
-    // Each rank's last step and rate, in its chip's tooltip; a rank well below the others'
-    // rate for a while (ranks not in lock step), named under the charts.
+    // Each rank's last step and rate, in its chip's tooltip and its row of the inspector; a
+    // rank well below the others' rate for a while (ranks not in lock step), named under
+    // the charts.
     const rates = stepRates(held.metrics);
+    if ((Object.keys(rates).length > 0) !== stepsShown) {
+      drawStatus();  // the progress column comes in (drawStatus fills it)
+    } else if (stepsShown) {
+      const keysOf = Object.fromEntries(model.get("processes").map((p) => [p.name, p.keys || [p.name]]));
+      for (const row of statusTable.querySelectorAll("tr.distrun-process")) {
+        const td = row.querySelector("td.distrun-rank-progress");
+        if (td) td.textContent = rankProgress(rates, keysOf[row.dataset.process] || []);
+      }
+    }
     for (const chip of rankBar.querySelectorAll(".distrun-rank")) {
       const found = rates[chip.dataset.key];
       chip.dataset.steps = found ? ` · step ${found.step}` +

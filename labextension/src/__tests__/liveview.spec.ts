@@ -9,6 +9,7 @@ import live, {
   SLOW_FOR_S,
   slowRanks,
   stepRates,
+  rankProgress,
   chartOf,
   keepMetrics,
   progressOf,
@@ -618,6 +619,32 @@ describe("each rank's rate", () => {
     expect(rates['rank-0']).toEqual({ step: 40, rate: 4, time: 1010 });
     expect(rates['rank-1'].rate).toBe(2);
     expect(stepRates({ loss: { 'rank-0': [[null, 1, 0.5]] } })).toEqual({});
+  });
+
+  it("shows each rank's step and rate in its row of the inspector once one reports", () => {
+    expect(rankProgress({ 'rank-0': { step: 40, rate: 4, time: 1 } }, ['rank-0'])).toBe(
+      'step 40 · 4.0/s'
+    );
+    expect(rankProgress({ 'rank-0': { step: 1, rate: null, time: 1 } }, ['rank-0'])).toBe('step 1');
+    expect(rankProgress({}, ['rank-0'])).toBe('');
+    const m = model('job-progress-column', 5, 0, ranks(2));
+    live.initialize({ model: m });
+    const el = document.createElement('div');
+    live.render({ model: m, el });
+    const heads = () => Array.from(el.querySelectorAll('th')).map(th => th.textContent);
+    expect(heads()).not.toContain('progress');
+    const records = (upTo: number) =>
+      Array.from({ length: upTo }, (_, i) => [
+        ['rank-0', 2 * i, 1000 + i, { loss: 1 }],
+        ['rank-1', i, 1000 + i, { loss: 1 }]
+      ]).flat();
+    m.emit('msg:custom', { type: 'metrics', records: records(5), total: 10 });
+    expect(heads()).toContain('progress');
+    const cell = (key: string) =>
+      el.querySelector(`tr[data-process="${key}"] .distrun-rank-progress`)?.textContent;
+    expect([cell('rank-0'), cell('rank-1')]).toEqual(['step 8 · 2.0/s', 'step 4 · 1.0/s']);
+    m.emit('msg:custom', { type: 'metrics', records: [['rank-1', 9, 1010, { loss: 1 }]], total: 11 });
+    expect(cell('rank-1')).toBe('step 9 · 0.9/s'); // 9 steps in 10 s
   });
 
   it('names a rank 20% or more below the median only once it stays so', () => {
