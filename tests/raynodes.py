@@ -104,35 +104,58 @@ def start(count: int, root: Path, tag: int | None = None) -> RayCluster:
     try:
         for i, node in enumerate(cluster.nodes):
             netns.add_host(node.namespace, f"ryv{tag}n{i}", cluster.bridge, f"{node.host}/24")
-            common = [f"--node-ip-address={node.host}", f"--num-cpus={CPUS_PER_NODE}",
-                      "--num-gpus=0", "--object-store-memory=100000000",
-                      "--disable-usage-stats"]  # fmt: skip
-            if i == 0:
-                role = ["--head", f"--port={GCS_PORT}", f"--ray-client-server-port={CLIENT_PORT}",
-                        "--include-dashboard=false", f"--temp-dir={cluster.temp_dir}"]  # fmt: skip
-            else:
-                role = [f"--address={cluster.head_address}"]
-            ray_start = " ".join([str(RAY), "start", "--block", *role, *common])
-            script = (
-                "{ mount -t cgroup2 none /sys/fs/cgroup 2>/dev/null || true; } && "
-                f"hostname {node.name} && mount --bind {hosts_file} /etc/hosts && "
-                f"mount --bind {empty} /etc/resolv.conf && exec {ray_start}"
-            )
-            argv = [*cluster.inside(node), "unshare", "--uts", "--mount", "sh", "-c", script]
-            # Its own TMPDIR: what jobs leave in a node's folder goes with the cluster's.
-            tmp = root / node.name / "tmp"
-            tmp.mkdir(parents=True)
-            with open(root / f"{node.name}.log", "w") as log:
-                node.process = subprocess.Popen(
-                    argv, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
-                    env={**os.environ, "RAY_USAGE_STATS_ENABLED": "0", "TMPDIR": str(tmp)},
-                )  # fmt: skip
-            _wait_started(cluster, node)
+            start_node(cluster, node)
         _wait_usable(cluster)
     except BaseException:
         stop(cluster)
         raise
     return cluster
+
+
+def start_node(cluster: RayCluster, node: RayNode) -> None:
+    """`ray start` on `node` (the head when it is the first), in its namespace; returns
+    once Ray says it runs there."""
+    common = [f"--node-ip-address={node.host}", f"--num-cpus={CPUS_PER_NODE}",
+              "--num-gpus=0", "--object-store-memory=100000000",
+              "--disable-usage-stats"]  # fmt: skip
+    if node is cluster.head:
+        role = ["--head", f"--port={GCS_PORT}", f"--ray-client-server-port={CLIENT_PORT}",
+                "--include-dashboard=false", f"--temp-dir={cluster.temp_dir}"]  # fmt: skip
+    else:
+        role = [f"--address={cluster.head_address}"]
+    ray_start = " ".join([str(RAY), "start", "--block", *role, *common])
+    hosts_file, empty = cluster.root / "hosts", cluster.root / "empty"
+    script = (
+        "{ mount -t cgroup2 none /sys/fs/cgroup 2>/dev/null || true; } && "
+        f"hostname {node.name} && mount --bind {hosts_file} /etc/hosts && "
+        f"mount --bind {empty} /etc/resolv.conf && exec {ray_start}"
+    )
+    argv = [*cluster.inside(node), "unshare", "--uts", "--mount", "sh", "-c", script]
+    # Its own TMPDIR: what jobs leave in a node's folder goes with the cluster's.
+    tmp = cluster.root / node.name / "tmp"
+    tmp.mkdir(parents=True, exist_ok=True)
+    log_file = cluster.root / f"{node.name}.log"
+    if log_file.exists():  # a node started again: its first life's log kept beside
+        log_file.rename(log_file.with_suffix(".log.1"))
+    with open(log_file, "w") as log:
+        node.process = subprocess.Popen(
+            argv, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
+            env={**os.environ, "RAY_USAGE_STATS_ENABLED": "0", "TMPDIR": str(tmp)},
+        )  # fmt: skip
+    _wait_started(cluster, node)
+
+
+def lose_node(cluster: RayCluster, node: RayNode) -> None:
+    """A worker lost at once, as a machine that dies: every process in its namespace
+    (Ray's and any job's) SIGKILLed; the namespace stays for `start_node`."""
+    for pid in cluster.pids(node):
+        with contextlib.suppress(OSError):
+            os.kill(pid, signal.SIGKILL)
+    if node.process is not None:
+        node.process.wait(30)
+    deadline = time.monotonic() + 30
+    while cluster.pids(node) and time.monotonic() < deadline:
+        time.sleep(0.2)
 
 
 def _wait_started(cluster: RayCluster, node: RayNode, timeout: float = 90) -> None:

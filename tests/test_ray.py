@@ -447,6 +447,51 @@ def test_a_restart_runs_again_on_the_placed_nodes(ray_cluster, store, tmp_path):
     assert_nothing_left(ray_cluster, record.job_id)
 
 
+def test_a_lost_node_is_placed_anew_for_the_restart(ray_cluster, store, tmp_path):
+    """A Ray node dies under a running job (every process on it SIGKILLed, as a machine
+    that goes away): the job fails naming it; before the restart its actor does not answer,
+    so the placement is given back and the job placed anew on the cluster's live nodes,
+    here the worker started again (as an autoscaler would bring one): attempt 2 succeeds."""
+    import raynodes
+
+    spec = tmp_path / "lost.yml"
+    spec.write_text(
+        'command: >-\n  if [ "$DISTRUN_RESTART_COUNT" = 0 ]; then echo started; sleep 300; '
+        "fi; echo attempt $DISTRUN_RESTART_COUNT on $(hostname)\n"
+        "resources: {instance_count: 2}\nlimits: {max_restarts: 1, restart_delay: 1}\n"
+    )
+    proc = subprocess.Popen(
+        [*distrun_argv(ray_cluster, "client", "run", str(spec)), "--store", str(store.root)],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
+    )  # fmt: skip
+    worker = ray_cluster.nodes[1]
+    try:
+        seen, deadline = 0, time.monotonic() + 120
+        while seen < 2 and time.monotonic() < deadline:
+            seen += "started" in proc.stdout.readline()
+        assert seen == 2, proc.stderr.read() if proc.poll() is not None else "no start"
+        raynodes.lose_node(ray_cluster, worker)
+        raynodes.start_node(ray_cluster, worker)  # a node comes back, with a new Ray node id
+        out, err = proc.communicate(timeout=240)
+    finally:
+        if proc.poll() is None:
+            proc.send_signal(signal.SIGINT)
+            proc.communicate(timeout=120)
+        if worker.process.poll() is not None:  # lost, and not started again above
+            raynodes.start_node(ray_cluster, worker)  # the next tests get the whole cluster
+    assert proc.returncode == 0, err[-3000:]
+    assert "attempt 1 on rayhead" in out and "attempt 1 on rayworker1" in out, out
+    (record,) = store.jobs()
+    status = record.status()
+    assert status["attempt"] == 2, status
+    from jupyter_dist.events import Attempt
+
+    first = Attempt.from_dict(status["attempts"][0]).summary()
+    assert first.startswith("attempt 1 (") and "rayworker1" in first, first
+    assert_nothing_left(ray_cluster, record.job_id)
+
+
 def test_a_large_code_folder_arrives_whole_in_pieces(ray_cluster, store, tmp_path):
     """A code folder of 40 MiB in one file and 300 small ones: the actor calls carry at most
     PUT_BYTES each, the big file in pieces, and every node's copy is byte for byte the

@@ -19,7 +19,8 @@ and a backend may rely on that order:
     backend.release()                           # give back what acquire took
 
 A job that starts again after a failure (run/job.Restarts) keeps its nodes and goes back to
-`health` and `preflight` before the next attempt: a node that cannot be reached is replaced by
+`health` and `preflight` before the next attempt: where a node cannot be reached, a backend
+that places nodes itself places them anew (`place_again`: Ray), any other replaces it by
 one of `spares` where the job asked for nodes by count; then on from `choose_ports`.
 
 Outside a job, `health(nodes)` checks nodes for `jupyter distrun nodes` and the sidebar,
@@ -214,6 +215,13 @@ class Backend(ABC):
         has, for `jupyter distrun nodes --backend NAME`; `options` are its own options as
         the spec's backend: section would hold them. None for a backend whose nodes are
         the inventory's (ssh, local) or an allocation's (slurm)."""
+        return None
+
+    def place_again(self, spec: JobSpec, nodes: list[Node]) -> list[Node] | None:
+        """For a backend that places a job's nodes itself (Ray): before a restart in which
+        some of `nodes` cannot be reached, what it holds is given back and the job's nodes
+        are placed anew (those still alive keep their node rank where placed there again).
+        None, the default: a lost node is replaced by one of `spares`."""
         return None
 
     def spares(self, inventory: Inventory) -> list[Node]:

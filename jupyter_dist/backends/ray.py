@@ -325,8 +325,19 @@ class RayBackend(Backend):
         return sorted(found, key=lambda h: (h.status != "ok", h.name))
 
     def spares(self, inventory: Inventory) -> list[Node]:
-        """None: Ray places the job's nodes; a restart runs on the same ones."""
+        """None: Ray places the job's nodes (`place_again` where one was lost)."""
         return []
+
+    def place_again(self, spec: JobSpec, nodes: list[Node]) -> list[Node]:
+        """A node was lost (its actor does not answer): the placement group and every actor
+        given back, and the job placed anew on the cluster's live nodes (waiting while it
+        cannot be), a node placed on the same Ray node as before keeping its node rank."""
+        self.release()
+        placed = self.acquire(spec, Inventory(), "", "")
+        before = [node.name for node in nodes]
+        kept = {node.name: node for node in placed if node.name in before}
+        new = iter(node for node in placed if node.name not in before)
+        return [kept.get(name) or next(new) for name in before]
 
     def health(self, nodes: list[Node]) -> list[NodeHealth]:
         """Each placed node's actor asked (before a restart's attempt): ok when it answers."""
