@@ -28,6 +28,9 @@ import netns
 
 RAY = Path(sys.executable).with_name("ray")
 CPUS_PER_NODE = 2
+# Declared, not real: Ray trusts what `ray start` says a node has, and hands the ids of a
+# bundle's GPUs to its actor as CUDA_VISIBLE_DEVICES (what the ranks then inherit).
+GPUS_PER_NODE = 1
 CLIENT_PORT = 10001
 GCS_PORT = 6379
 
@@ -116,7 +119,7 @@ def start_node(cluster: RayCluster, node: RayNode) -> None:
     """`ray start` on `node` (the head when it is the first), in its namespace; returns
     once Ray says it runs there."""
     common = [f"--node-ip-address={node.host}", f"--num-cpus={CPUS_PER_NODE}",
-              "--num-gpus=0", "--object-store-memory=100000000",
+              f"--num-gpus={GPUS_PER_NODE}", "--object-store-memory=100000000",
               "--disable-usage-stats"]  # fmt: skip
     if node is cluster.head:
         role = ["--head", f"--port={GCS_PORT}", f"--ray-client-server-port={CLIENT_PORT}",
