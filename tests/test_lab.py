@@ -271,11 +271,20 @@ def test_the_live_view_reads_well_in_the_dark_theme(lab_page):
     _assert_readable(view.locator(".distrun-rankbar .distrun-chip").last)
 
 
+# The text colour, and the background of the nearest element that paints one.
+_COLOURS_JS = """el => {
+  const painted = (e) => !/rgba\\(.*, 0\\)$|transparent/.test(getComputedStyle(e).backgroundColor);
+  let at = el;
+  while (at && !painted(at)) at = at.parentElement;
+  return [getComputedStyle(el).color,
+          at ? getComputedStyle(at).backgroundColor : "rgb(255, 255, 255)"];
+}"""
+
+
 def _colours(element) -> tuple[str, str]:
-    """An element's text and background colours, as the browser computed them."""
-    return tuple(
-        element.evaluate("el => [getComputedStyle(el).color, getComputedStyle(el).backgroundColor]")
-    )
+    """An element's text and background colours, as the browser computed them (a table
+    cell's background is what shows through it)."""
+    return tuple(element.evaluate(_COLOURS_JS))
 
 
 def _rgb(css_colour: str) -> tuple[float, float, float]:
@@ -638,6 +647,17 @@ def test_charts_and_progress_show_what_the_ranks_report(lab_page, lab):
         assert re.search(r"step \d+ · [\d.]+ steps/s", chip.get_attribute("title") or "")
         _assert_readable(named)
         slow.screenshot(path=str(ARTIFACTS / "live-view-slow-rank.png"))
+        # The inspector's progress column says each rank's step and rate as text.
+        slow.locator(".distrun-inspector-summary").click()
+        cells = slow.locator("td.distrun-rank-progress")
+        assert cells.count() == 3
+        said = [cells.nth(i).inner_text() for i in range(3)]
+        assert all(re.fullmatch(r"step \d+ · [\d.]+/s", text) for text in said), said
+        _assert_readable(cells.nth(2))
+        slow.screenshot(path=str(ARTIFACTS / "live-view-progress-column.png"))
+        with _dark_theme(page):
+            _assert_readable(cells.nth(2))
+            slow.screenshot(path=str(ARTIFACTS / "live-view-progress-column-dark.png"))
         slow.locator(".distrun-job-state", has_text="succeeded").wait_for(timeout=60_000)
     finally:
         page.close()
