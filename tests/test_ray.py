@@ -370,6 +370,27 @@ def test_a_request_waits_while_the_cluster_is_busy_and_an_interrupt_withdraws_it
     assert_nothing_left(ray_cluster, record.job_id)
 
 
+def test_a_ray_client_disconnect_that_never_ends_does_not_hold_the_process(ray_cluster):
+    """Ray's exit hook waits for Ray Client's data stream to end, with no limit (once, on a
+    busy head, a launcher outlived its Ctrl-C so): made to hang for ever here, the process
+    still exits once SHUTDOWN_WAIT_S has passed."""
+    from jupyter_dist.backends.ray import SHUTDOWN_WAIT_S
+
+    started = time.monotonic()
+    done = subprocess.run(
+        [sys.executable, "-c",
+         "import time\n"
+         "from ray.util.client.dataclient import DataClient\n"
+         "from jupyter_dist.backends.ray import connect\n"
+         f"connect({ray_cluster.client_address!r})\n"
+         "DataClient.close = lambda self: time.sleep(3600)  # a stream that never ends\n"
+         "print('connected', flush=True)"],
+        capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    assert done.returncode == 0 and done.stdout == "connected\n", done.stderr[-2000:]
+    assert time.monotonic() - started < SHUTDOWN_WAIT_S + 60
+
+
 def test_one_cluster_per_process_and_no_mpi(ray_cluster, store, tmp_path):
     """Ray allows one cluster per process: a second address is refused in one line (the
     first connection kept); an MPI job is refused before anything is asked of Ray."""

@@ -23,6 +23,7 @@ refused in one line.
 
 from __future__ import annotations
 
+import atexit
 import contextlib
 import itertools
 import logging
@@ -76,6 +77,7 @@ CONNECT_TRIES = 3
 _TRANSIENT = ("Starting Ray client server failed", "Initialization failure from server")
 _connection: dict[str, Any] = {}  # "address": what this process connected to
 _connection_lock = threading.Lock()
+SHUTDOWN_WAIT_S = 10.0  # what Ray's disconnect gets when the process exits
 
 
 def _import_ray():
@@ -116,7 +118,25 @@ def connect(address: str):
                     continue
                 raise NodeError(f"ray: cannot connect to {address}: {said[:300]}") from None
         _connection["address"] = address
+        _bound_shutdown(ray)
         return ray
+
+
+def _bound_shutdown(ray) -> None:
+    """Ray's own exit hook (`ray.shutdown`) waits, with no limit, for Ray Client's data
+    stream to end; on a busy head it once never did, and the launcher outlived its Ctrl-C
+    for good. At exit it now has SHUTDOWN_WAIT_S, then the process goes (the cluster drops
+    a gone client's actors after its reconnect grace)."""
+    shutdown = ray.shutdown
+
+    def bounded() -> None:
+        waiting = threading.Thread(target=shutdown, kwargs={"_exiting_interpreter": True},
+                                   daemon=True, name="distrun-ray-shutdown")  # fmt: skip
+        waiting.start()
+        waiting.join(SHUTDOWN_WAIT_S)
+
+    atexit.unregister(shutdown)
+    atexit.register(bounded)
 
 
 def _batches(entries: list[tuple[str, bytes, int]], limit: int = PUT_BYTES) -> list[list]:
