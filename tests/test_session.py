@@ -135,6 +135,7 @@ def test_an_interrupt_stops_every_ranks_cell_and_the_session_lives_on(kernel_env
         assert "".join(outputs).count("awake") == 4  # the same ranks, still there
 
 
+@pytest.mark.slow
 def test_a_rank_that_dies_ends_the_session_with_its_root_cause(kernel_env):
     nb = execute_notebook(
         "%distrun session start --nodes 2 --procs-per-node 2",

@@ -103,6 +103,7 @@ def test_cancel_a_torchrun_job_leaves_nothing(store):
     assert job_processes(job.job_id) == []
 
 
+@pytest.mark.slow
 def test_a_taken_master_port_fails_with_a_hint(store, tmp_path):
     """Rank 0 finds MASTER_PORT taken (here by its own socket, as a leftover server would
     hold it): the root cause is rank 0's EADDRINUSE, and a hint says what to do."""
