@@ -33,6 +33,11 @@ def _gpus() -> int:
 pytestmark = pytest.mark.skipif(_gpus() == 0, reason="needs a GPU (nvidia-smi lists none)")
 
 
+def _printed(record) -> list[str]:
+    """Every line the job's processes printed on stdout, as the store keeps them."""
+    return [text for *_, text in record.read_logs(record.log_keys(), streams=("stdout",))]
+
+
 def _spec(script: str, nodes: int = 1, per_node: int = 1, launcher: str = "per_process"):
     import yaml
 
@@ -69,8 +74,7 @@ DDP = """
 def test_ddp_over_nccl_on_the_gpu(launcher, store):
     result = run(_spec(DDP, launcher=launcher), store=store)
     assert result.ok, result.describe()
-    lines = [line.text for key in store.get(result.job_id).log_keys()
-             for line in store.get(result.job_id).iter_log(key, "stdout")]  # fmt: skip
+    lines = _printed(store.get(result.job_id))
     said = [line for line in lines if line.startswith("rank 0 of 1 on ")]
     assert len(said) == 1 and said[0].endswith(" backend nccl sum 1"), lines
 
@@ -150,8 +154,7 @@ def test_a_sessions_nccl_process_group_lives_across_cells(store):
                 "dist.all_reduce(t)\nprint('sum', dist.get_backend(), t.item())\n"
             )
             assert cell.ok, cell.describe()
-        lines = [line.text for key in store.get(session.job.job_id).log_keys()
-                 for line in store.get(session.job.job_id).iter_log(key, "stdout")]  # fmt: skip
+        lines = _printed(store.get(session.job.job_id))
         assert [line for line in lines if line.startswith("sum ")] == [
             "sum nccl 1.0",
             "sum nccl 2.0",
@@ -179,10 +182,7 @@ def test_stacks_of_a_rank_inside_cuda_work(store):
     job = launch(_spec(SPIN), store=store, grace_period=2)
     try:
         deadline = time.monotonic() + 120
-        while time.monotonic() < deadline and not any(
-            line.text == "READY" for key in job.record.log_keys()
-            for line in job.record.iter_log(key, "stdout")
-        ):  # fmt: skip
+        while time.monotonic() < deadline and "READY" not in _printed(job.record):
             time.sleep(0.2)
         time.sleep(1)
         dump = job.stacks("faulthandler")

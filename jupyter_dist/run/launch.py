@@ -137,10 +137,10 @@ def _replace_lost(
     lost = [index for index, found in enumerate(health) if found.status != "ok"]
     if not lost:
         return nodes
-    said = "; ".join(f"{health[i].name}: {health[i].problem or 'unreachable'}" for i in lost)
     placed = chosen.place_again(spec, nodes)
     if placed is not None:
         return placed
+    said = "; ".join(f"{health[i].name}: {health[i].problem or 'unreachable'}" for i in lost)
     if spec.nodes:
         raise NodeError(
             f"a node cannot be reached ({said}), and the job names its nodes, so no spare "
