@@ -140,11 +140,15 @@ def start_node(cluster: RayCluster, node: RayNode) -> None:
     log_file = cluster.root / f"{node.name}.log"
     if log_file.exists():  # a node started again: its first life's log kept beside
         log_file.rename(log_file.with_suffix(".log.1"))
+    # Token authentication off, said outright: Ray 2.60 turns it on for `ray start` where
+    # ~/.ray/auth_token exists (any local `ray.init()` leaves one), and the tests' clients,
+    # given explicit addresses, would then be refused (InvalidAuthToken).
+    env = {**os.environ, "RAY_USAGE_STATS_ENABLED": "0", "TMPDIR": str(tmp),
+           "RAY_AUTH_MODE": "disabled"}  # fmt: skip
     with open(log_file, "w") as log:
         node.process = subprocess.Popen(
-            argv, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
-            env={**os.environ, "RAY_USAGE_STATS_ENABLED": "0", "TMPDIR": str(tmp)},
-        )  # fmt: skip
+            argv, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT, env=env
+        )
     _wait_started(cluster, node)
 
 
