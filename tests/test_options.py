@@ -74,8 +74,8 @@ def test_the_declaration_is_the_options_model():
     assert {f.name for f in fields(LaunchOptions)} == generic
     assert not any(o.backend for o in OPTIONS)
     assert {o.spec_key or o.name for o in SLURM.values()} == {"job", *SALLOC_KEYS}
-    assert {o.spec_key or o.name for o in RAY.values()} == {"address", "gpus_per_node",
-                                                             "cpus_per_node"}  # fmt: skip
+    ray_keys = {"address", "gpus_per_node", "cpus_per_node", "autoscaling"}
+    assert {o.spec_key or o.name for o in RAY.values()} == ray_keys
     assert [o for o in DECLARED if o.backend] == [*SLURM.values(), *RAY.values()]
     bounds = {o.name: o.bounds for o in DECLARED}
     assert bounds["nodes"] == (1, MAX_NODES)
@@ -158,6 +158,12 @@ def test_the_form_offers_every_option_that_applies():
     assert not _shown(form.controls["partition"], form)
     form.controls["ray_address"].value = "ray://head:10001"
     assert form.options().backend_options == {RAY["ray_address"]: "ray://head:10001"}
+    form.controls["ray_autoscaling"].value = True  # a flag: ticked, it is given
+    assert form.options().backend_section() == {
+        "type": "ray",
+        "address": "ray://head:10001",
+        "autoscaling": True,
+    }
 
 
 def test_the_docs_table_is_the_declaration():

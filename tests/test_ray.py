@@ -256,7 +256,7 @@ def test_the_backends_own_keys_are_checked_when_planned(tmp_path, store):
     assert done.returncode == 2
     assert done.stderr == (
         "error: backend: 'adress' is not an option of the ray backend (did you mean "
-        "'address'?); its options: address, gpus_per_node, cpus_per_node\n"
+        "'address'?); its options: address, gpus_per_node, cpus_per_node, autoscaling\n"
     )
     spec.write_text("command: echo hi\nbackend: {type: ray, cpus_per_node: many}\n")
     done = run_cli("plan", str(spec), store=store)
@@ -264,6 +264,11 @@ def test_the_backends_own_keys_are_checked_when_planned(tmp_path, store):
         "error: backend: cpus_per_node: expected a whole number from 0 to 4096 "
         "(--ray-cpus-per-node)\n"
     ), done.stderr
+    spec.write_text("command: echo hi\nbackend: {type: ray, autoscaling: 3}\n")
+    done = run_cli("plan", str(spec), store=store)
+    assert (
+        done.stderr == "error: backend: autoscaling: expected true or false (--ray-autoscaling)\n"
+    )
 
 
 @pytest.mark.parametrize("mode", MODES)
@@ -389,6 +394,39 @@ def test_a_ray_client_disconnect_that_never_ends_does_not_hold_the_process(ray_c
     )  # fmt: skip
     assert done.returncode == 0 and done.stdout == "connected\n", done.stderr[-2000:]
     assert time.monotonic() - started < SHUTDOWN_WAIT_S + 60
+
+
+def test_an_autoscaling_cluster_is_waited_for_not_refused(ray_cluster, store, tmp_path):
+    """--ray-autoscaling: 3 nodes asked of a 2-node cluster wait (for an autoscaler to add
+    one), saying why; an interrupt takes the request back."""
+    spec = tmp_path / "three.yml"
+    spec.write_text("command: echo hi\nresources: {instance_count: 3}\n")
+    waiting = subprocess.Popen(
+        [*distrun_argv(ray_cluster, "client", "run", str(spec)), "--ray-autoscaling",
+         "--store", str(store.root)],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
+    )  # fmt: skip
+    try:
+        said = []  # Ray's own warnings may come first
+        while not (said and said[-1].startswith("ray: ")) and len(said) < 50:
+            said.append(waiting.stderr.readline())
+            assert said[-1], said  # it ended before saying it waits
+        assert said[-1] == (
+            "ray: waiting for 3 nodes with 1 CPUs each (the cluster has 2 such nodes now: "
+            "waiting for its autoscaler to add more)\n"
+        ), said
+        waiting.send_signal(signal.SIGINT)
+        _, err = waiting.communicate(timeout=60)
+        assert waiting.returncode == 130, [*said, err]
+    finally:
+        if waiting.poll() is None:
+            waiting.kill()
+            waiting.communicate(timeout=30)
+    assert store.jobs() == []
+    deadline = time.monotonic() + 15
+    while set(cluster_state(ray_cluster)["groups"]) - {"REMOVED"}:
+        assert time.monotonic() < deadline, cluster_state(ray_cluster)
 
 
 def test_one_cluster_per_process_and_no_mpi(ray_cluster, store, tmp_path):

@@ -93,6 +93,8 @@ def check_section(section: BackendSection) -> None:
             raise SpecError(f"backend: {key}: expected a whole number{within} ({option.flag})")
         if option.kind == "str" and not isinstance(value, str):
             raise SpecError(f"backend: {key}: expected a string ({option.flag})")
+        if option.kind == "flag" and not isinstance(value, bool):
+            raise SpecError(f"backend: {key}: expected true or false ({option.flag})")
 
 
 def choose_backend(

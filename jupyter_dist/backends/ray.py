@@ -64,6 +64,9 @@ RAY_OPTIONS = (
     Option("ray_cpus_per_node", "CPUs each node's bundle asks for (default: its processes)",
            kind="int", metavar="N", backend="ray", spec_key="cpus_per_node",
            bounds=(0, 4096)),
+    Option("ray_autoscaling", "the cluster adds nodes on demand (KubeRay's or a cloud "
+           "cluster's autoscaler): a request for more nodes than it has now waits for them, "
+           "where it would be refused", kind="flag", backend="ray", spec_key="autoscaling"),
 )  # fmt: skip
 
 CALL_TIMEOUT_S = 60.0  # an actor that does not answer a short call in this long is lost
@@ -255,7 +258,8 @@ class RayBackend(Backend):
         if gpus:
             bundle["GPU"] = float(gpus)
         count = spec.instance_count
-        self._check_placeable(bundle, count)
+        if not (section and section.option("autoscaling")):
+            self._check_placeable(bundle, count)
         self._group = placement_group([dict(bundle) for _ in range(count)],
                                       strategy="STRICT_SPREAD")  # fmt: skip
         try:
@@ -305,7 +309,8 @@ class RayBackend(Backend):
         )
         raise NodeError(
             f"ray: the job needs {count} nodes with {_resources(bundle)} each, and the "
-            f"cluster has {len(fits)} such of its {len(alive)} ({has or 'no nodes'})"
+            f"cluster has {len(fits)} such of its {len(alive)} ({has or 'no nodes'}); "
+            "where it adds nodes on demand, --ray-autoscaling waits for them"
         )
 
     def _wait_placed(self, bundle: dict[str, float], count: int) -> None:
@@ -317,13 +322,23 @@ class RayBackend(Backend):
         while not self._ray.wait([ready], timeout=0.5)[0]:
             if not said and time.monotonic() - asked > PENDING_SAY_AFTER_S:
                 said = True
-                free = self._ray.available_resources().get("CPU", 0)
-                total = self._ray.cluster_resources().get("CPU", 0)
                 self._report(f"ray: waiting for {count} nodes with {_resources(bundle)} each "
-                             f"(other work holds the cluster: {free:g} of {total:g} CPUs "
-                             f"free)")  # fmt: skip
+                             f"({self._why_waiting(bundle, count)})")  # fmt: skip
         if said:
             self._report(f"ray: placed after {time.monotonic() - asked:.0f} s")
+
+    def _why_waiting(self, bundle: dict[str, float], count: int) -> str:
+        """Why a placement waits: too few nodes that could hold a bundle (an autoscaler's
+        to add), or other work holding the cluster's CPUs."""
+        alive = [n for n in self._ray.nodes() if n.get("Alive")]
+        fits = sum(
+            all(n.get("Resources", {}).get(k, 0) >= v for k, v in bundle.items()) for n in alive
+        )
+        if fits < count:
+            return f"the cluster has {fits} such nodes now: waiting for its autoscaler to add more"
+        free = self._ray.available_resources().get("CPU", 0)
+        total = self._ray.cluster_resources().get("CPU", 0)
+        return f"other work holds the cluster: {free:g} of {total:g} CPUs free"
 
     def preflight(self, nodes: list[Node]) -> list[Node]:
         return [self._nodes.get(node.name, node) for node in nodes]  # acquire asked them

@@ -219,8 +219,9 @@ class SubmitForm(w.VBox):
             if option.backend and backend != option.backend:
                 continue
             value = _value(option, self.controls[option.name])
-            if value is not None and option.backend:
-                values["backend_options"][option] = value
+            if option.backend:
+                if value not in (None, False):  # an unticked flag is not given
+                    values["backend_options"][option] = value
             elif value is not None:
                 values[option.name] = value
         if self.node_names.value:
