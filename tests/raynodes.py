@@ -49,6 +49,15 @@ class RayCluster:
     bridge: str
     temp_dir: Path  # Ray's session files (short: they hold unix sockets)
     nodes: list[RayNode] = field(default_factory=list)
+    # Token authentication's token (every node started with RAY_AUTH_MODE=token), or None.
+    auth_token: str | None = None
+
+    @property
+    def auth_env(self) -> dict[str, str]:
+        """What a client's environment holds to be let in: Ray's own variables."""
+        if self.auth_token is None:
+            return {"RAY_AUTH_MODE": "disabled"}
+        return {"RAY_AUTH_MODE": "token", "RAY_AUTH_TOKEN": self.auth_token}
 
     @property
     def head(self) -> RayNode:
@@ -85,13 +94,16 @@ class RayCluster:
         return found
 
 
-def start(count: int, root: Path, tag: int | None = None) -> RayCluster:
+def start(
+    count: int, root: Path, tag: int | None = None, auth_token: str | None = None
+) -> RayCluster:
     """A head and `count - 1` workers, CPUS_PER_NODE CPUs each; returns once every node
-    has joined."""
+    has joined. With `auth_token`, the cluster asks every client for that token."""
     tag = os.getpid() % 10000 if tag is None else tag
     subnet = netns.subnet("ray", tag)
     root.mkdir(parents=True, exist_ok=True)
-    cluster = RayCluster(root=root, bridge=f"rybr{tag}", temp_dir=Path(f"/tmp/dray{tag}"))
+    cluster = RayCluster(root=root, bridge=f"rybr{tag}", temp_dir=Path(f"/tmp/dray{tag}"),
+                         auth_token=auth_token)  # fmt: skip
     shutil.rmtree(cluster.temp_dir, ignore_errors=True)
     netns.add_bridge(cluster.bridge, f"{subnet}.1/24")
     hosts = ["127.0.0.1 localhost"]
@@ -140,11 +152,11 @@ def start_node(cluster: RayCluster, node: RayNode) -> None:
     log_file = cluster.root / f"{node.name}.log"
     if log_file.exists():  # a node started again: its first life's log kept beside
         log_file.rename(log_file.with_suffix(".log.1"))
-    # Token authentication off, said outright: Ray 2.60 turns it on for `ray start` where
-    # ~/.ray/auth_token exists (any local `ray.init()` leaves one), and the tests' clients,
-    # given explicit addresses, would then be refused (InvalidAuthToken).
+    # Token authentication on or off, said outright: Ray 2.60 turns it on for `ray start`
+    # where ~/.ray/auth_token exists (any local `ray.init()` leaves one), and the tests'
+    # clients, given explicit addresses, would then be refused (InvalidAuthToken).
     env = {**os.environ, "RAY_USAGE_STATS_ENABLED": "0", "TMPDIR": str(tmp),
-           "RAY_AUTH_MODE": "disabled"}  # fmt: skip
+           **cluster.auth_env}  # fmt: skip
     with open(log_file, "w") as log:
         node.process = subprocess.Popen(
             argv, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT, env=env
@@ -191,6 +203,7 @@ def _wait_usable(cluster: RayCluster, timeout: float = 120) -> None:
         probe = subprocess.run(
             [sys.executable, "-c", _PROBE, cluster.client_address, str(len(cluster.nodes))],
             capture_output=True, text=True, timeout=timeout,
+            env={**os.environ, **cluster.auth_env},
         )  # fmt: skip
         if probe.returncode == 0:
             return

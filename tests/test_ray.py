@@ -614,3 +614,38 @@ def test_a_large_code_folder_arrives_whole_in_pieces(ray_cluster, store, tmp_pat
     assert done.returncode == 0, done.stderr[-2000:]
     digests = re.findall(r"DIGEST (\w+)", done.stdout)
     assert digests == [expected.hexdigest()] * 2, done.stdout[-2000:]
+
+
+def test_a_cluster_that_asks_for_a_token(store, tmp_path):
+    """Token authentication (Ray's default for every cluster from 2.61): without the token,
+    one line that says what Ray reads it from; with Ray's own variables set, a job runs,
+    over Ray Client and over the head's address."""
+    import secrets
+
+    import raynodes
+
+    token = secrets.token_hex(16)  # made here: no key or token is ever committed
+    cluster = raynodes.start(1, tmp_path / "tokened", tag=(os.getpid() + 1) % 10000,
+                             auth_token=token)  # fmt: skip
+    try:
+        plain = {k: v for k, v in os.environ.items() if not k.startswith("RAY_AUTH")}
+        refused = subprocess.run(
+            distrun_argv(cluster, "client", "nodes"), capture_output=True, text=True,
+            timeout=120, env=plain,
+        )  # fmt: skip
+        assert refused.returncode != 0
+        said = (refused.stdout + refused.stderr).strip().splitlines()
+        assert said[-1].startswith(f"error: ray: cannot connect to {cluster.client_address}"), said
+        assert "RAY_AUTH_MODE=token" in said[-1] and "RAY_AUTH_TOKEN" in said[-1], said
+        assert token not in refused.stdout + refused.stderr
+        spec = tmp_path / "job.yml"
+        spec.write_text("command: echo rank $RANK on $(hostname)\n")
+        for mode in MODES:
+            done = subprocess.run(
+                [*distrun_argv(cluster, mode, "run", str(spec)), "--store", str(store.root)],
+                capture_output=True, text=True, timeout=300, env={**plain, **cluster.auth_env},
+            )  # fmt: skip
+            assert done.returncode == 0, done.stderr[-2000:]
+            assert done.stdout.splitlines() == ["[rank 0] rank 0 on rayhead"], done.stdout
+    finally:
+        assert raynodes.stop(cluster) == []

@@ -33,6 +33,7 @@ import shlex
 import sys
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -73,11 +74,16 @@ CALL_TIMEOUT_S = 60.0  # an actor that does not answer a short call in this long
 READ_WAIT_S = 1.0  # how long one read (or wait) call waits on the Ray node for something
 PENDING_SAY_AFTER_S = 2.0  # a placement not done by then is said to be waiting
 START_TIMEOUT_S = 120.0  # the actors' start on their nodes (a worker process each)
+WITHDRAW_WAIT_S = 10.0  # after Ctrl-C, how long the placing thread gets to give all back
+RELEASE_WAIT_S = 30.0  # how long giving the actors and the placement back may take
 PUT_BYTES = 16 << 20  # the most of the job's files one actor call carries
 
 CONNECT_TRIES = 3
 # Ray Client's server could not start its per-client process (it answers either way).
 _TRANSIENT = ("Starting Ray client server failed", "Initialization failure from server")
+# How Ray words a cluster's refusal of a client without its token: Ray Client's connection
+# times out, a driver's GCS connection fails (the reason goes to stderr alone).
+_NOT_LET_IN = ("connection timeout", "Failed to connect", "Unauthenticated", "AuthToken")
 _connection: dict[str, Any] = {}  # "address": what this process connected to
 _connection_lock = threading.Lock()
 SHUTDOWN_WAIT_S = 10.0  # what Ray's disconnect gets when the process exits
@@ -119,10 +125,25 @@ def connect(address: str):
                 if any(word in said for word in _TRANSIENT) and attempt + 1 < CONNECT_TRIES:
                     time.sleep(1.0)
                     continue
-                raise NodeError(f"ray: cannot connect to {address}: {said[:300]}") from None
+                hint = _token_hint() if any(w in said for w in _NOT_LET_IN) else ""
+                raise NodeError(f"ray: cannot connect to {address}: {said[:300]}{hint}") from None
         _connection["address"] = address
         _bound_shutdown(ray)
         return ray
+
+
+def _token_hint() -> str:
+    """What to check where a cluster may have refused us for want of its token (token
+    authentication: Ray's default for every cluster from 2.61)."""
+    if os.environ.get("RAY_AUTH_MODE", "").lower() == "token":
+        return (
+            "; if the cluster asks for a token: is RAY_AUTH_TOKEN (or ~/.ray/auth_token) the "
+            "cluster's token?"
+        )
+    return (
+        "; if the cluster asks for a token (Ray's default from 2.61), set RAY_AUTH_MODE=token "
+        "and the token in RAY_AUTH_TOKEN or ~/.ray/auth_token"
+    )
 
 
 def _bound_shutdown(ray) -> None:
@@ -160,6 +181,18 @@ def _batches(entries: list[tuple[str, bytes, int]], limit: int = PUT_BYTES) -> l
             if offset >= len(content):
                 break
     return [batch for batch in batches if batch]
+
+
+class _Withdrawn(Exception):
+    """A placement given up while it waited (Ctrl-C on the thread that waits for it)."""
+
+
+def _outcome(work: Callable[..., Any], *args: Any) -> Any:
+    """What `work(*args)` returned, or the exception it raised (handed to another thread)."""
+    try:
+        return work(*args)
+    except BaseException as exc:
+        return exc
 
 
 def _resources(bundle: dict[str, float]) -> str:
@@ -243,6 +276,32 @@ class RayBackend(Backend):
         if spec.nodes:
             raise NodeError("ray: Ray places the job's nodes itself; give a count (--nodes N), "
                             "not names")  # fmt: skip
+        # Placed on a thread of its own, with the main thread only waiting for it: Ctrl-C
+        # (KeyboardInterrupt, raised wherever the main thread is) must never land inside
+        # Ray Client's calls, whose data channel it can leave waiting for ever for an
+        # answer (seen: giving the group back then hung the launcher).
+        withdrawn = threading.Event()
+        placed: list[Any] = []
+        placing = threading.Thread(
+            target=lambda: placed.append(_outcome(self._place, spec, withdrawn)),
+            daemon=True, name="distrun-ray-place",
+        )  # fmt: skip
+        placing.start()
+        try:
+            while placing.is_alive():
+                placing.join(0.2)
+        except KeyboardInterrupt:
+            withdrawn.set()  # its wait ends at its next turn, and it gives everything back
+            placing.join(WITHDRAW_WAIT_S)
+            self.release()  # what it placed meanwhile, or all of it if it is still busy
+            raise
+        result = placed[0]
+        if isinstance(result, BaseException):
+            raise result
+        return result
+
+    def _place(self, spec: JobSpec, withdrawn: threading.Event) -> list[Node]:
+        """`acquire`'s work, on its own thread; stops waiting once `withdrawn` is set."""
         section = spec.backend
         address = (section.option("address") if section else None) or os.environ.get(
             "RAY_ADDRESS", "auto"
@@ -263,7 +322,7 @@ class RayBackend(Backend):
         self._group = placement_group([dict(bundle) for _ in range(count)],
                                       strategy="STRICT_SPREAD")  # fmt: skip
         try:
-            self._wait_placed(bundle, count)
+            self._wait_placed(bundle, count, withdrawn)
             host_class = ray.remote(ray_host.RayNodeHost)
             hosts = [
                 host_class.options(
@@ -313,13 +372,18 @@ class RayBackend(Backend):
             "where it adds nodes on demand, --ray-autoscaling waits for them"
         )
 
-    def _wait_placed(self, bundle: dict[str, float], count: int) -> None:
+    def _wait_placed(
+        self, bundle: dict[str, float], count: int, withdrawn: threading.Event
+    ) -> None:
         """Until the placement group is placed, saying once a while it waits (short waits:
-        an interrupt is never held up; the caller removes the group on one)."""
+        an interrupt is never held up); `_Withdrawn` once `withdrawn` is set (the caller
+        removes the group)."""
         ready = self._group.ready()
         asked = time.monotonic()
         said = False
         while not self._ray.wait([ready], timeout=0.5)[0]:
+            if withdrawn.is_set():
+                raise _Withdrawn
             if not said and time.monotonic() - asked > PENDING_SAY_AFTER_S:
                 said = True
                 self._report(f"ray: waiting for {count} nodes with {_resources(bundle)} each "
@@ -388,10 +452,25 @@ class RayBackend(Backend):
 
     def release(self) -> None:
         """Every actor stopped (each agent's input closed: it stops its tree) and killed;
-        the placement group removed. Idempotent; never raises."""
+        the placement group removed. Idempotent; never raises. Waits RELEASE_WAIT_S at
+        most, on a thread of its own (a second Ctrl-C lands here, not in Ray's calls); a
+        cluster that did not answer by then is said so: Ray gives the job's placement back
+        itself once this process's connection ends."""
         ray, hosts, self._hosts = self._ray, list(self._hosts.values()), {}
-        if ray is None:
+        group, self._group = self._group, None
+        if ray is None or not (hosts or group):
             return
+        giving = threading.Thread(target=self._give_back, args=(ray, hosts, group),
+                                  daemon=True, name="distrun-ray-release")  # fmt: skip
+        giving.start()
+        giving.join(RELEASE_WAIT_S)
+        if giving.is_alive():
+            self._report(f"ray: the cluster did not confirm in {RELEASE_WAIT_S:.0f} s that the "
+                         "job's actors and placement are given back; Ray gives them back "
+                         "once this process's connection ends")  # fmt: skip
+
+    @staticmethod
+    def _give_back(ray: Any, hosts: list[Any], group: Any) -> None:
         stops = []
         for host in hosts:  # a dead actor has nothing to stop; it is killed next either way
             with contextlib.suppress(Exception):
@@ -402,7 +481,6 @@ class RayBackend(Backend):
         for host in hosts:
             with contextlib.suppress(Exception):
                 ray.kill(host)
-        group, self._group = self._group, None
         if group is not None:
             from ray.util.placement_group import remove_placement_group
 
