@@ -635,8 +635,9 @@ def test_a_cluster_that_asks_for_a_token(store, tmp_path):
         )  # fmt: skip
         assert refused.returncode != 0
         said = (refused.stdout + refused.stderr).strip().splitlines()
-        assert said[-1].startswith(f"error: ray: cannot connect to {cluster.client_address}"), said
-        assert "RAY_AUTH_MODE=token" in said[-1] and "RAY_AUTH_TOKEN" in said[-1], said
+        assert len(said) == 1, said
+        assert said[0].startswith(f"error: ray: cannot connect to {cluster.client_address}: ")
+        assert "set RAY_AUTH_MODE=token and the token in RAY_AUTH_TOKEN" in said[0], said
         assert token not in refused.stdout + refused.stderr
         spec = tmp_path / "job.yml"
         spec.write_text("command: echo rank $RANK on $(hostname)\n")

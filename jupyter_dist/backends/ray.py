@@ -33,6 +33,7 @@ import shlex
 import sys
 import threading
 import time
+import warnings
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -116,7 +117,9 @@ def connect(address: str):
         ray.cloudpickle.register_pickle_by_value(ray_host)
         for attempt in range(CONNECT_TRIES):
             try:
-                ray.init(address=address, log_to_driver=False, logging_level=logging.ERROR)
+                with warnings.catch_warnings():  # Ray Client's timeout warning: our line says it
+                    warnings.simplefilter("ignore", UserWarning)
+                    ray.init(address=address, log_to_driver=False, logging_level=logging.ERROR)
                 break
             except Exception as exc:  # Ray's own words, on one line
                 said = " ".join(str(exc).split()) or type(exc).__name__
