@@ -650,3 +650,37 @@ def test_a_cluster_that_asks_for_a_token(store, tmp_path):
             assert done.stdout.splitlines() == ["[rank 0] rank 0 on rayhead"], done.stdout
     finally:
         assert raynodes.stop(cluster) == []
+
+
+# Connected by the backend, then disconnected (as the exit hook does), then a Ray call (as a
+# thread of ours still giving the placement back would make).
+AFTER_DISCONNECT = """
+import sys
+from jupyter_dist.backends.ray import connect
+ray = connect(sys.argv[1])
+ref = ray.put(1)
+ray.shutdown()
+try:
+    ray.get(ref, timeout=30)
+except Exception as exc:
+    print("refused:", type(exc).__name__)
+print("connected again:", ray.is_initialized())
+ray.shutdown()  # a cluster it started of its own (the bug) goes with it
+"""
+
+
+def test_no_ray_call_after_disconnecting_starts_a_cluster_here(ray_cluster, tmp_path):
+    """Ray starts a cluster of its own on this machine for a call made while not connected
+    (its auto-connect): once the backend connected, a call after the disconnect fails
+    instead, and leaves nothing here (no Ray processes, no ~/.ray/auth_token)."""
+    home = tmp_path / "home"
+    home.mkdir()
+    done = subprocess.run(
+        [sys.executable, "-c", AFTER_DISCONNECT, ray_cluster.client_address],
+        capture_output=True, text=True, timeout=180, env={**os.environ, "HOME": str(home)},
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert done.stdout.splitlines() == ["refused: RaySystemError", "connected again: False"], (
+        done.stdout + done.stderr[-2000:]
+    )
+    assert not (home / ".ray").exists()

@@ -132,7 +132,19 @@ def connect(address: str):
                 raise NodeError(f"ray: cannot connect to {address}: {said[:300]}{hint}") from None
         _connection["address"] = address
         _bound_shutdown(ray)
+        _no_cluster_of_its_own()
         return ray
+
+
+def _no_cluster_of_its_own() -> None:
+    """Ray answers an API call made while it is not connected by starting a cluster of its
+    own on this machine (`ray.init()`, its auto-connect). After the exit hook's disconnect,
+    a thread of ours still giving a placement back would do that: Ray's processes, and a
+    ~/.ray/auth_token, left on the notebook's machine (seen in the tests). Once connected,
+    this process never wants it: such a call fails instead."""
+    from ray._private import auto_init_hook
+
+    auto_init_hook.enable_auto_connect = False
 
 
 def _token_hint() -> str:
