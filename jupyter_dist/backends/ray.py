@@ -142,8 +142,10 @@ def _no_cluster_of_its_own() -> None:
     a thread of ours still giving a placement back would do that: Ray's processes, and a
     ~/.ray/auth_token, left on the notebook's machine (seen in the tests). Once connected,
     this process never wants it: such a call fails instead."""
-    from ray._private import auto_init_hook
-
+    try:
+        from ray._private import auto_init_hook
+    except ImportError:  # a Ray without auto-connect: nothing to turn off
+        return
     auto_init_hook.enable_auto_connect = False
 
 
