@@ -163,6 +163,15 @@ def _token_hint() -> str:
     )
 
 
+def _ended_within(seconds: float, name: str, work: Callable[..., Any], *args, **kwargs) -> bool:
+    """`work(*args, **kwargs)` on a daemon thread `name`, waited for `seconds` at most;
+    whether it ended (one that did not is left to end, or to go with the process)."""
+    thread = threading.Thread(target=work, args=args, kwargs=kwargs, daemon=True, name=name)
+    thread.start()
+    thread.join(seconds)
+    return not thread.is_alive()
+
+
 def _bound_shutdown(ray) -> None:
     """Ray's own exit hook (`ray.shutdown`) waits, with no limit, for Ray Client's data
     stream to end; on a busy head it once never did, and the launcher outlived its Ctrl-C
@@ -171,10 +180,7 @@ def _bound_shutdown(ray) -> None:
     shutdown = ray.shutdown
 
     def bounded() -> None:
-        waiting = threading.Thread(target=shutdown, kwargs={"_exiting_interpreter": True},
-                                   daemon=True, name="distrun-ray-shutdown")  # fmt: skip
-        waiting.start()
-        waiting.join(SHUTDOWN_WAIT_S)
+        _ended_within(SHUTDOWN_WAIT_S, "distrun-ray-shutdown", shutdown, _exiting_interpreter=True)
 
     atexit.unregister(shutdown)
     atexit.register(bounded)
@@ -373,11 +379,7 @@ class RayBackend(Backend):
     def _check_placeable(self, bundle: dict[str, float], count: int) -> None:
         """NodeError when fewer of the cluster's live nodes than `count` could ever hold
         the bundle, naming what each node has."""
-        alive = [n for n in self._ray.nodes() if n.get("Alive")]
-        fits = [
-            n for n in alive
-            if all(n.get("Resources", {}).get(k, 0) >= v for k, v in bundle.items())
-        ]  # fmt: skip
+        alive, fits = self._nodes_that_fit(bundle)
         if len(fits) >= count:
             return
         has = "; ".join(
@@ -388,6 +390,15 @@ class RayBackend(Backend):
             f"cluster has {len(fits)} such of its {len(alive)} ({has or 'no nodes'}); "
             "where it adds nodes on demand, --ray-autoscaling waits for them"
         )
+
+    def _nodes_that_fit(self, bundle: dict[str, float]) -> tuple[list[dict], list[dict]]:
+        """The cluster's live nodes, and those of them that could ever hold `bundle`."""
+        alive = [n for n in self._ray.nodes() if n.get("Alive")]
+        fits = [
+            n for n in alive
+            if all(n.get("Resources", {}).get(k, 0) >= v for k, v in bundle.items())
+        ]  # fmt: skip
+        return alive, fits
 
     def _wait_placed(
         self, bundle: dict[str, float], count: int, withdrawn: threading.Event
@@ -411,10 +422,7 @@ class RayBackend(Backend):
     def _why_waiting(self, bundle: dict[str, float], count: int) -> str:
         """Why a placement waits: too few nodes that could hold a bundle (an autoscaler's
         to add), or other work holding the cluster's CPUs."""
-        alive = [n for n in self._ray.nodes() if n.get("Alive")]
-        fits = sum(
-            all(n.get("Resources", {}).get(k, 0) >= v for k, v in bundle.items()) for n in alive
-        )
+        fits = len(self._nodes_that_fit(bundle)[1])
         if fits < count:
             return f"the cluster has {fits} such nodes now: waiting for its autoscaler to add more"
         free = self._ray.available_resources().get("CPU", 0)
@@ -477,11 +485,8 @@ class RayBackend(Backend):
         group, self._group = self._group, None
         if ray is None or not (hosts or group):
             return
-        giving = threading.Thread(target=self._give_back, args=(ray, hosts, group),
-                                  daemon=True, name="distrun-ray-release")  # fmt: skip
-        giving.start()
-        giving.join(RELEASE_WAIT_S)
-        if giving.is_alive():
+        if not _ended_within(RELEASE_WAIT_S, "distrun-ray-release", self._give_back, ray, hosts,
+                             group):  # fmt: skip
             self._report(f"ray: the cluster did not confirm in {RELEASE_WAIT_S:.0f} s that the "
                          "job's actors and placement are given back; Ray gives them back "
                          "once this process's connection ends")  # fmt: skip
