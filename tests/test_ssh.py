@@ -2,13 +2,16 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import re
 import signal
+import socket
 import subprocess
 import sys
 import textwrap
+import threading
 import time
 from pathlib import Path
 
@@ -281,8 +284,103 @@ def test_unreachable_node_fails_before_anything_starts(ssh_nodes, store, tmp_pat
     with pytest.raises(NodeError, match=r"^node node1 \(.*:9\): connection refused"):
         launch(spec, store=store, inventory=load_inventory(path))
     assert store.jobs() == []  # preflight failed: no job, nothing started on node0
-    result = run_cli("run", "/dev/null", "--nodes-file", str(path))
+    job_file = tmp_path / "job.yml"
+    job_file.write_text("command: sleep 60\nresources: {instance_count: 2}\n")
+    result = run_cli("run", str(job_file), "--nodes-file", str(path), store=store)
     assert result.returncode == 2
+    assert result.stderr.startswith("error: node node1 (") and result.stderr.count("\n") == 1
+    assert "connection refused (is sshd running?)" in result.stderr
+
+
+@contextlib.contextmanager
+def _listener(answer: bytes | None):
+    """A TCP service on loopback that is not sshd, its port yielded: each connection gets
+    `answer` and is closed, or (None) is held and told nothing until the service ends."""
+    server = socket.create_server(("127.0.0.1", 0))
+    held: list[socket.socket] = []
+
+    def serve() -> None:
+        with contextlib.suppress(OSError):  # the service ended
+            while True:
+                peer, _ = server.accept()
+                if answer is None:
+                    held.append(peer)
+                else:
+                    with peer:
+                        peer.sendall(answer)
+
+    thread = threading.Thread(target=serve, daemon=True)
+    thread.start()
+    try:
+        yield server.getsockname()[1]
+    finally:
+        server.shutdown(socket.SHUT_RDWR)
+        server.close()
+        thread.join(5)
+        for peer in held:
+            peer.close()
+
+
+def _one_node(folder: Path, name: str, port: int) -> Path:
+    """An inventory of one node on loopback at `port`, its host key accepted when new."""
+    node = {
+        "name": name,
+        "host": "127.0.0.1",
+        "port": port,
+        "python": "python3",
+        "known_hosts": str(folder / "known_hosts"),
+        "host_key_policy": "accept-new",
+    }
+    path = folder / f"{name}.yml"
+    path.write_text(yaml.safe_dump({"nodes": [node]}))
+    return path
+
+
+def test_a_port_that_is_not_sshd_is_one_line(store, tmp_path, monkeypatch):
+    """A web server's port, or a service that never speaks: one line naming the node and
+    the port; paramiko's own traceback of the failure never reaches the terminal."""
+    spec = _spec("command: hostname")
+    monkeypatch.setattr("jupyter_dist.backends.ssh.CONNECT_TIMEOUT", 1.0)
+    for name, answer in (("web", b"HTTP/1.1 400 Bad Request\r\n\r\n"), ("mute", None)):
+        with _listener(answer) as port:
+            with pytest.raises(NodeError) as caught:
+                launch(spec, store=store, inventory=load_inventory(_one_node(tmp_path, name, port)))
+            assert str(caught.value) == (
+                f"node {name} (127.0.0.1:{port}): did not answer as an SSH server (no SSH "
+                f"handshake within 1 s); is port {port} the node's sshd?"
+            )
+    job_file = tmp_path / "job.yml"
+    job_file.write_text("command: hostname\n")
+    with _listener(b"HTTP/1.1 400 Bad Request\r\n\r\n") as port:
+        path = _one_node(tmp_path, "web", port)
+        refused = run_cli("run", str(job_file), "--nodes-file", str(path), store=store)
+    assert refused.returncode == 2
+    assert refused.stderr.startswith("error: node web (127.0.0.1:"), refused.stderr
+    assert "did not answer as an SSH server" in refused.stderr
+    assert refused.stderr.count("\n") == 1, refused.stderr  # no traceback of paramiko's
+
+
+def test_a_session_sshd_refuses_goes_to_another_connection_quietly(ssh_nodes, tmp_path):
+    """sshd refuses an 11th session on a connection (MaxSessions 10) that the pool did not
+    count (sshd may still count sessions that just closed): the pool opens another
+    connection, and paramiko's log of the refusal stays off the terminal."""
+    path = ssh_nodes.write_inventory(tmp_path / "nodes.yml")
+    script = textwrap.dedent(f"""\
+        from jupyter_dist.backends.ssh import Connections
+        from jupyter_dist.nodes import load_inventory
+        from pathlib import Path
+        node = load_inventory(Path({str(path)!r})).nodes[0]
+        pool = Connections()
+        uncounted = [pool.get(node).get_transport().open_session() for _ in range(10)]
+        print(pool.run(node, ["echo", "ran"]), len(pool._live(node)))
+        pool.close_all()
+    """)
+    done = subprocess.run(
+        [sys.executable, "-c", script], capture_output=True, text=True, timeout=60
+    )
+    assert done.returncode == 0, done.stderr
+    assert done.stdout == "(0, 'ran\\n', '') 2\n"
+    assert done.stderr == ""
 
 
 def test_unknown_host_key_is_refused_until_trusted(ssh_nodes, store, tmp_path):

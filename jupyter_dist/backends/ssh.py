@@ -10,6 +10,7 @@ import contextlib
 import getpass
 import hashlib
 import json
+import logging
 import os
 import posixpath
 import shlex
@@ -44,6 +45,11 @@ from jupyter_dist.spec import JobSpec
 from jupyter_dist.store import PRIVATE_DIR, PRIVATE_FILE
 
 CONNECT_TIMEOUT = 10.0
+# paramiko logs what it also raises (a connection's failure, with its traceback) and what we
+# handle (sshd refusing a session: another connection takes it). With no handler of the
+# user's, Python would print those records to stderr, into a notebook cell or past our one
+# line; a logging setup of the user's still gets them.
+logging.getLogger("paramiko").addHandler(logging.NullHandler())
 SESSIONS_PER_CONNECTION = 10  # OpenSSH's default MaxSessions
 _CHUNK = 65536
 
@@ -162,6 +168,13 @@ def connect(node: Node, policy: str | None = None) -> paramiko.SSHClient:
                 f"node {node.name} ({where}): unknown host key (not in {known}); if you trust "
                 f"it, run `jupyter distrun nodes --trust {node.name}` or set "
                 f"host_key_policy: accept-new for it"
+            ) from None
+        # A service that is not sshd, or nothing that greets in time: paramiko's banner read
+        # fails, or its handshake wait ends first and the host key is found missing.
+        if any(sign in str(exc) for sign in ("protocol banner", "No existing session")):
+            raise NodeError(
+                f"node {node.name} ({where}): did not answer as an SSH server (no SSH "
+                f"handshake within {CONNECT_TIMEOUT:g} s); is port {ssh.port} the node's sshd?"
             ) from None
         raise NodeError(f"node {node.name} ({where}): SSH failed: {exc}") from None
     except TimeoutError:
