@@ -383,6 +383,32 @@ def test_a_session_sshd_refuses_goes_to_another_connection_quietly(ssh_nodes, tm
     assert done.stderr == ""
 
 
+def test_each_mistake_in_a_nodes_entry_is_named(ssh_nodes, store, tmp_path):
+    """A key file that is missing or not a private key, a known_hosts that is a folder, a
+    workdir that cannot be made, a python that is not python: each is one line naming
+    the node and the thing that is wrong, and nothing starts."""
+    node, _ = ssh_nodes.inventory_entries()
+    not_a_key = str(ssh_nodes.key_file) + ".pub"
+    (tmp_path / "folder").mkdir()
+    where = f"node node0 ({node['host']}:{node['port']})"
+    mistakes = [
+        ("key_file", "/nonexistent/key", f"{where}: key file /nonexistent/key: No such file"),
+        ("key_file", not_a_key, f"{where}: key file {not_a_key}: not a valid"),
+        ("known_hosts", str(tmp_path / "folder"), f"{where}: known_hosts {tmp_path}/folder: Is a"),
+        ("workdir", "/etc/passwd/x", "node node0: cannot make its workdir /etc/passwd/x: Not a"),
+        ("python", "/bin/false", "node node0: checking python '/bin/false' failed: exit code 1"),
+    ]
+    for key, value, message in mistakes:
+        path = tmp_path / "nodes.yml"
+        path.write_text(yaml.safe_dump({"nodes": [{**node, key: value}]}))
+        CONNECTIONS.close_all()  # a kept connection would hide the key and host checks
+        with pytest.raises(NodeError) as caught:
+            launch(_spec("command: hostname"), store=store, inventory=load_inventory(path))
+        assert str(caught.value).startswith(message), (key, str(caught.value))
+        assert "\n" not in str(caught.value)
+    assert store.jobs() == []
+
+
 def test_unknown_host_key_is_refused_until_trusted(ssh_nodes, store, tmp_path):
     known = tmp_path / "known_hosts"
     known.write_text("")

@@ -59,7 +59,10 @@ _CHUNK = 65536
 _PROBE = r"""
 import json, os, platform, shutil, subprocess, sys
 work = os.path.abspath(os.path.expanduser(sys.argv[1]))
-os.makedirs(work, exist_ok=True)
+try:
+    os.makedirs(work, exist_ok=True)
+except OSError as exc:
+    sys.exit(f"workdir {work}: {exc.strerror or exc}")
 gpus = None
 if shutil.which("nvidia-smi"):
     try:
@@ -134,13 +137,18 @@ def connect(node: Node, policy: str | None = None) -> paramiko.SSHClient:
     ssh = access(node)
     policy = policy or ssh.host_key_policy
     known = known_hosts_path(node)
+    where = address(node)
     client = paramiko.SSHClient()
     if os.path.exists(known):
-        client.load_host_keys(known)
+        try:
+            client.load_host_keys(known)
+        except OSError as exc:
+            raise NodeError(
+                f"node {node.name} ({where}): known_hosts {known}: {exc.strerror or exc}"
+            ) from None
     client.set_missing_host_key_policy(
         AcceptNewPolicy(known) if policy == "accept-new" else paramiko.RejectPolicy()
     )
-    where = address(node)
     user = ssh.user or getpass.getuser()
     try:
         client.connect(
@@ -163,6 +171,8 @@ def connect(node: Node, policy: str | None = None) -> paramiko.SSHClient:
         ) from None
     except paramiko.SSHException as exc:
         client.close()
+        if ssh.key_file and "private key" in str(exc):  # paramiko could not read the key
+            raise NodeError(f"node {node.name} ({where}): key file {ssh.key_file}: {exc}") from None
         if "not found in known_hosts" in str(exc):
             raise NodeError(
                 f"node {node.name} ({where}): unknown host key (not in {known}); if you trust "
@@ -187,7 +197,10 @@ def connect(node: Node, policy: str | None = None) -> paramiko.SSHClient:
         ) from None
     except OSError as exc:
         client.close()
-        raise NodeError(f"node {node.name} ({where}): {exc.strerror or exc}") from None
+        reason = exc.strerror or str(exc)
+        if exc.filename is not None and exc.filename == ssh.key_file:
+            reason = f"key file {exc.filename}: {reason}"
+        raise NodeError(f"node {node.name} ({where}): {reason}") from None
     transport = client.get_transport()
     transport.set_keepalive(5)  # notice a dead link within seconds
     return client
@@ -377,7 +390,9 @@ def probe(node: Node, connections: Connections | None = None) -> NodeInfo:
         )
     if code != 0:
         last = (err.strip().splitlines() or [f"exit code {code}"])[-1]
-        raise NodeError(f"node {node.name}: checking python failed: {last}")
+        if last.startswith("workdir "):  # the probe's own word: python ran, the folder failed
+            raise NodeError(f"node {node.name}: cannot make its {last}")
+        raise NodeError(f"node {node.name}: checking python {node.python!r} failed: {last}")
     info = json.loads(out.strip().splitlines()[-1])
     return NodeInfo(
         name=node.name, host=node.host, python=info["python"], workdir=info["workdir"],
