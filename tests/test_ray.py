@@ -9,6 +9,7 @@ import json
 import os
 import re
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -269,6 +270,29 @@ def test_the_backends_own_keys_are_checked_when_planned(tmp_path, store):
     assert (
         done.stderr == "error: backend: autoscaling: expected true or false (--ray-autoscaling)\n"
     )
+
+
+def test_an_address_where_nothing_listens_is_one_line_at_once(store, tmp_path):
+    """Ray would retry a head it cannot reach for about 12 minutes (Ray Client for 30 s),
+    logging every try to stderr: the address is checked first, and nothing listening there
+    is one line naming it and which port was expected. Nothing is started or stored."""
+    with socket.socket() as closed:  # a loopback port nothing listens on
+        closed.bind(("127.0.0.1", 0))
+        port = closed.getsockname()[1]
+    spec = tmp_path / "job.yml"
+    spec.write_text("command: echo hi\n")
+    for address, role in (
+        (f"127.0.0.1:{port}", "the head's GCS"),
+        (f"ray://127.0.0.1:{port}", "Ray Client's server"),
+    ):
+        argv = ("run", str(spec), "--backend", "ray", "--ray-address", address)
+        done = run_cli(*argv, store=store, timeout=60)
+        assert done.returncode == 2
+        assert done.stderr == (
+            f"error: ray: cannot connect to {address}: nothing listens on 127.0.0.1 port "
+            f"{port} (is Ray running there, and is that {role} port?)\n"
+        )
+    assert store.jobs() == []
 
 
 @pytest.mark.parametrize("mode", MODES)

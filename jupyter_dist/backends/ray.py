@@ -30,6 +30,7 @@ import logging
 import os
 import posixpath
 import shlex
+import socket
 import sys
 import threading
 import time
@@ -80,6 +81,7 @@ RELEASE_WAIT_S = 30.0  # how long giving the actors and the placement back may t
 PUT_BYTES = 16 << 20  # the most of the job's files one actor call carries
 
 CONNECT_TRIES = 3
+REACH_TIMEOUT_S = 10.0  # how long the head's port gets to accept a connection
 # Ray Client's server could not start its per-client process (it answers either way).
 _TRANSIENT = ("Starting Ray client server failed", "Initialization failure from server")
 # How Ray words a cluster's refusal of a client without its token: Ray Client's connection
@@ -113,6 +115,7 @@ def connect(address: str):
                     f"process (restart the kernel to use {address})"
                 )
             return ray
+        _check_reachable(address)
         # Sent by value: the Ray nodes need nothing of jupyter-dist to run the actor.
         ray.cloudpickle.register_pickle_by_value(ray_host)
         for attempt in range(CONNECT_TRIES):
@@ -134,6 +137,34 @@ def connect(address: str):
         _bound_shutdown(ray)
         _no_cluster_of_its_own()
         return ray
+
+
+def _check_reachable(address: str) -> None:
+    """A NodeError in one line if nothing accepts a connection at `address`'s host and port.
+    Ray itself retries a head it cannot reach for about 12 minutes (20 tries of its GCS
+    connection, each logged to stderr), and Ray Client for 30 s. `auto`, and an address
+    without a port, are Ray's to resolve."""
+    host, sep, port = address.removeprefix("ray://").rpartition(":")
+    if not sep or not port.isdecimal() or not host:
+        return
+    host = host.removeprefix("[").removesuffix("]")  # [IPv6]:PORT
+    said = f"ray: cannot connect to {address}"
+    try:
+        socket.create_connection((host, int(port)), timeout=REACH_TIMEOUT_S).close()
+    except socket.gaierror:
+        raise NodeError(f"{said}: the host {host} is not known here") from None
+    except ConnectionRefusedError:
+        role = "Ray Client's server" if address.startswith("ray://") else "the head's GCS"
+        raise NodeError(
+            f"{said}: nothing listens on {host} port {port} (is Ray running there, and is "
+            f"that {role} port?)"
+        ) from None
+    except TimeoutError:
+        raise NodeError(
+            f"{said}: no answer from {host} port {port} within {REACH_TIMEOUT_S:g} s"
+        ) from None
+    except OSError as exc:
+        raise NodeError(f"{said}: {host} port {port}: {exc.strerror or exc}") from None
 
 
 def _no_cluster_of_its_own() -> None:
