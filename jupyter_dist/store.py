@@ -498,7 +498,17 @@ class JobStore:
         return f"{stamp}-{int(now % 1 * 1000):03d}-{secrets.token_hex(3)}"
 
     def create(self, job_id: str, spec_yaml: str, plan: dict[str, Any]) -> JobRecord:
-        private_dir(self.root)
+        try:
+            private_dir(self.root)
+        except OSError as exc:  # a file there, or a folder that cannot be made
+            why = (
+                "is a file, not a folder"
+                if isinstance(exc, FileExistsError)
+                else f"cannot be made ({exc.strerror or exc})"
+            )
+            raise DistrunError(
+                f"the job store {self.root} {why}; choose another with --store, or DISTRUN_HOME"
+            ) from None
         path = self.root / job_id
         path.mkdir(mode=PRIVATE_DIR)  # a job id is never reused
         private_dir(path)

@@ -49,6 +49,25 @@ def test_the_store_is_private_whatever_the_umask(store):
     assert (job / "script.py").exists()  # the cell, inside the private folder
 
 
+def test_a_store_that_cannot_be_a_folder_is_one_line(tmp_path):
+    """A file where the store should be, or under it: one line naming the store and what to
+    change, from the CLI and from DISTRUN_HOME; nothing is written."""
+    spec = tmp_path / "job.yml"
+    spec.write_text("command: echo hi\n")
+    a_file = tmp_path / "a-file"
+    a_file.write_text("kept\n")
+    change = "; choose another with --store, or DISTRUN_HOME\n"
+    done = run_cli("run", str(spec), "--store", str(a_file))
+    assert (done.returncode, done.stderr) == (
+        2, f"error: the job store {a_file} is a file, not a folder{change}"
+    )  # fmt: skip
+    done = run_cli("run", str(spec), env={**os.environ, "DISTRUN_HOME": str(a_file)})
+    assert (done.returncode, done.stderr) == (
+        2, f"error: the job store {a_file}/jobs cannot be made (Not a directory){change}"
+    )  # fmt: skip
+    assert a_file.read_text() == "kept\n"
+
+
 @pytest.mark.slow
 def test_every_feature_keeps_the_store_private(kernel_env):
     """Jobs of every kind and feature on local nodes, whose job folders are the store's: a
