@@ -23,6 +23,7 @@ from pydantic import (
     model_validator,
 )
 
+from jupyter_dist.cell_syntax import syntax_problem
 from jupyter_dist.env_names import environment_variables
 from jupyter_dist.errors import SpecError
 from jupyter_dist.spec_dialect import translate
@@ -323,6 +324,14 @@ class JobSpec(StrictSection):
     _base_dir: Path = PrivateAttr(default_factory=Path.cwd)
     # What of the design proposal's shape was read as what (spec_dialect.py), one line each.
     _read_as: list[str] = PrivateAttr(default_factory=list)
+
+    @field_validator("script")
+    @classmethod
+    def _is_python(cls, value: str | None) -> str | None:
+        problem = syntax_problem(value) if value is not None else None
+        if problem is not None:  # else every rank fails alike, once nodes are taken
+            raise fail("script", "{problem}", problem=problem)
+        return value
 
     @field_validator("distribution", mode="before")
     @classmethod

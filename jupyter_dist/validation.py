@@ -83,7 +83,7 @@ def one_line(
     kind, message, value = err["type"], err["msg"], err.get("input")
     if whole_prefixes and message.startswith(whole_prefixes):
         return message
-    if kind in ("unknown_key", "env_reserved", "env_name", "output_path", "output"):
+    if kind in ("unknown_key", "env_reserved", "env_name", "output_path", "output", "script"):
         return f"{where}: {message}" if where else message
     if kind == "literal_error":
         expected = message.removeprefix("Input should be ").replace("'", "")

@@ -155,6 +155,39 @@ def test_bad_options_give_one_line(kernel_env, line, message):
 
 
 @pytest.mark.slow
+def test_a_cell_that_is_not_python_is_refused_before_anything_starts(kernel_env):
+    """A shell escape, a magic or a syntax error in a cell would fail on every rank once
+    the nodes were taken: it is one line naming the line, and no job is made. In a warm
+    session the cell is refused the same way, and the session lives on."""
+    nb = execute_notebook(
+        "%%distrun --nodes 2\nimport os\n!nvidia-smi\n",
+        "%%distrun --nodes 2\nfor rank in range(2)\n    print(rank)\n",
+        "%distrun session start --nodes 1 --procs-per-node 2",
+        "%%distrun\nx = 1\n%time y = 2\n",
+        "%%distrun\nimport os\nprint('still here', os.environ['RANK'])",
+        "%distrun session stop",
+        allow_errors=True,
+    )
+    refusals = [nb.cells[n].outputs[-1] for n in (1, 2, 4)]
+    assert [(r.output_type, r.ename) for r in refusals] == [("error", "DistrunError")] * 3
+    assert refusals[0].evalue == (
+        "%%distrun: script: line 2, '!nvidia-smi', is IPython syntax, not Python: the ranks "
+        "run the cell as a Python script (run a shell command with subprocess.run, and a "
+        "magic in a cell of its own)"
+    )
+    assert refusals[1].evalue.startswith(
+        "%%distrun: script: line 1, 'for rank in range(2)': expected ':' (the ranks run it "
+        "as Python; checked with Python "
+    )
+    assert refusals[2].evalue.startswith("session session: line 2, '%time y = 2', is IPython")
+    assert all("\n" not in r.evalue for r in refusals)
+    out = stream_text(nb.cells[5])
+    assert "[rank 0] still here 0" in out and "[rank 1] still here 1" in out
+    jobs = sorted(os.listdir(kernel_env))
+    assert len(jobs) == 1  # the session's: the refused cells made none
+
+
+@pytest.mark.slow
 def test_line_commands(kernel_env, tmp_path):
     spec = tmp_path / "job.yml"
     spec.write_text("command: echo from $RANK\nresources: {instance_count: 2}\n")

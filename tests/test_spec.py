@@ -312,3 +312,24 @@ def _env(tmp_path: Path) -> dict:
     import os
 
     return {**os.environ, "DISTRUN_HOME": str(tmp_path / "home")}
+
+
+def _yaml_script(cell: str) -> str:
+    """A spec whose `script` is `cell`, as the magic writes one."""
+    return "script: |\n" + textwrap.indent(cell, "  ")
+
+
+def test_a_script_that_is_not_python_is_refused_at_once():
+    """A notebook cell (`script`) is parsed here: IPython syntax or a syntax error is one
+    line naming the line, never the whole cell; valid Python passes as it is."""
+    cell = "import os\n" + "x = 1\n" * 500 + "!pip install torch\n"
+    with pytest.raises(SpecError) as info:
+        parse_spec(_yaml_script(cell))
+    assert str(info.value) == (
+        "script: line 502, '!pip install torch', is IPython syntax, not Python: the ranks "
+        "run the cell as a Python script (run a shell command with subprocess.run, and a "
+        "magic in a cell of its own)"
+    )
+    with pytest.raises(SpecError, match=r"^script: line 2, 'print\(x': '\(' was never closed"):
+        parse_spec(_yaml_script("x = 1\nprint(x\n"))
+    assert parse_spec(_yaml_script("print('fine')\n")).script == "print('fine')\n"

@@ -24,6 +24,7 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 
 from jupyter_dist import node_side
+from jupyter_dist.cell_syntax import syntax_problem
 from jupyter_dist.diagnose.meters import mib
 from jupyter_dist.errors import DistrunError, SpecError
 from jupyter_dist.events import JobResult, ranges
@@ -159,6 +160,9 @@ class Session:
         times a second while it waits (a view's chance to draw)."""
         if not self.alive:
             raise SessionEnded(self.ended_message())
+        problem = syntax_problem(code)
+        if problem is not None:  # refused here: each rank would raise the same SyntaxError
+            raise SpecError(f"session {self.name}: {problem}")
         cell = self._cells = self.next_cell
         names = [p.name for p in self.chosen(ranks)]
         result = CellResult(cell, {p.name: p.label for p in self.job.plan.processes})
