@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -14,7 +15,7 @@ import pytest
 from helpers import EXAMPLES, run_cli
 
 from jupyter_dist.node_side.report import MARK
-from jupyter_dist.run.metrics import MetricsSink, read_metrics, summarize_metrics
+from jupyter_dist.run.metrics import MetricsSink, latest, read_metrics, summarize_metrics
 from jupyter_dist.store import JobStore
 
 # Every rank reports, draws a tqdm bar, and rank 0 prints what a HF Trainer prints.
@@ -88,6 +89,47 @@ def test_what_cannot_be_read_as_metrics_never_costs_a_line(tmp_path):
     big = MARK + json.dumps({"r": "0", "d": [[1.0, 1, {"loss": 10**400}]]})
     assert sink.take("rank-0", "stdout", "kept " + big, 1.0) == "kept "
     assert sink.take("rank-0", "stdout", MARK + "{not json", 1.0) is None
+
+
+def _not_json(name: str):
+    raise AssertionError(f"{name} was written, which is not JSON (browsers and jq refuse it)")
+
+
+def test_a_value_that_is_not_finite_is_kept_by_its_name(tmp_path):
+    """A loss gone to NaN, an infinity: stored as "NaN", "Infinity", "-Infinity", so that
+    the file (and `metrics --json`, and the REST API) stays JSON any reader takes, where
+    Python alone writes a bare NaN; the summary shows it, and a file written with bare NaN
+    before still reads, as the name."""
+    store = JobStore(tmp_path / "jobs")
+    record = store.create(store.new_job_id(), "command: x\n", {"processes": []})
+    sink = MetricsSink(record)
+    values = [[1.0, 1, {"loss": 0.5}], [2.0, 2, {"loss": float("nan"), "ppl": float("inf")}]]
+    sink.take("rank-0", "stdout", MARK + json.dumps({"r": "0", "d": values}), 2.0)
+    sink.take("rank-1", "stdout", "{'loss': '-inf', 'learning_rate': 0.1}", 3.0)
+    path = record.path / "metrics.jsonl"
+    stored = [json.loads(line, parse_constant=_not_json) for line in path.read_text().splitlines()]
+    assert [entry["m"] for entry in stored] == [
+        {"loss": 0.5},
+        {"loss": "NaN", "ppl": "Infinity"},
+        {"loss": "-Infinity", "learning_rate": 0.1},
+    ]
+    rows, _ = summarize_metrics(read_metrics(record)[0])
+    loss = next(row for row in rows if row["metric"] == "loss")
+    assert [loss[k] for k in ("first", "last", "min", "max", "points")] == [
+        "0.5", "-inf", "-inf", "0.5", 3
+    ]  # fmt: skip
+    with path.open("a") as handle:  # as a file written before looked
+        handle.write('{"t":4.0,"k":"rank-0","s":3,"m":{"loss":NaN}}\n')
+    assert read_metrics(record)[0][-1]["m"] == {"loss": "NaN"}
+    assert latest(record)["metrics"] == {"loss": "NaN", "ppl": "Infinity", "learning_rate": 0.1}
+    shown = run_cli("metrics", record.job_id, "--json", store=store)
+    assert shown.returncode == 0, shown.stderr
+    lines = [json.loads(line, parse_constant=_not_json) for line in shown.stdout.splitlines()]
+    assert lines[-1]["m"] == {"loss": "NaN"}
+    table = run_cli("metrics", record.job_id, store=store, env={**os.environ, "COLUMNS": "120"})
+    assert re.search(
+        r"loss\s+│\s+2\s+│\s+0\.5\s+│\s+nan\s+│\s+-inf\s+│\s+0\.5\s+│\s+4", table.stdout
+    )
 
 
 def test_a_keys_records_are_bounded_and_the_store_says_so(tmp_path):

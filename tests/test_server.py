@@ -53,10 +53,15 @@ def _spec(tmp_path: Path, text: str):
     return load_spec(path)
 
 
+def _not_json(name: str):
+    raise AssertionError(f"the REST API sent {name}, which no browser's JSON.parse reads")
+
+
 async def _json(jp_fetch, *parts, method="GET", **kwargs):
+    """The reply's code and body, read as strictly as a browser reads JSON."""
     body = b"" if method == "POST" else None
     reply = await jp_fetch(*parts, method=method, body=body, **kwargs)
-    return reply.code, json.loads(reply.body)
+    return reply.code, json.loads(reply.body, parse_constant=_not_json)
 
 
 async def _error(jp_fetch, *parts, method="GET", **kwargs) -> tuple[int, str]:
@@ -409,12 +414,14 @@ async def test_the_job_list_carries_a_running_jobs_latest_metrics_and_progress(
     jp_fetch, home, tmp_path
 ):
     """What the sidebar shows beside a running job: each metric's latest value (the mean
-    over its ranks) and the slowest rank's progress; nothing of it once the job ended."""
+    over its ranks; one gone to NaN by its name, as JSON has no NaN) and the slowest rank's
+    progress; nothing of it once the job ended."""
     spec = tmp_path / "metrics.yml"
     spec.write_text(
         "command: >-\n"
         '  python -c "import os, sys, time; from distrun import report, flush;\n'
-        "  rank = int(os.environ['RANK']); report(step=1, loss=1.0 + rank); flush();\n"
+        "  rank = int(os.environ['RANK']); report(step=1, loss=1.0 + rank, gone=float('nan'));\n"
+        "  flush();\n"
         "  sys.stderr.write(f' {5 + rank}/100 [00:01<00:09, 9.50it/s]|\\n'); sys.stderr.flush();\n"
         '  time.sleep(60)"\n'
         "resources: {instance_count: 2}\n"
@@ -427,7 +434,8 @@ async def test_the_job_list_carries_a_running_jobs_latest_metrics_and_progress(
         deadline = time.monotonic() + 30
         while True:  # the ranks' reports come in one by one: wait for both
             _, (job,) = await _json(jp_fetch, "distrun", "jobs")
-            if job.get("metrics") == {"loss": 1.5} and job.get("progress") == "5/100":
+            metrics = job.get("metrics")
+            if metrics == {"loss": 1.5, "gone": "NaN"} and job.get("progress") == "5/100":
                 break
             assert time.monotonic() < deadline, job
             await asyncio.sleep(0.2)

@@ -9,7 +9,10 @@ They go to `metrics.jsonl` in the job's folder, one JSON object a line:
     {"t": ..., "k": "rank-0", "p": [340, 1000], "r": 28.1}                   progress
     {"note": "rank-0: over 20000 records: from here every 2nd is kept"}      downsampled
 
-`k` is the rank's log key; `s` the step (None: the time is the x-axis). Each key's records
+`k` is the rank's log key; `s` the step (None: the time is the x-axis). A value that is not
+finite (a loss gone to NaN) is the string "NaN", "Infinity" or "-Infinity": JSON has no such
+numbers (Python would write bare `NaN`, which browsers, jq and the REST API's clients refuse),
+and JavaScript's Number() and Python's float() read these back. Each key's records
 are bounded: past `cap`, only every 2nd is kept, past 2·cap every 4th, and so on, said by a
 note. `summarize_metrics` gives each metric's first, last, min and max, and the progress reached.
 """
@@ -28,6 +31,7 @@ from jupyter_dist.node_side.report import MARK
 from jupyter_dist.store import JobRecord, append_private
 
 SERIES_CAP = 20_000  # records of one key kept at full rate
+NOT_FINITE = ("NaN", "Infinity", "-Infinity")  # how a stored value that is not finite reads
 PROGRESS_EVERY_S = 1.0  # a bar being drawn: its progress stored this often
 METRICS_FILE = "metrics.jsonl"
 
@@ -90,7 +94,7 @@ class MetricsSink:
         for entry in records if isinstance(records, list) else []:
             with _skipped():
                 when, step, values = entry
-                numbers = {str(n): float(v) for n, v in values.items()}
+                numbers = {str(n): json_number(float(v)) for n, v in values.items()}
                 step = step if isinstance(step, int) else None
                 found.append({"t": float(when), "k": key, "s": step, "m": numbers})
         self._store(key, found)
@@ -101,7 +105,7 @@ class MetricsSink:
         with _skipped():
             values = ast.literal_eval(text)
             numbers = {
-                str(name): number for name, value in values.items()
+                str(name): json_number(number) for name, value in values.items()
                 if (number := _number(value)) is not None
             }  # fmt: skip
             step = values.get("step")
@@ -139,9 +143,33 @@ class MetricsSink:
 
     def _write(self, lines: list[dict[str, Any]]) -> None:
         if lines:
-            text = "".join(json.dumps(line, separators=(",", ":")) + "\n" for line in lines)
+            text = "".join(
+                json.dumps(line, separators=(",", ":"), allow_nan=False) + "\n" for line in lines
+            )
             with self._lock:
                 append_private(self.record.path / METRICS_FILE, text)
+
+
+def json_number(value: float) -> float | str:
+    """`value` as JSON can hold it: itself if finite, else its name in NOT_FINITE."""
+    if math.isfinite(value):
+        return value
+    return "NaN" if math.isnan(value) else ("Infinity" if value > 0 else "-Infinity")
+
+
+def _stored_number(value: Any) -> float | None:
+    """A stored value as a float (NaN and the infinities included); None if it is none."""
+    if isinstance(value, bool):
+        return None
+    if isinstance(value, (int, float)) or value in NOT_FINITE:
+        return float(value)
+    return None
+
+
+def _loads(line: str) -> Any:
+    """A stored line; a bare NaN or Infinity (written before they were strings) is read as
+    its string, so that nothing read is sent on as JSON no one else can read."""
+    return json.loads(line, parse_constant=str)
 
 
 def _number(value: Any) -> float | None:
@@ -206,7 +234,7 @@ class MetricsReader:
         found = []
         for line in whole.decode("utf-8", errors="replace").splitlines():
             with _skipped():
-                entry = json.loads(line)
+                entry = _loads(line)
                 if isinstance(entry, dict) and isinstance(entry.get("k"), str):
                     found.append(entry)
         return found
@@ -230,14 +258,17 @@ def latest(record: JobRecord, tail_bytes: int = 1 << 16) -> dict[str, Any]:
     progress: dict[str, tuple[int, int]] = {}
     for line in data.decode("utf-8", errors="replace").splitlines():
         with _skipped():
-            entry = json.loads(line)
+            entry = _loads(line)
             if "p" in entry:
                 progress[entry["k"]] = (int(entry["p"][0]), int(entry["p"][1]))
             for name, value in (entry.get("m") or {}).items():
-                values.setdefault(name, {})[entry["k"]] = float(value)
+                if (number := _stored_number(value)) is not None:
+                    values.setdefault(name, {})[entry["k"]] = number
     found: dict[str, Any] = {}
     if values:
-        found["metrics"] = {n: round(sum(v.values()) / len(v), 6) for n, v in values.items()}
+        found["metrics"] = {
+            n: json_number(round(sum(v.values()) / len(v), 6)) for n, v in values.items()
+        }
     if progress:
         n, total = min(progress.values(), key=lambda p: p[0] / p[1] if p[1] else 0)
         found["progress"] = f"{n}/{total}"
@@ -270,7 +301,7 @@ def read_metrics(record: JobRecord) -> tuple[list[dict[str, Any]], list[str]]:
         return [], []
     for line in text.splitlines():
         with _skipped():
-            entry = json.loads(line)
+            entry = _loads(line)
             if isinstance(entry, dict) and isinstance(entry.get("note"), str):
                 notes.append(entry["note"])
             elif isinstance(entry, dict) and isinstance(entry.get("k"), str):
@@ -290,15 +321,15 @@ def summarize_metrics(records: Iterable[dict[str, Any]]) -> tuple[list[dict[str,
                 progress[record["k"]] = (int(record["p"][0]), int(record["p"][1]))
             continue
         for name, value in (record.get("m") or {}).items():
-            if isinstance(value, (int, float)) and not math.isnan(value):
-                series.setdefault(name, []).append(float(value))
+            if (number := _stored_number(value)) is not None:
+                series.setdefault(name, []).append(number)
                 ranks.setdefault(name, set()).add(record["k"])
-    rows = [
-        {"metric": name, "ranks": len(ranks[name]), "first": _short(values[0]),
-         "last": _short(values[-1]), "min": _short(min(values)), "max": _short(max(values)),
-         "points": len(values)}
-        for name, values in series.items()
-    ]  # fmt: skip
+    rows = []
+    for name, values in series.items():
+        numbers = [v for v in values if not math.isnan(v)] or [math.nan]  # a NaN is no bound
+        rows.append({"metric": name, "ranks": len(ranks[name]), "first": _short(values[0]),
+                     "last": _short(values[-1]), "min": _short(min(numbers)),
+                     "max": _short(max(numbers)), "points": len(values)})  # fmt: skip
     reached = ""
     if progress:
         n, total = min(progress.values(), key=lambda p: p[0] / p[1] if p[1] else 0)

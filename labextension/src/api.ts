@@ -19,7 +19,9 @@ export interface IJobSummary {
   stalled?: string | null; // "looks stuck: no rank printed or used CPU for 300 s"
   attempt?: string | null; // "attempt 2 of 4" once a job started again after a failure
   attempts?: string[]; // each earlier attempt's cause, one line each
-  metrics?: { [name: string]: number }; // a running job's: each metric's latest (rank mean)
+  // A running job's: each metric's latest (rank mean); one that is not finite is named:
+  // "NaN", "Infinity" or "-Infinity" (JSON has no such numbers).
+  metrics?: { [name: string]: number | string };
   progress?: string; // a running job's: "340/1000", its slowest rank's progress bar
 }
 

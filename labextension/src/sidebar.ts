@@ -339,8 +339,12 @@ export class DistrunSidebar extends Widget {
   }
 }
 
-/** A metric's value in few characters: 0.0123, 4.1e-05, 1.2e+06. */
-export function compact(value: number): string {
+/** A metric's value in few characters: 0.0123, 4.1e-05, 1.2e+06; NaN and the infinities
+ * as the server names them ("NaN", "Infinity"). */
+export function compact(value: number | string): string {
+  if (typeof value !== 'number') {
+    return String(value);
+  }
   const size = Math.abs(value);
   if (size !== 0 && (size < 1e-3 || size >= 1e5)) {
     return value.toExponential(1);

@@ -156,6 +156,16 @@ describe('DistrunSidebar stacks', () => {
     sidebar.dispose();
   });
 
+  it('names a metric that went to NaN or infinity, as the server sends it', async () => {
+    const running = { ...job(1), state: 'running', ended: null, metrics: { loss: 'NaN', ppl: 'Infinity', lr: 0.1 } };
+    const api = new DistrunApi(async () => ({ status: 200, body: [running] }));
+    const sidebar = new DistrunSidebar({ api, openLogs: () => undefined });
+    await (sidebar as any).refreshJobs();
+    const lines = [...sidebar.node.querySelectorAll('.jp-distrun-metrics')];
+    expect(lines.map(l => l.textContent)).toEqual(['loss NaN · ppl Infinity · lr 0.1']);
+    sidebar.dispose();
+  });
+
   it('says in one line why stacks could not be read', async () => {
     const api = new DistrunApi(async path =>
       path.endsWith('/stacks')
