@@ -35,6 +35,9 @@ const METER_POINTS = 60;
 // more come), and above how many ranks a chart draws their mean and min-max band instead.
 export const CHART_POINTS = 2000;
 const BAND_AFTER = 8;
+// The most charts a view draws (the first by name): a rank that reports a metric per layer
+// or per sample would otherwise have the page redraw thousands at every update.
+export const MOST_CHARTS = 48;
 const BUCKETS = 200;  // x intervals of a band
 const RATE_WINDOW_S = 30;  // a rank's steps per second, over its last points this recent
 export const SLOW_BELOW = 0.8;  // a rank this far under the median rate...
@@ -770,7 +773,12 @@ function render({ model, el }) {
   function drawCharts() {
     const names = Object.keys(held.metrics).sort();
     charts.style.display = names.length ? "" : "none";
-    charts.replaceChildren(...names.map((name) => chartNode(name, chartOf(held.metrics[name]))));
+    const drawn = names.slice(0, MOST_CHARTS);
+    const more = names.length > drawn.length ? [element("div", "distrun-muted distrun-charts-more",
+      `${drawn.length} of ${names.length} metrics drawn (the first by name); ` +
+      `\`jupyter distrun metrics ${model.get("job_id")}\` lists every one`)] : [];
+    charts.replaceChildren(...drawn.map((name) => chartNode(name, chartOf(held.metrics[name]))),
+      ...more);
     // Each rank's last step and rate, in its chip's tooltip and its row of the inspector; a
     // rank well below the others' rate for a while (ranks not in lock step), named under
     // the charts.

@@ -6,6 +6,7 @@
 // @ts-ignore: a plain JavaScript module without types
 import live, {
   CHART_POINTS,
+  MOST_CHARTS,
   SLOW_FOR_S,
   slowRanks,
   stepRates,
@@ -645,6 +646,21 @@ describe("each rank's rate", () => {
     expect([cell('rank-0'), cell('rank-1')]).toEqual(['step 8 · 2.0/s', 'step 4 · 1.0/s']);
     m.emit('msg:custom', { type: 'metrics', records: [['rank-1', 9, 1010, { loss: 1 }]], total: 11 });
     expect(cell('rank-1')).toBe('step 9 · 0.9/s'); // 9 steps in 10 s
+  });
+
+  it('draws at most MOST_CHARTS charts, the first by name, and says how many there are', () => {
+    const m = model('job-many-metrics', 5, 0, ranks(1));
+    live.initialize({ model: m });
+    const el = document.createElement('div');
+    live.render({ model: m, el });
+    const names = Array.from({ length: 300 }, (_, i) => `layer${String(i).padStart(3, '0')}`);
+    const values = Object.fromEntries(names.map((name, i) => [name, i]));
+    m.emit('msg:custom', { type: 'metrics', records: [['rank-0', 1, 1000, values]], total: 1 });
+    expect(el.querySelectorAll('.distrun-chart')).toHaveLength(MOST_CHARTS);
+    expect(el.querySelector('.distrun-charts-more')?.textContent).toBe(
+      `${MOST_CHARTS} of 300 metrics drawn (the first by name); ` +
+        '`jupyter distrun metrics job-many-metrics` lists every one'
+    );
   });
 
   it('names a rank 20% or more below the median only once it stays so', () => {
