@@ -29,7 +29,7 @@ from helpers import (
     start_cli_run,
 )
 
-from jupyter_dist.backends.ssh import CONNECTIONS, sync_folder
+from jupyter_dist.backends.ssh import CONNECTIONS, Connections, SshProcess, sync_folder
 from jupyter_dist.errors import NodeError
 from jupyter_dist.nodes import load_inventory
 from jupyter_dist.run.launch import launch, run
@@ -140,6 +140,49 @@ def test_more_processes_on_a_node_than_one_connection_has_sessions(ssh_nodes, st
             f"rank {rank} of 12"
         ]
     assert ssh_nodes.job_processes(result.job_id) == []
+
+
+def test_nothing_is_sent_on_a_session_once_sshd_said_it_ended(ssh_nodes, tmp_path):
+    """sshd drops a whole connection, with every session on it, when a message comes for a
+    channel it has freed; paramiko sends an EOF or data outside the channel's lock, so one
+    sent as sshd closes the channel can arrive after our side's CLOSE. That is how a kept
+    connection closed under load (issue 28): the EOF that followed each exit status. A
+    process sends nothing once its session said it ended: no stop, no EOF."""
+    node = load_inventory(ssh_nodes.write_inventory(tmp_path / "nodes.yml")).nodes[0]
+    pool = Connections()
+    try:
+        # The hazard: one late EOF, and the other session loses its exit status.
+        keeper = pool.open_session(node)
+        keeper.exec_command("echo $$; exec sleep 30")
+        sleeper = keeper.makefile().readline().strip()  # its pid: the drop leaves it running
+        ended = pool.open_session(node)
+        ended.exec_command("true")
+        assert ended.recv_exit_status() == 0
+        deadline = time.monotonic() + 10
+        while not ended.closed and time.monotonic() < deadline:
+            time.sleep(0.01)
+        time.sleep(0.5)  # our side's CLOSE has reached sshd: the channel is freed there
+        late = paramiko.Message()
+        late.add_byte(paramiko.common.cMSG_CHANNEL_EOF)
+        late.add_int(ended.remote_chanid)
+        keeper.get_transport()._send_user_message(late)
+        assert keeper.recv_exit_status() == -1  # the connection went, and its status with it
+        assert not keeper.get_transport().is_active()
+        assert pool.run(node, ["kill", sleeper])[0] == 0  # on a new connection
+        # A process whose session ended: a stop that comes then, and the EOF that wait()
+        # gives its stdin, send nothing.
+        channel = pool.open_session(node)
+        channel.exec_command("true")
+        process = SshProcess(channel, "true on node0")
+        sent = []
+        for method in ("sendall", "shutdown_write"):
+            setattr(channel, method, lambda *args, name=method: sent.append(name))
+        assert channel.recv_exit_status() == 0
+        process.terminate()
+        assert process.wait() == 0
+        assert sent == []
+    finally:
+        pool.close_all()
 
 
 def test_a_failing_rank_on_node_1_stops_node_0(ssh_nodes, store, tmp_path):

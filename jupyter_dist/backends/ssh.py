@@ -419,11 +419,23 @@ class SshProcess(AgentProcess):
         except (OSError, EOFError, paramiko.SSHException):
             return b""
 
+    # Nothing is sent on a session once sshd has said it ended (its exit status, or its
+    # close): sshd closes the channel by itself then, and what paramiko sends outside the
+    # channel's lock (an EOF, data) can reach sshd after our side's CLOSE; sshd answers a
+    # message for a channel it has freed by dropping the whole connection ("ieof packet
+    # referred to nonexistent channel"), and every other session on it loses its process's
+    # exit report (paramiko issue 1705). The EOF that followed every exit status did so now
+    # and then: the kept connections that closed under load.
+    def _ended(self) -> bool:
+        return self.channel.exit_status_ready() or self.channel.eof_received
+
     def _write_stdin(self, data: bytes) -> None:
-        self.channel.sendall(data)
+        if not self._ended():
+            self.channel.sendall(data)
 
     def _close_stdin(self) -> None:
-        self.channel.shutdown_write()
+        if not self._ended():
+            self.channel.shutdown_write()
 
     def _wait(self) -> int:
         code = self.channel.recv_exit_status()
