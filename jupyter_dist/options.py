@@ -51,7 +51,8 @@ class Option:
     `kind` is how a value is written: "str", "int", "float", "flag" (present or not) or
     "list" (repeatable). `bounds` (low, high) are the spec's own caps for a number.
     `job_types` empty means every type; `backend` names the backend whose option it is,
-    and `spec_key` its key in the spec's `backend:` section (default: its name).
+    and `spec_key` its key in the spec's `backend:` section (default: its name). `pattern`
+    is what a "str" value must match whole, `expects` the words that say so.
     """
 
     name: str  # the LaunchOptions field and argparse dest: "procs_per_node"
@@ -65,6 +66,8 @@ class Option:
     backend: str | None = None
     fronts: frozenset[str] = _EVERYWHERE
     spec_key: str = ""
+    pattern: str | None = None
+    expects: str = ""
 
     @property
     def flag(self) -> str:

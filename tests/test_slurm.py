@@ -293,6 +293,35 @@ def test_without_slurm_commands_the_slurm_backend_says_so_in_one_line(store, tmp
     )
 
 
+@pytest.mark.parametrize("front", ["flag", "spec"])
+def test_a_time_limit_slurm_would_refuse_is_one_line_before_slurm_is_asked(front, store, tmp_path):
+    """--time (`backend: {time: ...}`) is checked when the job is planned, against Slurm's
+    formats: a run, a plan and an sbatch export all refuse it alike, where salloc (or the
+    exported script, once submitted) refused it later. Slurm's own forms pass."""
+    body = "command: hostname\nresources: {instance_count: 2}\n"
+    for limit in ("90", "1:30", "01:00:00", "2-12", "2-12:30", "2-12:30:15", "UNLIMITED"):
+        spec = _spec(tmp_path, body + f"backend: {{type: slurm, time: '{limit}'}}\n")
+        done = run_cli("export", str(spec), "--to", "sbatch", store=store)
+        assert done.returncode == 0, (limit, done.stderr)
+        assert f"#SBATCH --time={limit}" in done.stdout, limit
+    expected = (
+        "error: backend: time: '1h' is not valid; expected MM, MM:SS, HH:MM:SS, D-HH, "
+        "D-HH:MM, D-HH:MM:SS or UNLIMITED (--time)\n"
+    )
+    if front == "flag":
+        spec = _spec(tmp_path, body)
+        asked = [("run", str(spec), "--backend", "slurm", "--time", "1h"),
+                 ("plan", str(spec), "--backend", "slurm", "--time", "1h"),
+                 ("export", str(spec), "--to", "sbatch", "--time", "1h")]  # fmt: skip
+    else:
+        spec = _spec(tmp_path, body + "backend: {type: slurm, time: 1h}\n")
+        asked = [("run", str(spec)), ("plan", str(spec)), ("export", str(spec), "--to", "sbatch")]
+    for argv in asked:
+        done = run_cli(*argv, store=store)
+        assert (done.returncode, done.stderr) == (2, expected), argv
+    assert store.jobs() == []
+
+
 def _long_job_inside(allocation: dict, store, tmp_path: Path) -> subprocess.Popen:
     """`jupyter distrun run` of LONG_JOB inside the allocation, once its 4 ranks started
     (its stderr piped)."""

@@ -14,6 +14,7 @@ import difflib
 import functools
 import importlib
 import os
+import re
 from collections.abc import Mapping
 from importlib.metadata import entry_points
 
@@ -93,6 +94,10 @@ def check_section(section: BackendSection) -> None:
             raise SpecError(f"backend: {key}: expected a whole number{within} ({option.flag})")
         if option.kind == "str" and not isinstance(value, str):
             raise SpecError(f"backend: {key}: expected a string ({option.flag})")
+        if option.pattern and not re.fullmatch(option.pattern, value):
+            raise SpecError(
+                f"backend: {key}: {value!r} is not valid; expected {option.expects} ({option.flag})"
+            )
         if option.kind == "flag" and not isinstance(value, bool):
             raise SpecError(f"backend: {key}: expected true or false ({option.flag})")
 

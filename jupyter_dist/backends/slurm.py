@@ -110,13 +110,19 @@ _ALLOCATION_HELP = {
     "qos": ("NAME", "quality of service"),
     "constraint": ("FEATURES", "node features, e.g. a100"),
 }
+# Slurm's time formats (sbatch --time): MM, MM:SS, HH:MM:SS, D-HH, D-HH:MM, D-HH:MM:SS, or
+# no limit; checked when planned, not when salloc (or an exported script) refuses it.
+_TIME = r"(?i:unlimited|infinite)|\d+(?::\d+){0,2}|\d+-\d+(?::\d+){0,2}"
+_TIME_FORMATS = "MM, MM:SS, HH:MM:SS, D-HH, D-HH:MM, D-HH:MM:SS or UNLIMITED"
 SLURM_OPTIONS = (
     Option("slurm_job", "run in this allocation (its job id; default: SLURM_JOB_ID's, else "
            "a new one)", metavar="ID", backend="slurm", spec_key="job"),
     *(
         Option(key, text, kind="int" if key == "gpus_per_node" else "str", metavar=metavar,
                backend="slurm",
-               bounds=(0, MAX_PROCS_PER_NODE) if key == "gpus_per_node" else None)
+               bounds=(0, MAX_PROCS_PER_NODE) if key == "gpus_per_node" else None,
+               pattern=_TIME if key == "time" else None,
+               expects=_TIME_FORMATS if key == "time" else "")
         for key, (metavar, text) in _ALLOCATION_HELP.items()
     ),
 )  # fmt: skip
