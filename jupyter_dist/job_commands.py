@@ -12,14 +12,15 @@ Exit codes: 0 done, 1 the job or a node is not well, 2 bad input, 130 interrupte
 from __future__ import annotations
 
 import argparse
+import collections
 import json
 import os
 import re
 import sys
 import threading
 import time
-from collections.abc import Callable, Mapping, Sequence
-from typing import TextIO
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from typing import TextIO, TypeVar
 
 from jupyter_dist.backends import backend_class, declared_options, inventory_backend
 from jupyter_dist.describe import (
@@ -59,6 +60,7 @@ from jupyter_dist.run.requests import (
 from jupyter_dist.store import JobStore, natural_order
 
 EXIT_OK, EXIT_FAILED, EXIT_USAGE, EXIT_INTERRUPTED = 0, 1, 2, 130
+T = TypeVar("T")
 
 
 _COLOURS = ("36", "33", "35", "32", "34", "31", "96", "93", "95", "92", "94", "91")
@@ -210,7 +212,14 @@ def add_parsers(sub: argparse._SubParsersAction, common: argparse.ArgumentParser
     logs.add_argument("--attempt", type=int, metavar="K",
                       help="a job that started again after a failure: only attempt K's "
                       "output (the first is 1)")  # fmt: skip
+    logs.add_argument("--tail", type=int, metavar="N",
+                      help="only the last N lines (0: every line, the terminal's default; "
+                      f"a notebook shows the last {NOTEBOOK_LOG_LINES:,} unless told)")  # fmt: skip
 
+
+# What `%distrun logs` prints unless --tail says otherwise: a cell holding a whole long log
+# (millions of lines) would stall the notebook's page.
+NOTEBOOK_LOG_LINES = 5000
 
 METER_COLUMNS = ("rank", "cpu avg", "cpu peak", "memory avg", "memory peak")
 # A table of its own (80 columns hold neither table's cells whole beside the other's), shown
@@ -460,6 +469,17 @@ def cmd_stacks(args: argparse.Namespace, store: JobStore) -> int:
     return EXIT_OK
 
 
+def _last(items: Iterable[T], count: int) -> tuple[list[T], int]:
+    """The last `count` of `items` (read once, holding no more than that), and how many
+    came before them."""
+    kept: collections.deque[T] = collections.deque(maxlen=count)
+    seen = 0
+    for item in items:
+        kept.append(item)
+        seen += 1
+    return list(kept), seen - len(kept)
+
+
 def cmd_logs(args: argparse.Namespace, store: JobStore) -> int:
     record = store.get(args.job)
     keys = record.log_keys()
@@ -488,10 +508,18 @@ def cmd_logs(args: argparse.Namespace, store: JobStore) -> int:
                 f"job {record.job_id} has no attempt {args.attempt} (it ran "
                 + (f"attempts 1-{ran})" if ran > 1 else "once: attempt 1)")
             )
+    if args.tail is not None and args.tail < 0:
+        raise DistrunError(f"--tail: {args.tail} is not valid; expected a line count >= 0 "
+                           "(0: every line)")  # fmt: skip
     streams = ("stdout", "stderr") if args.stream == "both" else (args.stream,)
     prefix_each = len(wanted) > 1
     out = []
     lines = record.read_logs(wanted, streams, cell=args.cell, attempt=args.attempt)
+    if args.tail:
+        lines, left_out = _last(lines, args.tail)
+        if left_out:
+            print(f"({left_out:,} earlier lines left out; --tail 0 shows every one)",
+                  file=sys.stderr, flush=True)  # fmt: skip
     for ts, key, _stream, text in lines:
         stamp = f"{ts} " if args.timestamps else ""
         label = f"[{key}] " if prefix_each else ""

@@ -611,6 +611,8 @@ class DistrunMagics(Magics):
                     "(%distrun jobs lists them)"
                 )
             words.insert(1, self.last_job_id)
+        if words[0] == "logs" and not any(w == "--tail" or w.startswith("--tail=") for w in words):
+            words += ["--tail", str(job_commands.NOTEBOOK_LOG_LINES)]  # a cell holds so much
         try:
             args = job_commands.parse(words)
         except SystemExit as exc:  # argparse: --help (0), or a bad option, said above (2)

@@ -145,6 +145,22 @@ def test_jobs_and_logs_read_the_store(tmp_path: Path, store):
     assert unknown.returncode == 2 and "no job 'nope'" in unknown.stderr
 
 
+def test_logs_tail_gives_the_last_lines_and_says_how_many_came_before(tmp_path: Path, store):
+    spec = _write(tmp_path, "command: seq 1 20\n")
+    assert run_cli("run", str(spec), store=store).returncode == 0
+    (job,) = store.jobs()
+    last = run_cli("logs", job.job_id, "--tail", "3", store=store)
+    assert (last.returncode, last.stdout) == (0, "18\n19\n20\n")
+    assert last.stderr == "(17 earlier lines left out; --tail 0 shows every one)\n"
+    every = run_cli("logs", job.job_id, "--tail", "0", store=store)
+    assert every.stdout.split() == [str(n) for n in range(1, 21)] and every.stderr == ""
+    assert run_cli("logs", job.job_id, "--tail", "50", store=store).stderr == ""
+    bad = run_cli("logs", job.job_id, "--tail", "-1", store=store)
+    assert (bad.returncode, bad.stderr) == (
+        2, "error: --tail: -1 is not valid; expected a line count >= 0 (0: every line)\n"
+    )  # fmt: skip
+
+
 def test_ctrl_c_stops_every_rank(tmp_path: Path, store):
     spec = _write(tmp_path, LONG_JOB)
     proc, job_id = start_cli_run(spec, store, stderr=subprocess.PIPE)

@@ -208,6 +208,25 @@ def test_line_commands(kernel_env, tmp_path):
     assert "no job has run in this kernel yet" in nb.cells[4].outputs[0].evalue
 
 
+@pytest.mark.slow
+def test_logs_in_a_notebook_show_the_last_lines_unless_told(kernel_env):
+    """A cell holding a whole long log would stall the page: `%distrun logs` shows the
+    last NOTEBOOK_LOG_LINES and says how many came before; --tail 0 shows every one."""
+    from jupyter_dist.job_commands import NOTEBOOK_LOG_LINES
+
+    total = NOTEBOOK_LOG_LINES + 7
+    nb = execute_notebook(
+        f"%%distrun\nfor i in range({total}):\n    print(i)\n",
+        "%distrun logs",
+        "%distrun logs --tail 0",
+    )
+    shown = [o for o in nb.cells[2].outputs if o.output_type == "stream"]
+    said = {o.name: o.text for o in shown}
+    assert said["stderr"] == "(7 earlier lines left out; --tail 0 shows every one)\n"
+    assert said["stdout"].split() == [str(i) for i in range(7, total)]
+    assert len(stream_text(nb.cells[3]).split()) == total
+
+
 def test_interrupt_cancels_every_rank_and_the_kernel_lives_on(kernel_env):
     with running_kernel() as (km, kc):
         msg_id = kc.execute("%%distrun --nodes 2 --procs-per-node 2\nimport time\n"
