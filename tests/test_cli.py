@@ -145,6 +145,7 @@ def test_jobs_and_logs_read_the_store(tmp_path: Path, store):
     assert unknown.returncode == 2 and "no job 'nope'" in unknown.stderr
 
 
+@pytest.mark.slow
 def test_logs_tail_gives_the_last_lines_and_says_how_many_came_before(tmp_path: Path, store):
     spec = _write(tmp_path, "command: seq 1 20\n")
     assert run_cli("run", str(spec), store=store).returncode == 0

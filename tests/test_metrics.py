@@ -95,6 +95,7 @@ def _not_json(name: str):
     raise AssertionError(f"{name} was written, which is not JSON (browsers and jq refuse it)")
 
 
+@pytest.mark.slow
 def test_a_value_that_is_not_finite_is_kept_by_its_name(tmp_path):
     """A loss gone to NaN, an infinity: stored as "NaN", "Infinity", "-Infinity", so that
     the file (and `metrics --json`, and the REST API) stays JSON any reader takes, where

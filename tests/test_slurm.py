@@ -293,6 +293,7 @@ def test_without_slurm_commands_the_slurm_backend_says_so_in_one_line(store, tmp
     )
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("front", ["flag", "spec"])
 def test_a_time_limit_slurm_would_refuse_is_one_line_before_slurm_is_asked(front, store, tmp_path):
     """--time (`backend: {time: ...}`) is checked when the job is planned, against Slurm's
