@@ -505,3 +505,32 @@ def test_a_job_stopped_before_it_started_ends_at_once(store):
     again = prepare_job(spec, store=store)  # its fixed port was given back
     again.cancel()
     assert again.wait(5).state == "cancelled"
+
+
+def test_a_stop_signal_while_processes_start_is_held_then_given_to_its_handler():
+    """SIGTERM (the CLI turns it into KeyboardInterrupt, as Ctrl-C) that comes while
+    processes start is held until they all run, then given to its handler: raised inside
+    a thread pool's own locking, it had left the lock broken ("release unlocked lock") and
+    the CLI ended in a traceback instead of cancelling."""
+    import signal
+
+    from jupyter_dist.run.launch import interrupts_deferred
+
+    got: list[int] = []
+
+    def handler(signum: int, _frame: object) -> None:
+        got.append(signum)
+        raise KeyboardInterrupt
+
+    old = signal.signal(signal.SIGTERM, handler)
+    try:
+        seen_inside: list[list[int]] = []
+        with pytest.raises(KeyboardInterrupt), interrupts_deferred():
+            os.kill(os.getpid(), signal.SIGTERM)
+            time.sleep(0.2)  # a handler left in place would have run by now
+            seen_inside.append(list(got))
+        assert seen_inside == [[]]  # held while inside
+        assert got == [signal.SIGTERM]  # then given, once
+        assert signal.getsignal(signal.SIGTERM) is handler
+    finally:
+        signal.signal(signal.SIGTERM, old)

@@ -113,10 +113,10 @@ class Session:
         )  # fmt: skip
         session.job = job
         job.stall_watching = lambda: session._running_cell is not None  # not between cells
-        with interrupts_deferred():
-            job.start()
         names = [p.name for p in job.plan.processes]
         try:
+            with interrupts_deferred():  # one that came while it started: stopped below
+                job.start()
             session._wait(lambda: all(n in session._ready for n in names), READY_TIMEOUT_S)
         except TimeoutError:
             late = [job.processes[n].label for n in names if n not in session._ready]
