@@ -125,6 +125,16 @@ def result_reports(store: JobStore, job_id: str) -> dict[int | str, dict]:
     return found
 
 
+def strict_json(text: str | bytes):
+    """`text` read as a browser's JSON.parse or jq reads it: a bare NaN or Infinity, which
+    Python's json writes and reads, is an AssertionError naming it."""
+
+    def refuse(name: str):
+        raise AssertionError(f"{name} was sent, which is not JSON (browsers and jq refuse it)")
+
+    return json.loads(text, parse_constant=refuse)
+
+
 def run_cli(*args: str, store: JobStore | None = None, timeout: float = 120, **kwargs):
     """`jupyter distrun ARGS` in a real subprocess; returns the CompletedProcess."""
     argv = [sys.executable, "-m", "jupyter_dist.cli", *args]

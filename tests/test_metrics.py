@@ -12,7 +12,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from helpers import EXAMPLES, run_cli
+from helpers import EXAMPLES, run_cli, strict_json
 
 from jupyter_dist.node_side.report import MARK
 from jupyter_dist.run.metrics import MetricsSink, latest, read_metrics, summarize_metrics
@@ -91,10 +91,6 @@ def test_what_cannot_be_read_as_metrics_never_costs_a_line(tmp_path):
     assert sink.take("rank-0", "stdout", MARK + "{not json", 1.0) is None
 
 
-def _not_json(name: str):
-    raise AssertionError(f"{name} was written, which is not JSON (browsers and jq refuse it)")
-
-
 @pytest.mark.slow
 def test_a_value_that_is_not_finite_is_kept_by_its_name(tmp_path):
     """A loss gone to NaN, an infinity: stored as "NaN", "Infinity", "-Infinity", so that
@@ -108,7 +104,7 @@ def test_a_value_that_is_not_finite_is_kept_by_its_name(tmp_path):
     sink.take("rank-0", "stdout", MARK + json.dumps({"r": "0", "d": values}), 2.0)
     sink.take("rank-1", "stdout", "{'loss': '-inf', 'learning_rate': 0.1}", 3.0)
     path = record.path / "metrics.jsonl"
-    stored = [json.loads(line, parse_constant=_not_json) for line in path.read_text().splitlines()]
+    stored = [strict_json(line) for line in path.read_text().splitlines()]
     assert [entry["m"] for entry in stored] == [
         {"loss": 0.5},
         {"loss": "NaN", "ppl": "Infinity"},
@@ -125,7 +121,7 @@ def test_a_value_that_is_not_finite_is_kept_by_its_name(tmp_path):
     assert latest(record)["metrics"] == {"loss": "NaN", "ppl": "Infinity", "learning_rate": 0.1}
     shown = run_cli("metrics", record.job_id, "--json", store=store)
     assert shown.returncode == 0, shown.stderr
-    lines = [json.loads(line, parse_constant=_not_json) for line in shown.stdout.splitlines()]
+    lines = [strict_json(line) for line in shown.stdout.splitlines()]
     assert lines[-1]["m"] == {"loss": "NaN"}
     table = run_cli("metrics", record.job_id, store=store, env={**os.environ, "COLUMNS": "120"})
     assert re.search(

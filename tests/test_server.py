@@ -12,7 +12,7 @@ import time
 from pathlib import Path
 
 import pytest
-from helpers import LONG_JOB, job_processes, run_cli, start_cli_run
+from helpers import LONG_JOB, job_processes, run_cli, start_cli_run, strict_json
 from tornado.httpclient import HTTPClientError
 
 from jupyter_dist.run.launch import run
@@ -53,15 +53,11 @@ def _spec(tmp_path: Path, text: str):
     return load_spec(path)
 
 
-def _not_json(name: str):
-    raise AssertionError(f"the REST API sent {name}, which no browser's JSON.parse reads")
-
-
 async def _json(jp_fetch, *parts, method="GET", **kwargs):
     """The reply's code and body, read as strictly as a browser reads JSON."""
     body = b"" if method == "POST" else None
     reply = await jp_fetch(*parts, method=method, body=body, **kwargs)
-    return reply.code, json.loads(reply.body, parse_constant=_not_json)
+    return reply.code, strict_json(reply.body)
 
 
 async def _error(jp_fetch, *parts, method="GET", **kwargs) -> tuple[int, str]:
