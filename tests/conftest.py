@@ -30,6 +30,27 @@ QUICK_EXPRESSION = "not (" + " or ".join(QUICK_LEAVES_OUT) + ")"
 SLOW_S = 1.5
 
 
+# Under pytest-xdist (`-n`, `--dist loadgroup`, as scripts/test.sh runs), the tests that share
+# a cluster too costly or too fixed to start once per worker run on one worker, one after
+# another: the Ray cluster (20 s to start) and the Slurm cluster (its nodes' cgroups are
+# named by node, sln1 and sln2, whatever the cluster). The sshd nodes take a second, so each
+# worker has its own (netns.tag() keeps them apart). A module-scoped fixture (a JupyterLab,
+# a built wheel) keeps its module's tests on one worker, so it is made once.
+GROUP_BY_FIXTURE = {"ray_cluster": "ray", "slurm_cluster": "slurm"}
+
+
+def xdist_group(item: pytest.Item) -> str | None:
+    """The group whose tests share one worker, or None: any worker may run it."""
+    fixtures = set(getattr(item, "fixturenames", ()))
+    for name, group in GROUP_BY_FIXTURE.items():
+        if name in fixtures:
+            return group
+    definitions = getattr(getattr(item, "_fixtureinfo", None), "name2fixturedefs", {})
+    if any(defs and defs[-1].scope == "module" for defs in definitions.values()):
+        return item.module.__name__
+    return None
+
+
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     for item in items:
         fixtures = set(getattr(item, "fixturenames", ()))
@@ -39,6 +60,9 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
             marks.add(MARK_BY_MODULE[module])
         for mark in sorted(marks - {m.name for m in item.iter_markers()}):
             item.add_marker(mark)
+        group = xdist_group(item)
+        if group:
+            item.add_marker(pytest.mark.xdist_group(group))
 
 
 _unmarked_slow: list[tuple[str, float]] = []

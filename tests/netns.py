@@ -3,6 +3,7 @@ this machine, and per host a namespace joined to it by a veth pair, with its own
 
 from __future__ import annotations
 
+import os
 import signal
 import subprocess
 import sys
@@ -14,6 +15,24 @@ from pathlib import Path
 # holding another cluster's addresses takes their traffic (the Ray cluster's, once, when
 # its subnet was the Slurm cluster's for 1 pid in 5).
 SUBNET_RANGES = {"ssh": (200, 50), "slurm": (150, 40), "ray": (100, 50)}
+
+
+def tag(second: bool = False) -> int:
+    """The tag (under 10,000) of this process's test cluster of a kind, or of a `second` one
+    beside it: it names the cluster's namespaces, bridge and interfaces and picks its subnet
+    and ports. Under pytest-xdist every worker runs clusters of its own at once, so the tag
+    is the run's (PYTEST_XDIST_TESTRUNUID, shared by its workers) and the worker's index,
+    spaced so that no two workers' clusters, first or second, share a name or a subnet;
+    elsewhere it comes from the pid."""
+    run_id = os.environ.get("PYTEST_XDIST_TESTRUNUID")
+    worker = os.environ.get("PYTEST_XDIST_WORKER")
+    if run_id and worker and worker.startswith("gw") and worker[2:].isdigit():
+        base, index = int(run_id[:8], 16) % 500, int(worker[2:]) % 10
+    else:
+        base, index = os.getpid() % 500, 0
+    # base * 20 is 0, 10, 20, 30 or 40 modulo 50, the subnet's period: + index * 2 + second
+    # (under 20) keeps each worker's clusters apart within one run.
+    return base * 20 + index * 2 + int(second)
 
 
 def subnet(kind: str, tag: int) -> str:

@@ -99,7 +99,7 @@ def start(
 ) -> RayCluster:
     """A head and `count - 1` workers, CPUS_PER_NODE CPUs each; returns once every node
     has joined. With `auth_token`, the cluster asks every client for that token."""
-    tag = os.getpid() % 10000 if tag is None else tag
+    tag = netns.tag() if tag is None else tag
     subnet = netns.subnet("ray", tag)
     root.mkdir(parents=True, exist_ok=True)
     cluster = RayCluster(root=root, bridge=f"rybr{tag}", temp_dir=Path(f"/tmp/dray{tag}"),

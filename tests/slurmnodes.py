@@ -166,7 +166,7 @@ def start(count: int, root: Path) -> SlurmCluster:
     if problem:
         raise RuntimeError(problem)
     root.mkdir(parents=True, exist_ok=True)
-    tag = os.getpid() % 10000
+    tag = netns.tag()
     subnet = netns.subnet("slurm", tag)
     cluster = SlurmCluster(root=root, conf=root / "slurm.conf", bridge=f"slbr{tag}")
     try:

@@ -646,10 +646,11 @@ def test_a_cluster_that_asks_for_a_token(store, tmp_path):
     over Ray Client and over the head's address."""
     import secrets
 
+    import netns
     import raynodes
 
     token = secrets.token_hex(16)  # made here: no key or token is ever committed
-    cluster = raynodes.start(1, tmp_path / "tokened", tag=(os.getpid() + 1) % 10000,
+    cluster = raynodes.start(1, tmp_path / "tokened", tag=netns.tag(second=True),
                              auth_token=token)  # fmt: skip
     try:
         plain = {k: v for k, v in os.environ.items() if not k.startswith("RAY_AUTH")}

@@ -268,11 +268,12 @@ def test_a_lost_ssh_node_is_replaced_by_a_spare_where_one_may_and_can(store, tmp
     next one runs on node0 and the spare node2, in node1's place (its node rank). A job
     that names its nodes gets no spare, nor one whose spares are all down: each fails
     saying why."""
+    import netns
     import sshnodes
 
     from jupyter_dist.run.launch import launch
 
-    cluster = sshnodes.start(3, tmp_path / "nodes", tag=(os.getpid() + 1) % 10000)
+    cluster = sshnodes.start(3, tmp_path / "nodes", tag=netns.tag(second=True))
     command = (
         "echo on $(hostname) as node $DISTRUN_NODE_RANK attempt $DISTRUN_RESTART_COUNT; "
         "sleep $([ $DISTRUN_RESTART_COUNT = 0 ] && echo 60 || echo 0.5)"
