@@ -157,7 +157,8 @@ OPTIONS: tuple[Option, ...] = (
            "start (default 3)", kind="int", metavar="SECONDS", bounds=(0, 3600),
            fronts=_RUN),
     Option("no_preflight", "skip the network check before launch (every node reaches where "
-           "the ranks meet, and has the interfaces GLOO/NCCL_SOCKET_IFNAME name)",
+           "the ranks meet, and has the interfaces GLOO/NCCL_SOCKET_IFNAME name; gloo is "
+           "given the interface that reaches the master where a hostname would mislead it)",
            kind="flag", fronts=_RUN),
     Option("detach", "keep the job running when this kernel or terminal goes: return once "
            "every rank runs; follow it with attach, stop it with cancel", kind="flag",

@@ -134,10 +134,16 @@ def _keygen(path: Path, kind: str = "ed25519") -> None:
 
 
 def start(
-    count: int, root: Path, use_namespaces: bool | None = None, tag: int | None = None
+    count: int,
+    root: Path,
+    use_namespaces: bool | None = None,
+    tag: int | None = None,
+    debian_hosts: bool = True,
 ) -> SshNodes:
-    """Start `count` nodes; files go under `root`. `tag` (default: from our pid) names
-    their namespaces, bridge and subnet: a second cluster beside the first needs its own."""
+    """Start `count` nodes; files go under `root`. `tag` (default: `netns.tag()`) names
+    their namespaces, bridge and subnet: a second cluster beside the first needs its own.
+    With `debian_hosts` each node's /etc/hosts is as Debian and Ubuntu write it, its own
+    name on 127.0.1.1 (the others' on their addresses); else its name is on its address."""
     root.mkdir(parents=True, exist_ok=True)
     Path("/run/sshd").mkdir(parents=True, exist_ok=True)
     cluster = SshNodes(root=root)
@@ -149,7 +155,7 @@ def start(
     empty.write_text("")
     if use_namespaces is None:
         use_namespaces = namespaces_allowed()
-    tag = os.getpid() % 10000 if tag is None else tag
+    tag = netns.tag() if tag is None else tag
     subnet = netns.subnet("ssh", tag)
     if use_namespaces:
         cluster.bridge = f"drbr{tag}"
@@ -167,8 +173,11 @@ def start(
         cluster.nodes.append(
             TestNode(name=name, host=host, port=port, namespace=ns, workdir=workdir)
         )
-    hosts_file = root / "hosts"
-    hosts_file.write_text("\n".join(hosts) + "\n")
+    for node in cluster.nodes:
+        own = [line for line in hosts if not (debian_hosts and line.endswith(f" {node.name}"))]
+        if debian_hosts:
+            own.insert(1, f"127.0.1.1 {node.name}")
+        (root / node.name / "hosts").write_text("\n".join(own) + "\n")
     known = []
     try:
         for i, node in enumerate(cluster.nodes):
@@ -194,7 +203,8 @@ def start(
                 # cgroups as they would on a real node (where it cannot be mounted, none).
                 script = (
                     "{ mount -t cgroup2 none /sys/fs/cgroup 2>/dev/null || true; } && "
-                    f"hostname {node.name} && mount --bind {hosts_file} /etc/hosts && "
+                    f"hostname {node.name} && "
+                    f"mount --bind {root / node.name / 'hosts'} /etc/hosts && "
                     f"mount --bind {empty} /etc/resolv.conf && "
                     f"{{ [ ! -f /root/.bashrc ] || mount --bind {empty} /root/.bashrc; }} && "
                     f"exec {SSHD} -D -e -f {config}"

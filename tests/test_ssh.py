@@ -32,6 +32,7 @@ from helpers import (
 from jupyter_dist.backends.ssh import CONNECTIONS, Connections, SshProcess, sync_folder
 from jupyter_dist.errors import NodeError
 from jupyter_dist.nodes import load_inventory
+from jupyter_dist.plan import LaunchPlan
 from jupyter_dist.run.launch import launch, run
 from jupyter_dist.spec import parse_spec
 
@@ -57,17 +58,64 @@ def _launch_two_by_two(ssh_nodes, store, tmp_path, command: str):
     return job
 
 
+def test_without_the_network_check_a_loopback_hostname_fails_with_a_hint(
+    ssh_nodes, store, tmp_path
+):
+    """What the network check saves a user from: with it off, gloo on nodes whose hostname
+    is on 127.0.1.1 sends the ranks to a loopback address, and the root cause's hint says
+    why and what to do; `jupyter distrun plan` (the check on) says what it will set."""
+    script = tmp_path / "meet.py"
+    script.write_text(
+        "import datetime, torch, torch.distributed as dist\n"
+        "dist.init_process_group('gloo', timeout=datetime.timedelta(seconds=20))\n"
+        "dist.all_reduce(torch.ones(1))\nprint('met')\n"
+    )
+    body = (
+        f"code: {tmp_path}\ncommand: python meet.py\n"
+        "environment_variables: {OMP_NUM_THREADS: '1'}\nresources: {instance_count: 2}\n"
+    )
+    spec_file = tmp_path / "job.yml"
+    spec_file.write_text(body)
+    nodes_file = str(ssh_nodes.write_inventory(tmp_path / "nodes.yml"))
+    planned = run_cli("plan", str(spec_file), "--nodes-file", nodes_file, store=store)
+    assert planned.returncode == 0, planned.stderr
+    assert (
+        "Check: node0, node1: GLOO_SOCKET_IFNAME=eth0, the interface that reaches the master "
+        f"{ssh_nodes.nodes[0].host}: their hostnames resolve to 127.0.1.1"
+    ) in planned.stdout
+    result = run(_spec(body + "network_check: false\n"), store=store,
+                 inventory=ssh_nodes.load_inventory(tmp_path))  # fmt: skip
+    assert not result.ok
+    hint = result.root_cause.hint or ""
+    assert re.match(
+        r"Hint: rank \d was sent to a loopback address to reach another rank "
+        r'\("remote=\[127\.0\.1\.1\]"\)',
+        hint,
+    ), result.describe()
+    assert "GLOO_SOCKET_IFNAME" in hint
+
+
 @pytest.mark.parametrize("launcher", ["per_process", "torchrun"])
 def test_ddp_across_two_ssh_nodes(launcher, ssh_nodes, store, tmp_path):
+    """The nodes' /etc/hosts are Debian's (each one's hostname on 127.0.1.1), and the job
+    names no interface: each node's ranks get the one that reaches the master, said with
+    the plan, and gloo's ranks meet."""
     spec = _spec(f"""\
         code: {EXAMPLES / "src"}
         command: python ddp_train.py --epochs 2
-        environment_variables: {{{GLOO}}}
+        environment_variables: {{OMP_NUM_THREADS: '1'}}
         resources: {{instance_count: 2}}
         distribution: {{type: pytorch, process_count_per_instance: 2, launcher: {launcher}}}
     """)
     result = run(spec, store=store, inventory=ssh_nodes.load_inventory(tmp_path))
     assert result.ok, result.describe()
+    plan = LaunchPlan.from_dict(store.get(result.job_id).plan())
+    assert {p.env.get("GLOO_SOCKET_IFNAME") for p in plan.processes} == {"eth0"}
+    assert plan.network_notes == [
+        f"node0, node1: GLOO_SOCKET_IFNAME=eth0, the interface that reaches the master "
+        f"{ssh_nodes.nodes[0].host}: their hostnames resolve to 127.0.1.1, which gloo would "
+        "advertise to the other nodes"
+    ]
     results = result_reports(store, result.job_id)
     assert sorted(results) == [0, 1, 2, 3]
     node0 = ssh_nodes.nodes[0].host
@@ -411,6 +459,7 @@ def test_a_session_sshd_refuses_goes_to_another_connection_quietly(ssh_nodes, tm
     script = textwrap.dedent(f"""\
         from jupyter_dist.backends.ssh import Connections
         from jupyter_dist.nodes import load_inventory
+from jupyter_dist.plan import LaunchPlan
         from pathlib import Path
         node = load_inventory(Path({str(path)!r})).nodes[0]
         pool = Connections()

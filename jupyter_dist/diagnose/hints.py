@@ -34,12 +34,28 @@ _NCCL_NETWORK = re.compile(
 )
 
 
+# gloo told to connect to a loopback address: a peer advertised what its hostname resolves
+# to, and that was 127.0.1.1 (Debian's /etc/hosts) or 127.0.0.1.
+_GLOO_LOOPBACK = re.compile(r"remote=\[(127(?:\.\d{1,3}){3}|::1)\]")
+
+
 def hint_for(cause: RootCause) -> str | None:
     """The advice for `cause`, or None where nothing is recognised."""
     tail = "\n".join(cause.stderr_tail).lower()
     gpu = _gpu_hint(cause, "\n".join(cause.stderr_tail))
     if gpu:
         return gpu
+    loopback = _GLOO_LOOPBACK.search("\n".join(cause.stderr_tail))
+    if loopback:
+        return (
+            f"Hint: {cause.label} was sent to a loopback address to reach another rank "
+            f'("{loopback.group(0)}"): gloo advertises what a node\'s hostname resolves to, '
+            f"and on that node it is {loopback.group(1)} (Debian and Ubuntu put the hostname "
+            "on 127.0.1.1 in /etc/hosts). Keep the network check on (network_check: true, "
+            "the default) and jupyter-dist sets GLOO_SOCKET_IFNAME on such nodes; or name "
+            "the interface that reaches the other nodes (--env GLOO_SOCKET_IFNAME=eth0), or "
+            "map the hostname to the node's own address."
+        )
     if "address already in use" in tail or "eaddrinuse" in tail:
         return (
             f'Hint: a port {cause.label} needed on {cause.node} was taken ("address already '

@@ -5,6 +5,7 @@ line, in seconds, naming the pair and the likely fix. So is an interface named i
 GLOO_SOCKET_IFNAME, NCCL_SOCKET_IFNAME or OMPI_MCA_btl_tcp_if_include that a node lacks.
 
     check_network(backend.run_on_node, plan, nodes)    # NodeError, or nothing to say
+    plan = gloo_interfaces(backend.run_on_node, plan, nodes)   # NodeError, or the plan
 
 For each meeting point, the node it is on listens at its port for a moment
 (node_side/netcheck.py, run as the job's helpers run: `python -c SOURCE`), and every other
@@ -14,6 +15,7 @@ each other: nothing is asked of them but their interfaces.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import threading
 from collections.abc import Callable
@@ -95,6 +97,75 @@ def check_network(run_on_node: RunOnNode, plan: LaunchPlan, nodes: list[Node]) -
         problems += _reach(run_on_node, point, far, near)
     if problems:
         raise NodeError(problems[0])
+
+
+def gloo_interfaces(run_on_node: RunOnNode, plan: LaunchPlan, nodes: list[Node]) -> LaunchPlan:
+    """`plan`, with GLOO_SOCKET_IFNAME set on each node whose ranks gloo would otherwise
+    have advertise an address the other machines cannot reach, and a note saying so.
+
+    Without that variable gloo advertises the address the node's hostname resolves to, and
+    Debian and Ubuntu put the hostname on 127.0.1.1 in /etc/hosts: on two such machines a
+    job's ranks start, then fail to connect (`remote=[127.0.1.1]`). So each machine of a
+    PyTorch job on more than one is asked (node_side/netcheck.py `route`) which interface
+    reaches the master and what its hostname resolves to; where the two differ, its ranks
+    get that interface. A job that names one, or whose nodes' environments do, is left as it
+    is. NodeError, in one line, where a node cannot say which interface it uses."""
+    if plan.job_type != "pytorch" or not plan.master_port:
+        return plan
+    if any(p.env.get("GLOO_SOCKET_IFNAME") for p in plan.processes):
+        return plan  # the job names it
+    one_per_host = list({node.host: node for node in reversed(nodes)}.values())[::-1]
+    if len(one_per_host) < 2:
+        return plan  # one machine: its ranks meet on it, whatever they advertise
+    if any("GLOO_SOCKET_IFNAME" in ((n.software or {}).get("comm_env") or {}) for n in nodes):
+        return plan  # a node's own environment names it: the user chose per node
+    asked = one_per_host
+    with ThreadPoolExecutor(max_workers=min(16, len(asked))) as pool:
+        answers = list(pool.map(
+            lambda node: _helper(run_on_node, node, ["route", plan.master_addr], 30), asked
+        ))  # fmt: skip
+    chosen: dict[str, str] = {}  # host -> interface
+    why: dict[tuple[str, str | None], list[str]] = {}  # (interface, resolved) -> node names
+    for node, found in zip(asked, answers, strict=True):
+        if "error" in found:
+            continue  # no route, no answer: the reach check below names what is wrong
+        interface, address = found.get("interface"), found.get("address")
+        problem = None
+        if not interface:
+            problem = f"no interface holds {address}, the address it reaches the master from"
+        elif interface == "lo":
+            problem = "it reaches the master through its loopback interface"
+        if problem:
+            raise NodeError(
+                f"{node.name}: cannot tell which interface gloo should use to reach the "
+                f"master {plan.master_addr} ({problem}); name it for the job (--env "
+                "GLOO_SOCKET_IFNAME=NAME, or environment_variables in the spec)"
+            )
+        resolved = found.get("resolves_to")
+        if resolved == address:
+            continue  # gloo advertises the address the others reach: nothing to change
+        chosen[node.host] = interface
+        names = [n.name for n in nodes if n.host == node.host]
+        why.setdefault((interface, resolved), []).extend(names)
+    if not chosen:
+        return plan
+    procs = [
+        dataclasses.replace(p, env={**p.env, "GLOO_SOCKET_IFNAME": chosen[p.host]})
+        if p.host in chosen else p
+        for p in plan.processes
+    ]  # fmt: skip
+    notes = [
+        f"{', '.join(names)}: GLOO_SOCKET_IFNAME={interface}, the interface that reaches the "
+        f"master {plan.master_addr}: {'its hostname' if len(names) == 1 else 'their hostnames'} "
+        + (
+            f"resolve{'s' * (len(names) == 1)} to {resolved}, which gloo would advertise to "
+            "the other nodes"
+            if resolved
+            else f"do{'es' * (len(names) == 1)} not resolve"
+        )
+        for (interface, resolved), names in why.items()
+    ]
+    return dataclasses.replace(plan, processes=procs, network_notes=[*plan.network_notes, *notes])
 
 
 def _interfaces(run_on_node: RunOnNode, plan: LaunchPlan, by_name: dict[str, Node]) -> list[str]:

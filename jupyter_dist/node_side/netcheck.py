@@ -10,6 +10,11 @@ stdout says what it found.
                                   {"ok": true} or {"error": "connection timed out", ...}
     interfaces NAME=VALUE...      each variable's interfaces exist and have an address:
                                   {"missing": [[NAME, VALUE, why]], "have": [names]}
+    route HOST                    the address and interface this node reaches HOST from,
+                                  and what its own hostname resolves to (what gloo
+                                  advertises unless told an interface): {"address": A,
+                                  "interface": NAME or null, "hostname": H, "resolves_to":
+                                  A or null}; or {"error": ...}. Nothing is sent.
 
 Interfaces are matched as each library does: GLOO_SOCKET_IFNAME names them exactly
 (comma-separated); NCCL_SOCKET_IFNAME by prefix, `=` for an exact name, `^` to exclude
@@ -111,11 +116,41 @@ def interfaces(pairs):
     return 0
 
 
+def route(host):
+    try:
+        target = socket.gethostbyname(host)
+    except OSError as exc:
+        say({"error": f"{host} does not resolve here ({exc})"})
+        return 0
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as probe:
+        try:
+            probe.connect((target, 9))  # a datagram socket's connect only picks the route
+            address = probe.getsockname()[0]
+        except OSError as exc:
+            why = os.strerror(exc.errno or 0).lower()
+            say({"error": f"no route to {target} ({why})"})
+            return 0
+    names = [name for _, name in socket.if_nameindex()]
+    interface = next((name for name in names if _address(name) == address), None)
+    if interface is None and address.startswith("127."):
+        interface = "lo"  # 127.0.0.0/8 is all lo's, whichever address lo says it has
+    hostname = socket.gethostname()
+    try:
+        resolves_to = socket.gethostbyname(hostname)
+    except OSError:
+        resolves_to = None
+    say({"address": address, "interface": interface, "hostname": hostname,
+         "resolves_to": resolves_to})  # fmt: skip
+    return 0
+
+
 def main(argv):
     if argv[0] == "listen":
         return listen(int(argv[1]), float(argv[2]), int(argv[3]))
     if argv[0] == "connect":
         return connect(argv[1], int(argv[2]), float(argv[3]))
+    if argv[0] == "route":
+        return route(argv[1])
     return interfaces(argv[1:])
 
 

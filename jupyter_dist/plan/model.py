@@ -106,6 +106,9 @@ class LaunchPlan:
     read_as: list[str] = field(default_factory=list)  # how the spec's file was read (JobSpec)
     # The spec's outputs: name -> {"type": uri_folder | uri_file, "path": absolute or None}.
     outputs: dict[str, dict[str, Any]] = field(default_factory=dict)
+    # What was set from what the nodes said, before they start, one line each (the gloo
+    # interface of nodes whose hostname is a loopback address: diagnose/network.py).
+    network_notes: list[str] = field(default_factory=list)
 
     def process(self, name: str) -> ProcessPlan:
         for proc in self.processes:
@@ -127,6 +130,7 @@ class LaunchPlan:
             "code_left_out": self.code_left_out,
             "read_as": self.read_as,
             "outputs": self.outputs,
+            "network_notes": self.network_notes,
         }
 
     @classmethod
@@ -157,6 +161,7 @@ class LaunchPlan:
             code_left_out=str(data.get("code_left_out") or ""),
             read_as=[str(line) for line in data.get("read_as") or []],
             outputs=dict(data.get("outputs") or {}),
+            network_notes=[str(line) for line in data.get("network_notes") or []],
         )
 
 

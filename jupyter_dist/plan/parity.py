@@ -1,7 +1,8 @@
 """What in a plan would make ranks run differently from what torchrun gives them, collide
 with each other, or differ between nodes (what the SSH preflight read on each: Python and
 torch versions, NCCL_*/GLOO_* variables) or lack on some nodes (what of the code folder
-stays behind: `LaunchPlan.code_left_out`), said before anything starts: one line per
+stays behind: `LaunchPlan.code_left_out`), or what was set from what the nodes said
+(`LaunchPlan.network_notes`), said before anything starts: one line per
 finding (nodes alike in it share the line), shown by `--dry-run`, `jupyter distrun plan`,
 `jupyter distrun inspect` and the live view. Nothing is refused: a note names what it saw
 and what to set. First come the lines that say how the spec's file was read, where it was
@@ -47,6 +48,7 @@ def parity_notes(plan: LaunchPlan) -> list[str]:
         if key:
             found[key] = local
     notes = [*plan.read_as]  # how the spec was read, first: the rest follows from it
+    notes += plan.network_notes  # what the nodes' answers set (diagnose/network.py)
     notes += [_say(key, names) for key, names in found.items()] + _between_nodes(plan)
     if plan.code_left_out:
         notes.append(f"the nodes' copies of {plan.code_dir} lack {plan.code_left_out}")

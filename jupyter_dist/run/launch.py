@@ -101,6 +101,8 @@ def _plan_attempt(
         REPORT_FILE: node_side.source("report.py"),
     }  # fmt: skip
     launch_plan = plan(spec, nodes, job_id, ports, files, chosen.mpi_launch, restart_count)
+    if spec.network_check:  # gloo's interface where a hostname would mislead it
+        launch_plan = network.gloo_interfaces(chosen.run_on_node, launch_plan, nodes)
     if stdin:  # every process reads what the job feeds it (a warm session's ranks)
         procs = [dataclasses.replace(p, stdin=True) for p in launch_plan.processes]
         launch_plan = dataclasses.replace(launch_plan, processes=procs)
