@@ -24,8 +24,8 @@ from jupyter_dist.events import JobResult
 from jupyter_dist.node_side.dask_wait import missing_workers
 from jupyter_dist.plan.dask import READY_TIMEOUT_S, worker_name
 from jupyter_dist.plan.summary import counted
+from jupyter_dist.run.interrupts import interrupts_deferred
 from jupyter_dist.run.job import Job
-from jupyter_dist.run.launch import interrupts_deferred
 
 STDERR_TAIL = 10  # lines of a missing worker's stderr shown in the error
 CONNECT_ATTEMPT_S = 2.0  # also bounds how long the client tries to reconnect to a dead scheduler

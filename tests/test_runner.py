@@ -514,7 +514,7 @@ def test_a_stop_signal_while_processes_start_is_held_then_given_to_its_handler()
     the CLI ended in a traceback instead of cancelling."""
     import signal
 
-    from jupyter_dist.run.launch import interrupts_deferred
+    from jupyter_dist.run.interrupts import interrupts_deferred
 
     got: list[int] = []
 

@@ -316,3 +316,36 @@ def test_an_interrupt_that_comes_after_its_cell_ended_leaves_the_rank_alive(tmp_
     finally:
         proc.kill()
         proc.wait()
+
+
+def test_an_interrupt_while_a_cell_is_handed_over_interrupts_it_on_every_rank(store):
+    """A Ctrl-C that lands while the kernel writes the cell to the ranks (as it did on a
+    busy machine, in the write to the first rank's stdin) is held until every rank has
+    the cell, then interrupts it on all of them; the session stays in step: the next
+    cell runs on every rank."""
+    import signal
+
+    session = Session.start(
+        parse_spec("command: unused\nresources: {instance_count: 1}\n"
+                   "distribution: {type: pytorch, process_count_per_instance: 2}"),
+        store=store,
+    )  # fmt: skip
+    try:
+        real_feed, fed = session.job.feed, []
+
+        def feed_interrupted(name: str, data: bytes) -> None:
+            if not fed:  # Ctrl-C arrives as the first rank is being written to
+                os.kill(os.getpid(), signal.SIGINT)
+            real_feed(name, data)
+            fed.append(name)
+
+        session.job.feed = feed_interrupted
+        with pytest.raises(KeyboardInterrupt):
+            session.run_cell("import time\nfor _ in range(300): time.sleep(0.1)\n")
+        assert len(fed) == 2  # both ranks got the cell before the interrupt was raised
+        session.job.feed = real_feed
+        result = session.run_cell("print('next', 1)\n")
+        assert result.ok and len(result.reports) == 2, result
+    finally:
+        session.stop()
+    assert job_processes(session.job.job_id) == []

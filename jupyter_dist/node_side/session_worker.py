@@ -12,36 +12,58 @@ stdout: `MARK done {"cell": N, "ok": true}`, or with `"ok": false` and the error
 `message`, `traceback`), whose traceback also went to stderr as Python prints it. Both
 `ready` (`MARK ready {...}`) and `done` reports carry the rank's memory: `rss` (resident
 bytes) and, once the cell used CUDA through torch, `gpu` (bytes torch holds on its device).
-SIGINT raises KeyboardInterrupt in the running cell (it fails; the rank lives on); one that
-arrives outside a cell's code (between cells, or while a finished cell reports) is ignored:
-the cell it was meant for has ended. `MARK ready` is its first line. End of input ends it.
+SIGINT raises KeyboardInterrupt in the running cell (it fails; the rank lives on). One that
+arrives after a cell was sent but before its code starts (it is still on its way, or being
+read) fails that cell as it starts. One that arrives while a finished cell reports, or
+between cells with none sent, is ignored: the cell it was meant for has ended (the launcher
+interrupts only ranks that have not reported the cell it runs, and sends the next only
+once every rank reported). `MARK ready` is its first line. End of input ends it.
 """
 
 import base64
 import json
 import os
 import pickle
+import select
 import signal
 import sys
 import traceback
 
 MARK = "\x1edistrun-session"
-_in_cell = [False]  # whether SIGINT should interrupt: only a cell's own code is stopped
+# What a SIGINT does now: "running" (a cell's own code: it raises), "received" (a cell read,
+# not started: it fails as it starts), "waiting" (for a request: as "received" when one is
+# already on its way, else ignored), "reporting" (a cell that ended: ignored).
+_state = ["waiting"]
+_interrupted = [False]  # a SIGINT came for the cell read or on its way
 
 
 def on_interrupt(_signum, _frame):
-    if _in_cell[0]:
+    if _state[0] == "running":
         raise KeyboardInterrupt
+    if _state[0] == "received" or (_state[0] == "waiting" and _request_waiting()):
+        _interrupted[0] = True
+
+
+def _request_waiting(wait=0):
+    """Whether the next request is in stdin's pipe (sent, not read yet), waiting for it
+    up to `wait` seconds (None: until it comes, or the input ends)."""
+    try:
+        return bool(select.select([sys.stdin], [], [], wait)[0])
+    except (OSError, ValueError):
+        return True  # no select on this input: read it as before
 
 
 def run_cell(code, cell, namespace):
     """Run one cell; its report (without the mark)."""
     try:
-        _in_cell[0] = True
+        _state[0] = "running"
         try:
+            if _interrupted[0]:  # interrupted before it started
+                _interrupted[0] = False
+                raise KeyboardInterrupt
             exec(compile(code, f"<cell {cell}>", "exec"), namespace)
         finally:
-            _in_cell[0] = False
+            _state[0] = "reporting"
     except BaseException as exc:  # KeyboardInterrupt and SystemExit fail the cell too
         kind, text = type(exc).__name__, str(exc)
         lines = traceback.format_exception(type(exc), exc, exc.__traceback__)
@@ -90,6 +112,11 @@ def main():
     namespace = {"__name__": "__main__", "__builtins__": __builtins__}
     say(sys.stdout, f"{MARK} ready {json.dumps(memory())}")
     while True:
+        # The request stays in the pipe until the state says it came: a SIGINT in between
+        # sees it there (a readline first would take it out before the state changed).
+        _state[0] = "waiting"
+        _request_waiting(None)
+        _state[0] = "received"
         line = sys.stdin.readline()
         if not line:
             return

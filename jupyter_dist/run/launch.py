@@ -2,12 +2,9 @@
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 import functools
 import os
-import signal
-import threading
 from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
 
@@ -22,6 +19,7 @@ from jupyter_dist.node_side.agent import HOOK_FOLDER
 from jupyter_dist.nodes import Inventory, Node
 from jupyter_dist.plan import LaunchPlan, plan, port_requests
 from jupyter_dist.run.claims import PortClaims, ReleaseClaims, Wanted
+from jupyter_dist.run.interrupts import interrupts_deferred
 from jupyter_dist.run.job import GRACE_PERIOD_S, RESTART_DELAY_S, Job, Restarts
 from jupyter_dist.spec import JobSpec
 from jupyter_dist.store import JobStore
@@ -293,35 +291,3 @@ def start_and_wait(job: Job, on_tick: Callable[[], None] | None = None) -> JobRe
         job.cancel("interrupted")
         job.wait()
         raise
-
-
-# What stops a launch from outside: Ctrl-C, and `kill` or a closed terminal where a handler
-# turns them into KeyboardInterrupt too (the CLI's does).
-_STOPPING = tuple(getattr(signal, name) for name in ("SIGINT", "SIGTERM", "SIGHUP")
-                  if hasattr(signal, name))  # fmt: skip
-
-
-@contextlib.contextmanager
-def interrupts_deferred():
-    """Hold back SIGINT, SIGTERM and SIGHUP, where Python handles them, while processes
-    start (a half-started process would have nobody watching it; and a KeyboardInterrupt
-    raised inside a thread pool's own locking leaves the lock broken: "release unlocked
-    lock"), then give the first that came to its handler (SIGINT's raises
-    KeyboardInterrupt). A signal whose action is the system's own is left alone."""
-    if threading.current_thread() is not threading.main_thread():
-        yield
-        return
-    received: list[int] = []
-    held = {}
-    for sig in _STOPPING:
-        handler = signal.getsignal(sig)
-        if callable(handler):  # Python's own (SIGINT's default) or one installed here
-            held[sig] = handler
-            signal.signal(sig, lambda signum, _frame: received.append(signum))
-    try:
-        yield
-    finally:
-        for sig, handler in held.items():
-            signal.signal(sig, handler)
-    if received:
-        held[received[0]](received[0], None)

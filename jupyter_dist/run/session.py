@@ -30,6 +30,7 @@ from jupyter_dist.errors import DistrunError, SpecError
 from jupyter_dist.events import JobResult, ranges
 from jupyter_dist.node_side.session_worker import MARK
 from jupyter_dist.plan.model import ProcessPlan
+from jupyter_dist.run.interrupts import interrupts_deferred
 from jupyter_dist.run.job import Job
 from jupyter_dist.spec import JobSpec, spec_from_dict
 from jupyter_dist.store import cell_marker
@@ -103,7 +104,7 @@ class Session:
     ) -> Session:
         """Start the session's ranks (keyword arguments as for run.launch.prepare_job) and
         return once every one is ready; SessionEnded if the job ended first."""
-        from jupyter_dist.run.launch import interrupts_deferred, prepare_job
+        from jupyter_dist.run.launch import prepare_job
 
         session = cls(name)
         files = {name: node_side.source(name) for name in (WORKER, CELL_RUNNER)}
@@ -168,9 +169,6 @@ class Session:
         result = CellResult(cell, {p.name: p.label for p in self.job.plan.processes})
         message = {"cell": cell, "code": code, "push": push, "out": out or []}
         request = (json.dumps(message) + "\n").encode()
-        self.job.note(names, cell_marker(cell))  # the stored logs show where it starts
-        for name in names:
-            self.job.feed(name, request)
 
         def all_reported() -> bool:  # both streams: every line of the cell came first
             done = len(self._reports.get(cell, {})) == len(names)
@@ -178,6 +176,13 @@ class Session:
 
         self._running_cell, self._running_names = cell, names
         try:
+            # An interrupt while the cell is handed over is held until every rank has it
+            # (raised inside the write to a rank's stdin, it left the ranks out of step),
+            # then interrupts the cell as one that comes later does.
+            with interrupts_deferred():
+                self.job.note(names, cell_marker(cell))  # the stored logs: where it starts
+                for name in names:
+                    self.job.feed(name, request)
             self._wait(all_reported, None, on_tick)
         except KeyboardInterrupt:
             self.interrupt_cell()
