@@ -290,8 +290,29 @@ def print_table(
         else:
             table.add_column(name, overflow="fold")
     for row in rows:
-        table.add_row(*(Text(str(row.get(c, ""))) for c in shown))
+        table.add_row(*(Text(visible(str(row.get(c, "")))) for c in shown))
     (console or Console()).print(table)
+
+
+# What a terminal would act on rather than show: C0 controls but the newline, DEL, C1.
+_UNSHOWN = re.compile(r"[\x00-\x09\x0b-\x1f\x7f-\x9f]")
+
+
+def visible(text: str) -> str:
+    """`text` with what a terminal would act on (an escape sequence's ESC, a bell, a
+    carriage return) written out as `\\x1b`: a metric's name or a job's comes out as it is
+    spelled, never as a colour, a retitled window or a moved cursor."""
+    return _UNSHOWN.sub(lambda found: f"\\x{ord(found.group()):02x}", text)
+
+
+# The first characters that make a spreadsheet read a cell as a formula (OWASP's list).
+_FORMULA_START = ("=", "+", "-", "@", "\t", "\r")
+
+
+def csv_text(text: str) -> str:
+    """A text cell of a CSV file as a spreadsheet shows it: one that would start a formula
+    (`=cmd|' /C calc'!A0`, `+SUM(1,1)`, `@A1`) gets a leading `'`, as OWASP advises."""
+    return "'" + text if text.startswith(_FORMULA_START) else text
 
 
 def cmd_nodes(args: argparse.Namespace, store: JobStore) -> int:
@@ -598,7 +619,9 @@ def cmd_metrics(args: argparse.Namespace, store: JobStore) -> int:
         for entry in records:  # progress is a metric here: the steps done
             values = entry.get("m") or {"progress": (entry.get("p") or [None])[0]}
             for name, value in values.items():
-                writer.writerow([entry.get("t"), entry["k"], entry.get("s", ""), name, value])
+                step = entry.get("s")
+                writer.writerow([entry.get("t"), csv_text(entry["k"]),
+                                 "" if step is None else step, csv_text(name), value])  # fmt: skip
         return EXIT_OK
     if not records:
         print(f"job {record.job_id} reported no metrics (report(), a trainer's log lines or "

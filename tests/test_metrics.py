@@ -227,3 +227,93 @@ def test_a_hugging_face_trainer_run_gives_curves_and_progress_unchanged(store):
     rows, reached = summarize_metrics(records)
     assert reached == "40/40"
     assert {"loss", "grad_norm", "learning_rate"} <= {row["metric"] for row in rows}
+
+
+@pytest.mark.slow
+def test_damaged_and_extreme_lines_cost_only_themselves_in_every_reader(tmp_path):
+    """metrics.jsonl written by hand or damaged on disk: a progress count of 400 digits, a
+    record with no rank, values that are a list, 1e400, an int no float holds. The job
+    list (the REST API's `latest`), the summary, --json and --csv read the rest; the bar
+    of 400 digits is output, not progress; --csv neutralises names a spreadsheet would run
+    as formulas; the table writes out escape sequences instead of sending them."""
+    store = JobStore(tmp_path / "jobs")
+    record = store.create(store.new_job_id(), "command: x\n", {"processes": []})
+    sink = MetricsSink(record)
+    huge = "9" * 400
+    bar = f" 5%|▌ | {huge}/1000 [00:01<00:09, 1.00it/s]"
+    assert sink.take("rank-0", "stderr", bar, 1.0) == bar and sink.progress == {}
+    formulas = ["=cmd|' /C calc'!A0", "+SUM(1,1)", "@A1", "-2+3", "\x1b[31mred\x1b[0m"]
+    payload = {"r": "1", "d": [[1.0, 1, {"loss": 0.5, **dict.fromkeys(formulas, 1.0)}]]}
+    sink.take("rank-1", "stdout", MARK + json.dumps(payload), 1.0)
+    with (record.path / "metrics.jsonl").open("a") as handle:
+        for line in (
+            f'{{"t":2,"k":"rank-0","p":[{huge},1000],"r":1}}',
+            '{"m":{"loss":1}}',
+            '{"t":2,"k":"rank-0","s":1,"m":[1,2]}',
+            '{"t":2,"k":"rank-0","s":2,"m":{"loss":1e400}}',
+            f'{{"t":2,"k":"rank-0","s":3,"m":{{"loss":{huge}}}}}',
+            '{"t":3,"k":"rank-1","p":[3,10],"r":1.0}',
+        ):
+            handle.write(line + "\n")
+    assert latest(record) == {
+        "metrics": {"loss": "Infinity", **dict.fromkeys(formulas, 1.0)},
+        "progress": "3/10",
+    }
+    records, _ = read_metrics(record)
+    assert [r.get("m", {}).get("loss") for r in records] == [0.5, "Infinity", None]
+    rows, reached = summarize_metrics(records)
+    assert reached == "3/10" and {r["metric"] for r in rows} == {"loss", *formulas}
+    shown = run_cli("metrics", record.job_id, "--json", store=store)
+    assert shown.returncode == 0, shown.stderr
+    assert len([strict_json(line) for line in shown.stdout.splitlines()]) == 3
+    table = run_cli("metrics", record.job_id, store=store, env={**os.environ, "COLUMNS": "200"})
+    assert table.returncode == 0, table.stderr
+    assert "\x1b" not in table.stdout and "\\x1b[31mred\\x1b[0m" in table.stdout
+    csv_out = run_cli("metrics", record.job_id, "--csv", store=store)
+    assert csv_out.returncode == 0, csv_out.stderr
+    import csv
+
+    cells = list(csv.reader(csv_out.stdout.splitlines()))
+    names = {row[3] for row in cells[1:]}
+    assert {"'=cmd|' /C calc'!A0", "'+SUM(1,1)", "'@A1", "'-2+3", "loss"} <= names
+    assert not any(cell.startswith(("=", "+", "@")) for row in cells for cell in row)
+
+
+def test_report_keeps_every_step_of_many_names_and_leaves_out_what_is_no_number(tmp_path):
+    """Per-layer metrics (100 names a step, 600 steps, flushed 512 calls at a time) and one
+    name of 1.5 MB: every step's values arrive, in lines the launcher never cuts, and no
+    fragment becomes output; strings, bytes and bools are left out, a bool step is none."""
+    script = (
+        "from distrun import report\n"
+        "for step in range(600):\n"
+        "    report(step=step, **{f'layer{i}.grad_norm': step + i / 100 for i in range(100)})\n"
+        "report(step=True, s='2.5', b=b'1.5', t=True, kept=1.0)\n"
+        "report(step=601, **{'x' * 1_500_000: 1.0, 'fine': 2.0})\n"
+        "print('done')\n"
+    )
+    hook = tmp_path / "pyhook"
+    hook.mkdir()
+    (hook / "distrun.py").write_text(
+        (Path(__file__).parents[1] / "jupyter_dist/node_side/report.py").read_text()
+    )
+    env = {**os.environ, "DISTRUN_JOB_ID": "j", "RANK": "0", "PYTHONPATH": str(hook)}
+    out = subprocess.run(
+        [sys.executable, "-c", script], capture_output=True, env=env, check=True
+    ).stdout
+    sink = _sink(tmp_path)
+    from jupyter_dist.run.output import MAX_LINE
+
+    kept = []
+    for line in out.decode().rstrip("\n").split("\n"):  # as the launcher cuts lines
+        assert len(line.encode()) < MAX_LINE
+        text = sink.take("rank-0", "stdout", line, 1.0)
+        if text is not None:
+            kept.append(text)
+    assert kept == ["done"]
+    records, _ = read_metrics(sink.record)
+    steps = {}
+    for r in records:
+        steps.setdefault(r["s"], {}).update(r["m"])
+    assert sorted(s for s in steps if s is not None) == [*range(600), 601]
+    assert all(len(steps[s]) == 100 for s in range(600))
+    assert steps[None] == {"kept": 1.0} and steps[601] == {"fine": 2.0}

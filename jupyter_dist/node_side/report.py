@@ -12,8 +12,10 @@ rank, on any node, with or without jupyter-dist installed there:
 Outside a job (no DISTRUN_JOB_ID) it does nothing. A call only appends to a list (well under
 5 µs); the values are written, as one line, at most every FLUSH_S seconds or every MAX_HELD
 calls, and at exit, on the rank's stdout after a mark the launcher takes out of its output
-(run/metrics.py): `MARK {"r": RANK, "d": [[time, step, {name: value}], ...]}`. Values must
-be numbers (a tensor's `.item()`, not the tensor); others are left out.
+(run/metrics.py): `MARK {"r": RANK, "d": [[time, step, {name: value}], ...]}`, as many
+lines as keep each under MAX_LINE_BYTES (the launcher cuts longer lines). Values must be
+numbers (a tensor's `.item()`, not the tensor; not a string, bytes or a bool), names at most
+MAX_NAME characters; others are left out. A step is an int (a bool is none).
 """
 
 import atexit
@@ -25,6 +27,8 @@ import time
 MARK = "\x1edistrun-metrics "
 FLUSH_S = 0.25
 MAX_HELD = 512
+MAX_LINE_BYTES = 256 * 1024  # well under the launcher's 1 MiB line (run/output.py)
+MAX_NAME = 1000
 
 _ON = "DISTRUN_JOB_ID" in os.environ
 # The rank, as each launcher names it (torch's, MPI's, Slurm's); none for a TF task.
@@ -55,25 +59,48 @@ def flush():
         _next_flush[0] = time.time() + FLUSH_S
     if not batch:
         return
-    records = []
+    head = MARK + '{"r":' + json.dumps(_RANK) + ',"d":['
+    lines, parts, size = [], [], len(head) + 3
     for when, step, values in batch:
-        numbers = {}
-        for name, value in values.items():
-            try:
-                numbers[str(name)] = float(value)
-            except Exception:  # not a number (a string, an int too large): left out
-                continue
-        if numbers:
-            records.append([round(when, 3), step if isinstance(step, int) else None, numbers])
-    if not records:
-        return
-    line = MARK + json.dumps({"r": _RANK, "d": records}, separators=(",", ":")) + "\n"
-    data = line.encode()
+        step = step if isinstance(step, int) and not isinstance(step, bool) else None
+        for part in _records(round(when, 3), step, values, MAX_LINE_BYTES - len(head) - 3):
+            if parts and size + len(part) + 1 > MAX_LINE_BYTES:
+                lines.append(head + ",".join(parts) + "]}\n")
+                parts, size = [], len(head) + 3
+            parts.append(part)
+            size += len(part) + 1
+    if parts:
+        lines.append(head + ",".join(parts) + "]}\n")
+    data = "".join(lines).encode()
     try:
         while data:  # os.write, not print: a redirected sys.stdout must not swallow it
             data = data[os.write(1, data) :]
     except OSError:
         pass  # stdout is gone: so is whoever would read it
+
+
+def _records(when, step, values, budget):
+    """One call's values as JSON records `[time, step, {name: value}]`, each at most
+    `budget` bytes (a call of many names is split into records of the same time and
+    step); what is not a number, and names over MAX_NAME characters, are left out."""
+    found, numbers, size = [], {}, 0
+    for name, value in values.items():
+        name = str(name)
+        if len(name) > MAX_NAME or isinstance(value, (str, bytes, bytearray, bool)):
+            continue
+        try:
+            number = float(value)
+        except Exception:  # not a number (an object, an int too large): left out
+            continue
+        cost = len(json.dumps(name)) + len(json.dumps(number)) + 2
+        if numbers and size + cost > budget - 64:
+            found.append(json.dumps([when, step, numbers], separators=(",", ":")))
+            numbers, size = {}, 0
+        numbers[name] = number
+        size += cost
+    if numbers:
+        found.append(json.dumps([when, step, numbers], separators=(",", ":")))
+    return found
 
 
 atexit.register(flush)

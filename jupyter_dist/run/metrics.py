@@ -27,17 +27,21 @@ import threading
 from collections.abc import Iterable
 from typing import Any
 
+from jupyter_dist.errors import DamagedJob
 from jupyter_dist.node_side.report import MARK
-from jupyter_dist.store import JobRecord, append_private
+from jupyter_dist.store import JobRecord, NotAFile, append_private, open_regular, read_regular
 
 SERIES_CAP = 20_000  # records of one key kept at full rate
 NOT_FINITE = ("NaN", "Infinity", "-Infinity")  # how a stored value that is not finite reads
 PROGRESS_EVERY_S = 1.0  # a bar being drawn: its progress stored this often
 METRICS_FILE = "metrics.jsonl"
 
-# tqdm's bar: "n/total [elapsed<left, rate unit/s]" (or "s/unit", the slow way round).
+MAX_COUNT = 10**18  # a step or a progress count past this is no count (a damaged line)
+# tqdm's bar: "n/total [elapsed<left, rate unit/s]" (or "s/unit", the slow way round); a
+# count of more digits than MAX_COUNT has is no bar's.
 _TQDM = re.compile(
-    r"(\d+)/(\d+) \[[^\]<]*<[^\],]*,\s*(?:([\d.]+)(?:[a-zA-Z]*)/s|([\d.]+)s/[a-zA-Z]*)\]"
+    r"(?<!\d)(\d{1,18})/(\d{1,18}) \[[^\]<]*<[^\],]*,"
+    r"\s*(?:([\d.]+)(?:[a-zA-Z]*)/s|([\d.]+)s/[a-zA-Z]*)\]"
 )
 # A Hugging Face Trainer's log line: a dict of names to numbers, with one of its keys.
 _HF_KEYS = ("'loss'", "'eval_loss'", "'learning_rate'", "'train_loss'")
@@ -94,9 +98,12 @@ class MetricsSink:
         for entry in records if isinstance(records, list) else []:
             with _skipped():
                 when, step, values = entry
-                numbers = {str(n): json_number(float(v)) for n, v in values.items()}
-                step = step if isinstance(step, int) else None
-                found.append({"t": float(when), "k": key, "s": step, "m": numbers})
+                numbers = {
+                    str(n): json_number(number) for n, v in values.items()
+                    if (number := _stored_number(v)) is not None
+                }  # fmt: skip
+                if numbers:
+                    found.append({"t": float(when), "k": key, "s": _step(step), "m": numbers})
         self._store(key, found)
 
     def _trainer_dict(self, key: str, text: str, now: float) -> None:
@@ -108,10 +115,9 @@ class MetricsSink:
                 str(name): json_number(number) for name, value in values.items()
                 if (number := _number(value)) is not None
             }  # fmt: skip
-            step = values.get("step")
             if numbers:
-                self._store(key, [{"t": now, "k": key, "s": step if isinstance(step, int)
-                                   else None, "m": numbers}])  # fmt: skip
+                self._store(key, [{"t": now, "k": key, "s": _step(values.get("step")),
+                                   "m": numbers}])  # fmt: skip
 
     def _progress_bar(self, key: str, text: str, now: float) -> None:
         found = _TQDM.findall(text.rsplit("\r", 1)[-1] or text)  # a bar's last state
@@ -158,12 +164,83 @@ def json_number(value: float) -> float | str:
 
 
 def _stored_number(value: Any) -> float | None:
-    """A stored value as a float (NaN and the infinities included); None if it is none."""
+    """A stored value as a float (NaN and the infinities included); None if it is none
+    (an int too large for a float is none)."""
     if isinstance(value, bool):
         return None
     if isinstance(value, (int, float)) or value in NOT_FINITE:
-        return float(value)
+        try:
+            return float(value)
+        except OverflowError:
+            return None
     return None
+
+
+def _count(value: Any) -> int | None:
+    """A progress count: an int from 0 to MAX_COUNT, else None."""
+    if isinstance(value, int) and not isinstance(value, bool) and 0 <= value <= MAX_COUNT:
+        return value
+    return None
+
+
+def _step(value: Any) -> int | None:
+    """A step: an int within MAX_COUNT either way (a bool is none), else None."""
+    if isinstance(value, int) and not isinstance(value, bool) and abs(value) <= MAX_COUNT:
+        return value
+    return None
+
+
+def _record(entry: Any) -> dict[str, Any] | None:
+    """A stored line as every reader takes it, or None where it is not one: a note
+    ({"note"}), progress ({"t", "k", "p": [n, total], "r"}) or a metric record ({"t", "k",
+    "s", "m"}) whose values are numbers or NOT_FINITE names (others are left out). Lines
+    written by hand or damaged on disk (a value of 400 digits, 1e400, `"m": [1, 2]`, no
+    "k") are never more than one lost line to a reader, whatever it does with the rest."""
+    if not isinstance(entry, dict):
+        return None
+    if isinstance(entry.get("note"), str) and "k" not in entry:
+        return {"note": entry["note"]}
+    key, when = entry.get("k"), _stored_number(entry.get("t"))
+    if not isinstance(key, str):
+        return None
+    when = when if when is not None and math.isfinite(when) else None
+    if "p" in entry:
+        progress = entry["p"]
+        if not isinstance(progress, list) or len(progress) != 2:
+            return None
+        n, total = _count(progress[0]), _count(progress[1])
+        rate = _stored_number(entry.get("r"))
+        if n is None or total is None:
+            return None
+        return {"t": when, "k": key, "p": [n, total],
+                "r": rate if rate is not None and math.isfinite(rate) else None}  # fmt: skip
+    values = entry.get("m")
+    if not isinstance(values, dict):
+        return None
+    numbers = {
+        name: json_number(number) for name, value in values.items()
+        if (number := _stored_number(value)) is not None
+    }  # fmt: skip
+    if not numbers:
+        return None
+    return {"t": when, "k": key, "s": _step(entry.get("s")), "m": numbers}
+
+
+def _records(lines: Iterable[str]) -> list[dict[str, Any]]:
+    """The stored lines that are records (or notes), each as `_record` reads it."""
+    found = []
+    for line in lines:
+        with _skipped():
+            entry = _record(_loads(line))
+            if entry is not None:
+                found.append(entry)
+    return found
+
+
+def _share(progress: tuple[int, int]) -> float:
+    """How far a progress is, 0 to 1 (past its total counts as done)."""
+    n, total = progress
+    return 1.0 if n >= total else n / total
 
 
 def _loads(line: str) -> Any:
@@ -224,20 +301,15 @@ class MetricsReader:
 
     def new(self) -> list[dict[str, Any]]:
         try:
-            with open(self.path, "rb") as handle:
+            with open_regular(self.path) as handle:
                 handle.seek(self.offset)
                 data = handle.read()
-        except FileNotFoundError:
+        except (FileNotFoundError, NotAFile):  # none yet; damaged: nothing to draw
             return []
         whole = data[: data.rfind(b"\n") + 1]
         self.offset += len(whole)
-        found = []
-        for line in whole.decode("utf-8", errors="replace").splitlines():
-            with _skipped():
-                entry = _loads(line)
-                if isinstance(entry, dict) and isinstance(entry.get("k"), str):
-                    found.append(entry)
-        return found
+        lines = whole.decode("utf-8", errors="replace").splitlines()
+        return [entry for entry in _records(lines) if "k" in entry]
 
 
 def latest(record: JobRecord, tail_bytes: int = 1 << 16) -> dict[str, Any]:
@@ -246,33 +318,35 @@ def latest(record: JobRecord, tail_bytes: int = 1 << 16) -> dict[str, Any]:
     (the slowest rank's)}; {} when it reported none."""
     path = record.path / METRICS_FILE
     try:
-        with open(path, "rb") as handle:
+        with open_regular(path) as handle:
             size = handle.seek(0, 2)
             handle.seek(max(0, size - tail_bytes))
             data = handle.read()
-    except FileNotFoundError:
+    except (FileNotFoundError, NotAFile):  # none; damaged: the job lists without them
         return {}
     if size > tail_bytes:
         data = data[data.find(b"\n") + 1 :]  # the first line may be cut
     values: dict[str, dict[str, float]] = {}  # name -> key -> latest
     progress: dict[str, tuple[int, int]] = {}
-    for line in data.decode("utf-8", errors="replace").splitlines():
-        with _skipped():
-            entry = _loads(line)
-            if "p" in entry:
-                progress[entry["k"]] = (int(entry["p"][0]), int(entry["p"][1]))
-            for name, value in (entry.get("m") or {}).items():
-                if (number := _stored_number(value)) is not None:
-                    values.setdefault(name, {})[entry["k"]] = number
+    for entry in _records(data.decode("utf-8", errors="replace").splitlines()):
+        if "p" in entry:
+            progress[entry["k"]] = (entry["p"][0], entry["p"][1])
+        for name, value in (entry.get("m") or {}).items():
+            values.setdefault(name, {})[entry["k"]] = float(value)
     found: dict[str, Any] = {}
     if values:
-        found["metrics"] = {
-            n: json_number(round(sum(v.values()) / len(v), 6)) for n, v in values.items()
-        }
+        found["metrics"] = {n: json_number(_mean(v.values())) for n, v in values.items()}
     if progress:
-        n, total = min(progress.values(), key=lambda p: p[0] / p[1] if p[1] else 0)
+        n, total = min(progress.values(), key=_share)
         found["progress"] = f"{n}/{total}"
     return found
+
+
+def _mean(values: Iterable[float]) -> float:
+    """Their mean, rounded to 6 places (NaN where one is NaN, infinite where it is)."""
+    values = list(values)
+    total = math.fsum(values) if all(math.isfinite(v) for v in values) else sum(values)
+    return round(total / len(values), 6) if math.isfinite(total) else total
 
 
 def thinned(records: list[dict[str, Any]], most: int) -> list[dict[str, Any]]:
@@ -294,19 +368,15 @@ def thinned(records: list[dict[str, Any]], most: int) -> list[dict[str, Any]]:
 
 def read_metrics(record: JobRecord) -> tuple[list[dict[str, Any]], list[str]]:
     """A job's metric and progress records, oldest first, and its notes (downsampling)."""
-    records, notes = [], []
     try:
-        text = (record.path / METRICS_FILE).read_text(errors="replace")
+        text = read_regular(record.path / METRICS_FILE).decode("utf-8", errors="replace")
     except FileNotFoundError:
         return [], []
-    for line in text.splitlines():
-        with _skipped():
-            entry = _loads(line)
-            if isinstance(entry, dict) and isinstance(entry.get("note"), str):
-                notes.append(entry["note"])
-            elif isinstance(entry, dict) and isinstance(entry.get("k"), str):
-                records.append(entry)
-    return records, notes
+    except NotAFile as exc:
+        raise DamagedJob(f"job {record.job_id}: its {exc}") from None
+    entries = _records(text.splitlines())
+    notes = [entry["note"] for entry in entries if "note" in entry]
+    return [entry for entry in entries if "k" in entry], notes
 
 
 def summarize_metrics(records: Iterable[dict[str, Any]]) -> tuple[list[dict[str, Any]], str]:
@@ -317,13 +387,11 @@ def summarize_metrics(records: Iterable[dict[str, Any]]) -> tuple[list[dict[str,
     progress: dict[str, tuple[int, int]] = {}
     for record in records:
         if "p" in record:
-            with _skipped():
-                progress[record["k"]] = (int(record["p"][0]), int(record["p"][1]))
+            progress[record["k"]] = (record["p"][0], record["p"][1])
             continue
         for name, value in (record.get("m") or {}).items():
-            if (number := _stored_number(value)) is not None:
-                series.setdefault(name, []).append(number)
-                ranks.setdefault(name, set()).add(record["k"])
+            series.setdefault(name, []).append(float(value))
+            ranks.setdefault(name, set()).add(record["k"])
     rows = []
     for name, values in series.items():
         numbers = [v for v in values if not math.isnan(v)] or [math.nan]  # a NaN is no bound
@@ -332,7 +400,7 @@ def summarize_metrics(records: Iterable[dict[str, Any]]) -> tuple[list[dict[str,
                      "max": _short(max(numbers)), "points": len(values)})  # fmt: skip
     reached = ""
     if progress:
-        n, total = min(progress.values(), key=lambda p: p[0] / p[1] if p[1] else 0)
+        n, total = min(progress.values(), key=_share)
         reached = f"{n}/{total}"
     return rows, reached
 

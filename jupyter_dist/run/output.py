@@ -13,11 +13,13 @@ from jupyter_dist.backends.base import ProcessHandle
 from jupyter_dist.diagnose.attribute import attributor
 from jupyter_dist.diagnose.root_cause import StderrEvidence
 from jupyter_dist.events import OutputLine
+from jupyter_dist.node_side.report import MARK
 from jupyter_dist.plan.model import ProcessPlan
 from jupyter_dist.run.metrics import MetricsSink, may_be_metrics
 from jupyter_dist.store import JobRecord, timestamp
 
 MAX_LINE = 1 << 20  # a "line" longer than this is cut into pieces
+REPORT_MARK = MARK.encode()
 
 
 class OutputPipeline:
@@ -48,14 +50,23 @@ class OutputPipeline:
         attribute = None if proc.line_tags == "plain" else attributor(proc)
         files: dict[str, IO[str]] = {}
         partial = b""
+        cut_report = False  # the rest of a report() line cut below, up to its newline
         try:
             for chunk in handle.chunks(stream):
                 data = partial + chunk
                 cut = data.rfind(b"\n")
+                if cut_report and cut >= 0:  # its end: no fragment of it becomes output
+                    data, cut_report = data[data.find(b"\n") + 1 :], False
+                    cut = data.rfind(b"\n")
                 if cut < 0:
                     partial = data
                     if len(partial) > MAX_LINE:  # no newline for a megabyte: cut it here
-                        self._deliver(proc, stream, [_text(partial)], attribute, files)
+                        text = b""  # still inside a cut report() line: none of it
+                        if not cut_report:  # a report() line this long is lost, not output
+                            text, mark, _ = partial.partition(REPORT_MARK)
+                            cut_report = bool(mark)
+                        if text:
+                            self._deliver(proc, stream, [_text(text)], attribute, files)
                         partial = b""
                     elif self.metrics is not None and attribute is None and b"\r" in chunk:
                         # A progress bar redrawn with "\r" is one line until it ends: its
