@@ -214,7 +214,7 @@ class JobRecord:
         """The job's status.json; "unknown" before the job wrote one, "damaged" (with a
         message saying why) when it cannot be read as one, so that listings go on."""
         try:
-            status = json.loads((self.path / "status.json").read_text())
+            status = json.loads(read_regular(self.path / "status.json"))
         except FileNotFoundError:
             return {"job_id": self.job_id, "state": "unknown"}
         except (OSError, ValueError, RecursionError) as exc:  # bytes, JSON, nesting, access
@@ -226,7 +226,11 @@ class JobRecord:
         return {"job_id": self.job_id, "state": "damaged", "message": f"damaged: {why}"}
 
     def spec_yaml(self) -> str:
-        return (self.path / "spec.yml").read_text()
+        """The job's spec.yml; DamagedJob where it is not a regular file."""
+        try:
+            return read_regular(self.path / "spec.yml").decode()
+        except NotAFile as exc:
+            raise DamagedJob(f"job {self.job_id}: its {exc}") from None
 
     def append_usage(self, sample: dict[str, Any]) -> None:
         """One usage report of a process's agent ({"t", "p", "cpu", "rss", "ranks"}, and
@@ -239,9 +243,11 @@ class JobRecord:
         those taken from then on, read from the end of the file back (a long job's file
         is not read whole every few seconds by the sidebar)."""
         try:
-            with open(self.path / "usage.jsonl", "rb") as handle:
+            with open_regular(self.path / "usage.jsonl") as handle:
                 text = handle.read() if since is None else _tail_since(handle, since)
         except FileNotFoundError:
+            return []
+        except NotAFile:  # damaged: no usage to show, and the rest of the job still shows
             return []
         found = []
         for line in text.splitlines():
@@ -261,7 +267,7 @@ class JobRecord:
         """The latest stack dump taken of the job, if any was; DamagedJob where stacks.json
         is not one (StackDump.from_dict checks the rest)."""
         try:
-            dump = json.loads((self.path / "stacks.json").read_text())
+            dump = json.loads(read_regular(self.path / "stacks.json"))
         except FileNotFoundError:
             return None
         except (OSError, ValueError, RecursionError):
@@ -273,7 +279,7 @@ class JobRecord:
     def plan(self) -> dict[str, Any]:
         """The job's plan.json; DistrunError in one line if it is damaged."""
         try:
-            plan = json.loads((self.path / "plan.json").read_text())
+            plan = json.loads(read_regular(self.path / "plan.json"))
         except (OSError, ValueError) as exc:
             raise DamagedJob(
                 f"job {self.job_id}: its plan.json cannot be read ({type(exc).__name__}); "
@@ -438,14 +444,37 @@ def _open_log(path: Path) -> BinaryIO | None:
     """A log file opened to read, or None where there is none. Never blocks: a FIFO or a
     folder named like a log (a damaged job) is DamagedJob, not a reader stuck for ever."""
     try:
-        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK)
+        return open_regular(path)
     except FileNotFoundError:
         return None
-    if not stat.S_ISREG(os.fstat(fd).st_mode):
+    except NotAFile as exc:
+        raise DamagedJob(str(exc)) from None
+
+
+class NotAFile(OSError):
+    """A file of the store that is not a regular file (a FIFO, a folder, a device)."""
+
+
+def open_regular(path: Path | str) -> BinaryIO:
+    """`path` opened to read, without ever blocking: every file of a job folder is read
+    through this (or read_regular), since a FIFO put in a file's place would hold its
+    reader, a listing and the REST API's handlers, for ever. FileNotFoundError where there
+    is none; NotAFile, an OSError, where it is not a regular file."""
+    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK)
+    try:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            raise NotAFile(f"{Path(path).name} is not a regular file")
+        os.set_blocking(fd, True)
+    except BaseException:
         os.close(fd)
-        raise DamagedJob(f"{path.name} is not a regular file")
-    os.set_blocking(fd, True)
+        raise
     return os.fdopen(fd, "rb")
+
+
+def read_regular(path: Path | str) -> bytes:
+    """A regular file's bytes (open_regular's errors where it is none)."""
+    with open_regular(path) as handle:
+        return handle.read()
 
 
 def _tail_start(path: Path, count: int, block: int = 1 << 16) -> int:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
 import socket
 import subprocess
 import textwrap
@@ -310,6 +311,17 @@ async def test_a_damaged_job_and_an_impossible_id_never_make_a_500(jp_fetch, hom
         assert code == 200 and detail["state"] == "damaged"
     code, message = await _error(jp_fetch, "distrun", "jobs", "x" * 5000)
     assert code == 404 and "a job id is letters, digits" in message
+    # A FIFO in place of a file is damage too, never a handler waiting for ever: more
+    # requests than the handlers' pool has threads all answer.
+    fifo = run(_spec(tmp_path, "command: echo hi\n"), store=store)
+    for name in ("status.json", "metrics.jsonl", "usage.jsonl"):
+        (store.root / fifo.job_id / name).unlink(missing_ok=True)
+        os.mkfifo(store.root / fifo.job_id / name, 0o600)
+    for _ in range(8):
+        code, jobs = await asyncio.wait_for(_json(jp_fetch, "distrun", "jobs"), 30)
+        assert code == 200 and jobs[0]["state"] == "damaged", jobs
+    code, detail = await asyncio.wait_for(_json(jp_fetch, "distrun", "jobs", fifo.job_id), 30)
+    assert code == 200 and detail["state"] == "damaged"
 
 
 async def test_the_job_detail_masks_secret_values(jp_fetch, home, tmp_path):

@@ -294,3 +294,38 @@ def test_damage_that_is_valid_json_never_breaks_a_command(kind, store, capsys):
         assert "Traceback" not in err and err.count("\n") <= 1, (argv, err)
         if argv[0] == "jobs":
             assert good in out and damaged in out, (argv, out)
+
+
+def test_a_fifo_in_place_of_any_store_file_never_holds_a_reader(store):
+    """A FIFO where status.json, plan.json, spec.yml, metrics.jsonl, usage.jsonl or
+    stacks.json should be: every command that reads it answers (the job shows as damaged,
+    or without what that file held; a folder without a plan is no job), none waits for a
+    writer that never comes."""
+    names = ["status.json", "plan.json", "spec.yml", "metrics.jsonl", "usage.jsonl",
+             "stacks.json"]  # fmt: skip
+    jobs = {}
+    for name in names:
+        job_id = _job(store).job_id
+        path = store.root / job_id / name
+        path.unlink(missing_ok=True)
+        os.mkfifo(path, 0o600)
+        jobs[name] = job_id
+    listed = run_cli("jobs", "--json", store=store, timeout=30)
+    assert listed.returncode == 0, listed.stderr
+    states = {job["job_id"]: job["state"] for job in json.loads(listed.stdout)}
+    assert states[jobs["status.json"]] == "damaged"
+    assert jobs["plan.json"] not in states  # a folder without a plan is no job
+    others = [n for n in names if n not in ("status.json", "plan.json")]
+    assert {states[jobs[n]] for n in others} == {"succeeded"}
+    for name, job_id in jobs.items():
+        for command in ("inspect", "metrics", "logs", "stacks"):
+            done = run_cli(command, job_id, store=store, timeout=30)  # a hang fails here
+            assert "Traceback" not in done.stderr, (name, command, done.stderr)
+            assert done.returncode in (0, 2), (name, command, done.stderr)
+    metrics = run_cli("metrics", jobs["metrics.jsonl"], store=store, timeout=30)
+    assert metrics.returncode == 2
+    assert metrics.stderr == (
+        f"error: job {jobs['metrics.jsonl']}: its metrics.jsonl is not a regular file\n"
+    )
+    shown = run_cli("inspect", jobs["usage.jsonl"], store=store, timeout=30)
+    assert shown.returncode == 0, shown.stderr

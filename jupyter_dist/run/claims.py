@@ -32,7 +32,7 @@ from pathlib import Path
 from jupyter_dist.errors import DistrunError
 from jupyter_dist.events import JobListener, JobResult
 from jupyter_dist.run.requests import SETTLED_STATES, effective_state, pid_alive
-from jupyter_dist.store import PRIVATE_FILE, JobStore, UnknownJob, private_dir
+from jupyter_dist.store import PRIVATE_FILE, JobStore, UnknownJob, private_dir, read_regular
 
 # A claim whose job's folder is not there yet is a job starting now, for so long; after
 # that its store is gone (deleted while its owner lived on).
@@ -146,7 +146,7 @@ class PortClaims:
     @staticmethod
     def _holder(path: Path) -> dict:
         try:
-            found = json.loads(path.read_text())
+            found = json.loads(read_regular(path))
         except (OSError, ValueError):
             return {}
         return found if isinstance(found, dict) else {}

@@ -40,7 +40,7 @@ from jupyter_dist.run.session import (
     SessionEnded,
     chosen_ranks,
 )
-from jupyter_dist.store import JobRecord, JobStore, private_dir, write_atomic
+from jupyter_dist.store import JobRecord, JobStore, private_dir, read_regular, write_atomic
 
 FOLDER = "session"
 _REQUEST_ID = re.compile(r"[0-9a-f]{32}")
@@ -101,7 +101,7 @@ def open_folder(session: Session, record: JobRecord) -> tuple[Path, Path, Path]:
 def _take(path: Path) -> dict[str, Any] | None:
     """A request, taken off the folder; None if it is not one (it is dropped)."""
     try:
-        request = json.loads(path.read_text())
+        request = json.loads(read_regular(path))
     except (OSError, ValueError):
         request = None
     path.unlink(missing_ok=True)
@@ -199,7 +199,7 @@ class RemoteSession:
 
     def _info(self) -> dict[str, Any]:
         try:
-            info = json.loads((_folders(self.record)[0] / "session.json").read_text())
+            info = json.loads(read_regular(_folders(self.record)[0] / "session.json"))
         except (OSError, ValueError):
             return {}
         return info if isinstance(info, dict) else {}
@@ -277,7 +277,7 @@ class RemoteSession:
                 self.job.step()  # its last lines were stored before the answer
                 if on_tick is not None:
                     on_tick()
-                answer = json.loads(path.read_text())
+                answer = json.loads(read_regular(path))
                 path.unlink(missing_ok=True)
                 return answer
             if on_tick is not None:

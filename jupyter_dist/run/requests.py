@@ -23,7 +23,7 @@ from typing import Any
 from jupyter_dist.diagnose.stacks import check_method
 from jupyter_dist.errors import DamagedJob, DistrunError
 from jupyter_dist.events import FINAL_STATES
-from jupyter_dist.store import JobRecord, write_atomic
+from jupyter_dist.store import JobRecord, read_regular, write_atomic
 
 CANCEL_FILE = "cancel.json"
 STACKS_REQUEST_FILE = "stacks-request.json"
@@ -72,7 +72,7 @@ def pid_alive(pid: int) -> bool:
 def cancel_requested(record: JobRecord) -> str | None:
     """The reason given in a pending request, or None."""
     try:
-        request = json.loads((record.path / CANCEL_FILE).read_text())
+        request = json.loads(read_regular(record.path / CANCEL_FILE))
     except FileNotFoundError:
         return None
     except (OSError, json.JSONDecodeError):
@@ -125,7 +125,7 @@ def stacks_requested(record: JobRecord) -> dict[str, Any] | None:
     """A pending stacks request ({"id", "method"}), taken off the folder; None if none."""
     path = record.path / STACKS_REQUEST_FILE
     try:
-        request = json.loads(path.read_text())
+        request = json.loads(read_regular(path))
     except FileNotFoundError:
         return None
     except (OSError, json.JSONDecodeError):
