@@ -28,6 +28,7 @@ from jupyter_dist.env_names import environment_variables
 from jupyter_dist.errors import SpecError
 from jupyter_dist.spec_dialect import translate
 from jupyter_dist.validation import (
+    MAX_PROCS_PER_NODE,
     Port,
     StrictSection,
     YamlTooBig,
@@ -52,7 +53,6 @@ OUTPUTS_FOLDER = "outputs"  # in the job's folder on each node: where outputs wi
 # Sane caps, checked before anything is planned (a typo of 100000000 nodes would otherwise
 # be planned, and started): far above what one notebook launches.
 MAX_NODES = 4096
-MAX_PROCS_PER_NODE = 1024
 MAX_PROCESSES = 16384  # in one job, every node's together
 MAX_SECONDS = 31 * 24 * 3600  # a time limit of a month
 MAX_RESTARTS = 1000

@@ -31,7 +31,7 @@ from pydantic import ValidationError, field_validator
 from jupyter_dist.command_words import own_launcher, own_world, torch_processes_per_node
 from jupyter_dist.env_names import environment_variables
 from jupyter_dist.errors import SpecError
-from jupyter_dist.validation import StrictSection, count, one_line
+from jupyter_dist.validation import MAX_PROCS_PER_NODE, StrictSection, count, one_line
 
 DIALECT_KEY = "distributed"
 # The roles each framework has in the proposal, and the canonical count each becomes.
@@ -158,6 +158,15 @@ class _Reader:
         if raw is not None and not isinstance(raw, dict):
             raise SpecError("resources: expected a mapping of keys to values")
         resources = dict(raw or {})
+        if (
+            "instance_count" in compute and "instance_count" in resources
+            and compute["instance_count"] != resources["instance_count"]
+        ):  # fmt: skip
+            raise SpecError(
+                f"compute.instance_count is {compute['instance_count']!r} but "
+                f"resources.instance_count is {resources['instance_count']!r}; make them "
+                "agree, or write one (both count the job's nodes)"
+            )
         written = compute.get("instance_count", resources.get("instance_count"))
         where = ("compute.instance_count" if "instance_count" in compute
                  else "resources.instance_count")  # fmt: skip
@@ -174,6 +183,9 @@ class _Reader:
                 self.said(source, workers or 1, "resources.instance_count",
                           " (a node for each worker; the other tasks share them)")  # fmt: skip
         else:
+            if workers == 0:
+                raise SpecError(f"{source}: 0 is not valid; expected a whole number >= 1 (the "
+                                "job's nodes)")  # fmt: skip
             if workers is not None and written is not None and workers != written:
                 raise SpecError(f"{source} is {workers} but {where} is {written}; make them "
                                 "agree (both count the job's nodes)")  # fmt: skip
@@ -224,6 +236,11 @@ class _Reader:
                 per_node = -(-world // nodes)
                 why = f"the command's -np {world} over {nodes} workers: the hostfile's slots"
             elif started:
+                if started > MAX_PROCS_PER_NODE:
+                    raise SpecError(
+                        f"command: --nproc_per_node {started} is more processes than a node "
+                        f"runs (at most {MAX_PROCS_PER_NODE})"
+                    )
                 per_node = 1
                 why = (f"the command starts {started} processes on each node itself: "
                        f"--nproc_per_node {started}, {nodes * started} ranks in all")  # fmt: skip

@@ -101,6 +101,9 @@ def one_line(
 
 # -- reading YAML we were given --------------------------------------------------------------
 
+# Processes on one node, however a spec says it (the proposal's dialect reads a command's
+# --nproc_per_node too): far above what one machine runs.
+MAX_PROCS_PER_NODE = 1024
 MAX_YAML_BYTES = 4 << 20  # a spec with a notebook cell in it is far smaller
 MAX_YAML_DEPTH = 64
 MAX_YAML_NODES = 200_000  # counted with every alias expanded: a "billion laughs" stops here

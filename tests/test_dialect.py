@@ -195,6 +195,30 @@ def test_mpirun_asking_more_ranks_than_the_slots_hold_is_one_line():
     )
 
 
+@pytest.mark.parametrize(
+    "text, message",
+    [
+        ("command: mpirun -np 16 python x.py\ndistributed: {mpi: {worker: {count: 0}}}",
+         "distributed.mpi.worker.count: 0 is not valid; expected a whole number >= 1 (the "
+         "job's nodes)"),
+        ("command: python x.py\ndistributed: {pytorch: {}}\nresources: {instance_count: 2}\n"
+         "compute: {instance_count: 3}",
+         "compute.instance_count is 3 but resources.instance_count is 2; make them agree, or "
+         "write one (both count the job's nodes)"),
+        ("command: torchrun --nproc_per_node 99999999999 x.py\n"
+         "distributed: {pytorch: {worker: {count: 2}}}",
+         "command: --nproc_per_node 99999999999 is more processes than a node runs (at most "
+         "1024)"),
+    ],
+)  # fmt: skip
+def test_counts_the_proposals_shape_cannot_hold_are_one_line(text, message):
+    """Each was a traceback (ZeroDivisionError), a silent choice of one count over the
+    other, or a plan of 199999999998 ranks."""
+    with pytest.raises(SpecError) as info:
+        parse_spec(text)
+    assert str(info.value) == message
+
+
 def test_a_canonical_spec_is_read_as_it_is():
     assert parse_spec("command: x\nresources: {instance_count: 2}").read_as == []
 
