@@ -131,7 +131,7 @@ OPTIONS: tuple[Option, ...] = (
            short="-e", metavar="NAME=VALUE", fronts=_NOTEBOOK),
     Option("code", "a folder shipped to every node; the processes' working directory",
            metavar="DIR", fronts=_NOTEBOOK),
-    Option("name", "the job's name (shown in job lists)", fronts=_NOTEBOOK),
+    Option("name", "the job's name (shown in job lists; the spec's name:)", fronts=_EVERYWHERE),
     Option("nodes_file", "node inventory (default: $DISTRUN_NODES_FILE, else the Jupyter "
            "config dir's distrun/nodes.yml; none means local nodes)", metavar="FILE",
            fronts=frozenset({MAGIC, CLI_SPEC})),

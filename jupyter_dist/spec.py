@@ -528,7 +528,7 @@ class JobSpec(StrictSection):
     def with_overrides(self, **changes: Any) -> JobSpec:
         """A copy with some keys changed, validated again (the same errors as the YAML).
 
-        Keys: `instance_count`, `nodes`, `network_check`, those of `limits:` (LIMIT_KEYS),
+        Keys: `instance_count`, `nodes`, `network_check`, `name`, those of `limits:` (LIMIT_KEYS),
         `backend` (a mapping merged into the backend section), and any key of the
         distribution section.
         """
@@ -539,7 +539,7 @@ class JobSpec(StrictSection):
                 continue
             if key == "instance_count":
                 data["resources"] = {**data.get("resources", {}), "instance_count": value}
-            elif key in ("nodes", "network_check"):
+            elif key in ("nodes", "network_check", "name"):
                 data[key] = value
             elif key in LIMIT_KEYS:
                 data["limits"] = {**data.get("limits", {}), key: value}

@@ -114,13 +114,14 @@ def test_jobs_and_logs_read_the_store(tmp_path: Path, store):
         distribution: {type: pytorch, process_count_per_instance: 2}
     """,
     )
-    done = run_cli("run", str(spec), store=store)
+    done = run_cli("run", str(spec), "--name", "exp3", store=store)  # as the magic has it
     assert done.returncode == 1  # rank 1 exits 1
     assert re.match(r"job \S+: 2 ranks on 1 node \(local\); logs in ", done.stderr)
     assert "Root cause: rank 1 on local0 (127.0.0.1) exited with code 1" in done.stderr
     jobs = run_cli("jobs", "--json", store=store)
     (status,) = json.loads(jobs.stdout)
     assert status["state"] == "failed" and status["root_cause"]["rank"] == 1
+    assert status["name"] == "exp3"
     job_id = status["job_id"]
     table = run_cli("jobs", store=store, env={**os.environ, "COLUMNS": "250"})
     assert job_id in table.stdout and "failed" in table.stdout
