@@ -195,6 +195,9 @@ class JobResult:
     ended: float | None = None
     attempts: list[Attempt] = field(default_factory=list)  # the earlier ones, oldest first
     replaced: list[str] = field(default_factory=list)  # "node2 in place of node1", per spare
+    # False where the job ended before its last attempt started (cancelled in the delay
+    # before it, or it could not start): that attempt did not run.
+    last_attempt_ran: bool = True
 
     @property
     def ok(self) -> bool:
@@ -219,6 +222,11 @@ class JobResult:
         if self.replaced:
             lines.append(f"  Spares taken for nodes that could not be reached: "
                          f"{', '.join(self.replaced)}")  # fmt: skip
+        if not self.last_attempt_ran:
+            ran = len(self.attempts)
+            times = "once" if ran == 1 else f"{ran} times"
+            return (f"\nIt ran {times} (attempt {ran + 1} did not start):\n"
+                    + "\n".join(lines))  # fmt: skip
         return f"\nIt ran {len(self.attempts) + 1} times; before this one:\n" + "\n".join(lines)
 
 

@@ -49,7 +49,7 @@ from jupyter_dist.events import (
 )
 from jupyter_dist.nodes import load_inventory, this_machines_gpus
 from jupyter_dist.options import BY_NAME
-from jupyter_dist.run.metrics import read_metrics, summarize_metrics
+from jupyter_dist.run.metrics import read_metrics, readable, summarize_metrics
 from jupyter_dist.run.outputs import output_notes
 from jupyter_dist.run.requests import (
     effective_state,
@@ -608,8 +608,8 @@ def cmd_metrics(args: argparse.Namespace, store: JobStore) -> int:
     """A job's metrics (run/metrics.py): a summary table; every point with --csv or --json."""
     record = store.get(args.job)
     records, notes = read_metrics(record)
-    if args.json:
-        sys.stdout.write("".join(json.dumps(r, separators=(",", ":")) + "\n" for r in records))
+    if args.json:  # one object a line, in words (run/metrics.readable)
+        sys.stdout.write("".join(json.dumps(readable(r)) + "\n" for r in records))
         return EXIT_OK
     if args.csv:
         import csv

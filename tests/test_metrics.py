@@ -122,7 +122,7 @@ def test_a_value_that_is_not_finite_is_kept_by_its_name(tmp_path):
     shown = run_cli("metrics", record.job_id, "--json", store=store)
     assert shown.returncode == 0, shown.stderr
     lines = [strict_json(line) for line in shown.stdout.splitlines()]
-    assert lines[-1]["m"] == {"loss": "NaN"}
+    assert lines[-1] == {"time": 4.0, "rank": 0, "step": 3, "values": {"loss": "NaN"}}
     table = run_cli("metrics", record.job_id, store=store, env={**os.environ, "COLUMNS": "120"})
     assert re.search(
         r"loss\s+│\s+2\s+│\s+0\.5\s+│\s+nan\s+│\s+-inf\s+│\s+0\.5\s+│\s+4", table.stdout
@@ -143,6 +143,11 @@ def test_a_keys_records_are_bounded_and_the_store_says_so(tmp_path):
                      "rank-0: over 20 records: from here every 4th is kept",
                      "rank-0: over 40 records: from here every 8th is kept"]  # fmt: skip
     assert sink.latest["rank-0"]["loss"] == 44.0  # the latest is always kept
+    from jupyter_dist.run.metrics import _ordinal
+
+    assert [_ordinal(n) for n in (2, 4, 16, 21, 32, 111, 1024)] == [
+        "2nd", "4th", "16th", "21st", "32nd", "111th", "1024th"
+    ]  # fmt: skip
 
 
 def test_report_outside_a_job_does_nothing(tmp_path):
@@ -181,6 +186,15 @@ def test_a_jobs_metrics_are_stored_and_shown_without_their_lines_in_the_logs(sto
     assert sum(",loss," in row for row in csv) == 4 * 31 + 1
     lines = run_cli("metrics", record.job_id, "--json", store=store).stdout.splitlines()
     assert len(lines) == len(records)
+    shown = [json.loads(line) for line in lines]  # in words: time, rank, step and values
+    assert {"time", "rank", "step", "values"} <= set(shown[0]) or "progress" in shown[0]
+    assert {(r["rank"], r["step"]) for r in shown if "loss" in r.get("values", {})} >= {
+        (3, 0),
+        (2, 29),
+        (1, 30),
+    }
+    bars = [r for r in shown if "progress" in r]
+    assert bars and set(bars[-1]) == {"time", "rank", "progress", "total", "rate"}
     inspected = run_cli("inspect", record.job_id, store=store, env={**os.environ, "COLUMNS": "160"})
     assert "Metrics (first, last, min and max over every rank)" in inspected.stdout
     none = run_cli("metrics", record.job_id, "--csv", "--json", store=store)

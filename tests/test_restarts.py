@@ -201,8 +201,12 @@ def test_a_cancel_between_attempts_ends_the_job_without_another(store, tmp_path)
     assert (status["attempt"], len(status["attempts"])) == (2, 1)
     assert status["message"] == "cancelled from the command line"
     assert wait_until_ended(record, 5) == "cancelled"
+    assert status["attempt_ran"] is False
     _wait_for(lambda: not os.path.exists(f"/proc/{supervisor}"), 15, "the supervisor's end")
     assert job_processes(job_id) == []
+    attached = run_cli("attach", job_id, store=store, timeout=60)  # the outcome, as stored
+    assert "It ran once (attempt 2 did not start):" in attached.stderr, attached.stderr
+    assert "It ran 2 times" not in attached.stderr
 
 
 @pytest.mark.slow

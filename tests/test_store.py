@@ -329,3 +329,40 @@ def test_a_fifo_in_place_of_any_store_file_never_holds_a_reader(store):
     )
     shown = run_cli("inspect", jobs["usage.jsonl"], store=store, timeout=30)
     assert shown.returncode == 0, shown.stderr
+
+
+@pytest.mark.slow
+def test_a_store_that_fills_up_stops_the_job_in_one_line_and_leaves_nothing(tmp_path):
+    """The store's disk fills while the ranks print (a tmpfs of 1 MiB): the job is stopped
+    and fails, saying the store cannot be written and why, where the reader stopped
+    reading and the rank hung on a full pipe until killed; no process is left."""
+    import re
+    import subprocess
+
+    from helpers import job_processes
+
+    small = tmp_path / "small"
+    small.mkdir()
+    subprocess.run(["mount", "-t", "tmpfs", "-o", "size=1m,mode=0700", "tmpfs", str(small)],
+                   check=True)  # fmt: skip
+    try:
+        store = JobStore(small / "jobs")
+        spec = tmp_path / "job.yml"
+        spec.write_text(
+            "command: python3 -c \"while True: print('x' * 200)\"\n"
+            "distribution: {type: pytorch, process_count_per_instance: 2}\n"
+        )
+        done = run_cli("run", str(spec), store=store, timeout=60)  # a hang fails here
+        job_id = re.match(r"job (\S+):", done.stderr).group(1)
+        assert done.returncode == 1, done.stderr
+        last = done.stderr.strip().splitlines()[-1]
+        assert re.fullmatch(
+            rf"Job {job_id} failed: the job store cannot be written \({store.root / job_id}"
+            r"\S*: No space left on device\); the job was stopped: free space there, or make "
+            r"it writable",
+            last,
+        ), done.stderr
+        assert "Traceback" not in done.stderr
+        assert job_processes(job_id) == []
+    finally:
+        subprocess.run(["umount", "-l", str(small)], check=True)

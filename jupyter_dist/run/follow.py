@@ -108,6 +108,7 @@ class Follower:
             started=status.get("started"), ended=status.get("ended"),
             attempts=attempts_of(status),
             replaced=[str(text) for text in status.get("replaced") or []],
+            last_attempt_ran=status.get("attempt_ran") is not False,
         )  # fmt: skip
 
     def _lines(self, key: str, lines: list[dict[str, str]]) -> list[OutputLine]:

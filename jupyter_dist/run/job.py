@@ -103,15 +103,20 @@ class Job(Listened):
         self._handles: dict[str, ProcessHandle] = {}
         self._readers: dict[str, list[threading.Thread]] = {}
         self._evidence = StderrEvidence()
-        self.metrics = MetricsSink(record)  # what the ranks report, and trainers print
+        # Why the store cannot be written (a full disk, a file made read-only), once it
+        # failed: the job is stopped, failed, saying so, and not started again.
+        self.store_problem: str | None = None
+        self.metrics = MetricsSink(record, store_failed=self._store_failed)
         self._output = OutputPipeline(
-            record, self._evidence, self._emit_lines, messages, self.metrics
-        )
+            record, self._evidence, self._emit_lines, messages, self.metrics,
+            store_failed=self._store_failed,
+        )  # fmt: skip
         self.processes = _process_states(plan)
         self._restarts = restarts
         self.attempt = 1  # counted from 1; DISTRUN_RESTART_COUNT is one less
         self.attempts: list[Attempt] = []  # the ended ones, oldest first
         self._attempt_started: float | None = None
+        self._attempt_ran = False  # whether the current attempt started (not: cancelled first)
         self._restarting = False  # between a failed attempt's end and the next's start
         self._restart_wake = threading.Event()  # a stop cuts the restart delay short
         # The final state a stop asked for while processes started or the job restarted
@@ -172,7 +177,7 @@ class Job(Listened):
     def _start_attempt(self) -> None:
         """Start every process of the current plan, or none (see `start`); a stop asked for
         meanwhile is carried out once they all run."""
-        self._attempt_started = time.time()
+        self._attempt_started, self._attempt_ran = time.time(), True
         started: list[tuple[ProcessPlan, ProcessHandle]] = []
         try:
             self._backend.prepare(self.plan, list(self._nodes.values()))
@@ -319,6 +324,21 @@ class Job(Listened):
         interactive Dask cluster): like `cancel`, but the job has succeeded."""
         self._request_stop("succeeded", reason)
 
+    def _store_failed(self, exc: OSError) -> None:
+        """A write to the job's store failed: stop the job, failed, saying what could not
+        be written and why (its ranks' lines still reach the listeners until they end;
+        without this, a reader that stopped reading left its rank blocked on a full pipe,
+        and a job whose status could not be written said it succeeded)."""
+        with self._state_lock:
+            if self.store_problem is not None:
+                return
+            where = exc.filename or str(self.record.path)
+            self.store_problem = (
+                f"the job store cannot be written ({where}: {exc.strerror or exc}); the job "
+                "was stopped: free space there, or make it writable"
+            )
+        self._request_stop("failed", self.store_problem)
+
     def _request_stop(self, final_state: str, reason: str) -> None:
         """End the job in `final_state`: stop its processes now; or once those being
         started have all reported their start; or, between attempts, instead of the next."""
@@ -408,8 +428,10 @@ class Job(Listened):
         with self._usage_lock:  # the store keeps a sample every few seconds per process
             if now - self._usage_stored.get(name, -STORE_EVERY_S) >= STORE_EVERY_S:
                 self._usage_stored[name] = now
-                with contextlib.suppress(OSError):
+                try:
                     self.record.append_usage({"t": round(time.time(), 2), "p": name, **sample})
+                except OSError as exc:
+                    self._store_failed(exc)
         if self._stall is not None:
             self._stall.usage(name, readings)
 
@@ -558,6 +580,7 @@ class Job(Listened):
             ended=self.ended,
             attempts=list(self.attempts),
             replaced=list(self.replaced),
+            last_attempt_ran=self._attempt_ran,
         )
         self._write_status()
         with self._emit_lock:
@@ -574,6 +597,7 @@ class Job(Listened):
             self._restarts is not None
             and self.attempt <= self._restarts.limit
             and self._pending_stop is None
+            and self.store_problem is None  # it would fail the same way
         )
 
     def _end_attempt(self) -> Attempt:
@@ -583,6 +607,7 @@ class Job(Listened):
         )
         self.attempts.append(ended)
         self.attempt += 1
+        self._attempt_ran = False
         self._root_cause = None
         self._restarting = True
         self.state = "restarting"
@@ -695,6 +720,7 @@ class Job(Listened):
                 "world_size": self.plan.world_size,
                 "attempt": self.attempt,
                 "attempt_started": self._attempt_started,
+                "attempt_ran": self._attempt_ran,
                 "attempts_allowed": self.attempts_allowed,
                 "attempts": [attempt.to_dict() for attempt in self.attempts],
                 "replaced": self.replaced,
@@ -708,8 +734,11 @@ class Job(Listened):
 
     def _write_status(self) -> None:
         # Snapshot and write under one lock: a stale snapshot must never be written last.
-        with self._status_lock, contextlib.suppress(OSError):
-            self.record.write_status(self.status())
+        try:
+            with self._status_lock:
+                self.record.write_status(self.status())
+        except OSError as exc:  # outside the lock: the stop it asks for writes the status
+            self._store_failed(exc)
 
 
 def _process_states(plan: LaunchPlan) -> dict[str, ProcessState]:

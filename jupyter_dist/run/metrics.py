@@ -24,7 +24,7 @@ import json
 import math
 import re
 import threading
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from typing import Any
 
 from jupyter_dist.errors import DamagedJob
@@ -57,8 +57,14 @@ class MetricsSink:
     off), returning what of it is output; what it recognises is appended to the store and
     kept as each key's latest values (`latest`, `progress`) for the views."""
 
-    def __init__(self, record: JobRecord, cap: int = SERIES_CAP) -> None:
+    def __init__(
+        self,
+        record: JobRecord,
+        cap: int = SERIES_CAP,
+        store_failed: Callable[[OSError], None] = lambda _exc: None,
+    ) -> None:
         self.record, self.cap = record, cap
+        self.store_failed = store_failed  # told when metrics.jsonl cannot be written
         self.latest: dict[str, dict[str, float]] = {}  # key -> name -> last value
         self.progress: dict[str, tuple[int, int, float | None]] = {}  # key -> n, total, rate
         self._counts: dict[str, int] = {}
@@ -152,8 +158,11 @@ class MetricsSink:
             text = "".join(
                 json.dumps(line, separators=(",", ":"), allow_nan=False) + "\n" for line in lines
             )
-            with self._lock:
-                append_private(self.record.path / METRICS_FILE, text)
+            try:
+                with self._lock:
+                    append_private(self.record.path / METRICS_FILE, text)
+            except OSError as exc:  # said to the job, not skipped as a bad record is
+                self.store_failed(exc)
 
 
 def json_number(value: float) -> float | str:
@@ -274,7 +283,10 @@ def _stride(count: int, cap: int) -> int:
 
 
 def _ordinal(n: int) -> str:
-    return {2: "2nd", 3: "3rd"}.get(n, f"{n}th")
+    """2nd, 3rd, 4th, 11th, 32nd, 1024th."""
+    if n % 100 in (11, 12, 13):
+        return f"{n}th"
+    return f"{n}{ {1: 'st', 2: 'nd', 3: 'rd'}.get(n % 10, 'th') }"
 
 
 class _skipped:
@@ -377,6 +389,22 @@ def read_metrics(record: JobRecord) -> tuple[list[dict[str, Any]], list[str]]:
     entries = _records(text.splitlines())
     notes = [entry["note"] for entry in entries if "note" in entry]
     return [entry for entry in entries if "k" in entry], notes
+
+
+def readable(record: dict[str, Any]) -> dict[str, Any]:
+    """A record as `metrics --json` prints it, in words: {"time", "rank" (or "process", for
+    a key that is no rank's: a TensorFlow task), "step", "values": {name: value}}, or for
+    progress {"time", "rank", "progress", "total", "rate"}."""
+    key = record["k"]
+    number = key.removeprefix("rank-")
+    who = (
+        {"rank": int(number)} if key.startswith("rank-") and number.isdigit() else {"process": key}
+    )
+    if "p" in record:
+        n, total = record["p"]
+        return {"time": record["t"], **who, "progress": n, "total": total,
+                "rate": record.get("r")}  # fmt: skip
+    return {"time": record["t"], **who, "step": record.get("s"), "values": record["m"]}
 
 
 def summarize_metrics(records: Iterable[dict[str, Any]]) -> tuple[list[dict[str, Any]], str]:

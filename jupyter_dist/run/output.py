@@ -24,7 +24,9 @@ REPORT_MARK = MARK.encode()
 
 class OutputPipeline:
     """One per job. `read` runs in one thread per stream of each process; `emit` (the
-    listeners) gets each batch after it is on disk."""
+    listeners) gets each batch after it is on disk. Where the store cannot be written (a
+    full disk, a log made read-only), `store_failed` is told once per stream and the lines
+    still go to the listeners: a rank is never left blocked on a full pipe."""
 
     def __init__(
         self,
@@ -33,10 +35,12 @@ class OutputPipeline:
         emit: Callable[[list[OutputLine]], None],
         messages: tuple[str, Callable[[ProcessPlan, str], None]] | None = None,
         metrics: MetricsSink | None = None,
+        store_failed: Callable[[OSError], None] = lambda _exc: None,
     ) -> None:
         self.record = record
         self.evidence = evidence
         self.emit = emit
+        self.store_failed = store_failed
         # What the ranks report (report() lines, taken out of the output) and what trainers
         # print (kept as output too): run/metrics.py.
         self.metrics = metrics
@@ -48,7 +52,7 @@ class OutputPipeline:
         """Every line of `proc`'s `stream` until it ends (or breaks: the process watcher
         reports a dropped connection, not this)."""
         attribute = None if proc.line_tags == "plain" else attributor(proc)
-        files: dict[str, IO[str]] = {}
+        logs = _StreamLogs()
         partial = b""
         cut_report = False  # the rest of a report() line cut below, up to its newline
         try:
@@ -66,7 +70,7 @@ class OutputPipeline:
                             text, mark, _ = partial.partition(REPORT_MARK)
                             cut_report = bool(mark)
                         if text:
-                            self._deliver(proc, stream, [_text(text)], attribute, files)
+                            self._deliver(proc, stream, [_text(text)], attribute, logs)
                         partial = b""
                     elif self.metrics is not None and attribute is None and b"\r" in chunk:
                         # A progress bar redrawn with "\r" is one line until it ends: its
@@ -75,15 +79,13 @@ class OutputPipeline:
                     continue
                 partial = data[cut + 1 :]
                 # Whole lines only, so a character split across chunks is never cut.
-                self._deliver(proc, stream, _text(data[:cut]).split("\n"), attribute, files)
+                self._deliver(proc, stream, _text(data[:cut]).split("\n"), attribute, logs)
             if partial:
-                self._deliver(proc, stream, [_text(partial)], attribute, files)
+                self._deliver(proc, stream, [_text(partial)], attribute, logs)
         except OSError:
-            pass
+            pass  # the link broke: the process watcher says so
         finally:
-            for log in files.values():
-                with contextlib.suppress(OSError):
-                    log.close()
+            logs.close()
 
     def note(self, proc: ProcessPlan, text: str) -> None:
         """Store a line of ours in each of `proc`'s stdout logs, shown to no listener (a
@@ -94,7 +96,7 @@ class OutputPipeline:
             with self.record.open_log(key, "stdout") as log:
                 log.write(line)
 
-    def _deliver(self, proc, stream, texts: list[str], attribute, files) -> None:
+    def _deliver(self, proc, stream, texts: list[str], attribute, logs) -> None:
         messages = []
         if self.messages and any(self.messages[0] in t for t in texts):
             mark, kept = self.messages[0], []
@@ -107,11 +109,11 @@ class OutputPipeline:
                 kept.append(before)
             texts = kept
         if texts:
-            self._store_and_emit(proc, stream, texts, attribute, files)
+            self._store_and_emit(proc, stream, texts, attribute, logs)
         for message in messages:  # after the lines before it are stored and shown
             self.messages[1](proc, message)
 
-    def _store_and_emit(self, proc, stream, texts: list[str], attribute, files) -> None:
+    def _store_and_emit(self, proc, stream, texts: list[str], attribute, logs) -> None:
         now = time.time()
         prefix = timestamp(now) + " "
         sink = self.metrics
@@ -139,13 +141,32 @@ class OutputPipeline:
         if stream == "stderr":
             for line in batch:
                 self.evidence.note(proc, line.key, line.text, now)
-        for key, lines in by_key.items():
-            log = files.get(key)
-            if log is None:
-                log = files[key] = self.record.open_log(key, stream)
-            log.write(prefix + ("\n" + prefix).join(lines) + "\n")
-            log.flush()  # on disk before anyone is shown it
+        if not logs.failed:
+            try:
+                for key, lines in by_key.items():
+                    log = logs.files.get(key)
+                    if log is None:
+                        log = logs.files[key] = self.record.open_log(key, stream)
+                    log.write(prefix + ("\n" + prefix).join(lines) + "\n")
+                    log.flush()  # on disk before anyone is shown it
+            except OSError as exc:
+                logs.failed = True  # this stream stores no more; its lines are still shown
+                self.store_failed(exc)
         self.emit(batch)
+
+
+class _StreamLogs:
+    """The log files one stream of a process writes (by log key), open while it runs;
+    `failed` once writing one failed."""
+
+    def __init__(self) -> None:
+        self.files: dict[str, IO[str]] = {}
+        self.failed = False
+
+    def close(self) -> None:
+        for log in self.files.values():
+            with contextlib.suppress(OSError):  # a failed write was said already
+                log.close()
 
 
 def _text(data: bytes) -> str:
