@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import functools
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -142,6 +143,9 @@ class Inventory:
 DEFAULT_WORKDIR = "~/.distrun"
 
 
+_NODE_NAME = re.compile(r"[A-Za-z0-9._-]{1,64}")
+
+
 class NodeEntry(StrictSection):
     """One node of the inventory file, as the user writes it."""
 
@@ -161,6 +165,17 @@ class NodeEntry(StrictSection):
     def _not_blank(cls, value: str) -> str:
         if not value.strip() or any(c.isspace() for c in value):
             raise ValueError("expected a non-empty word without spaces")
+        return value
+
+    @field_validator("name")
+    @classmethod
+    def _a_name(cls, value: str) -> str:
+        """A node's name names folders (its copied outputs in the store): a word of
+        letters, digits, '.', '-' and '_', never '.' or '..' or a path."""
+        if not _NODE_NAME.fullmatch(value) or value in (".", ".."):
+            raise ValueError(
+                "expected a name of letters, digits, '.', '-' and '_' (at most 64), not a path"
+            )
         return value
 
     def to_node(self) -> Node:

@@ -87,3 +87,20 @@ def test_the_test_clusters_never_share_a_subnet():
 
     for tag in range(10000):
         assert len({netns.subnet(kind, tag) for kind in netns.SUBNET_RANGES}) == 3, tag
+
+
+def test_a_node_name_that_is_a_path_is_one_line(tmp_path):
+    """A node's name names its folder of copied outputs in the store: `../../escaped`
+    wrote them outside it."""
+    from jupyter_dist.errors import NodeError
+    from jupyter_dist.nodes import load_inventory
+
+    for name in ("../../../../../escaped", "..", "a/b", "x" * 65):
+        path = tmp_path / "nodes.yml"
+        path.write_text(f"nodes:\n- {{name: '{name}', host: 10.0.0.1}}\n")
+        with pytest.raises(NodeError) as caught:
+            load_inventory(path)
+        message = str(caught.value)
+        assert "expected a name of letters, digits" in message and "\n" not in message, message
+    path.write_text("nodes:\n- {name: gpu-node_1.a, host: 10.0.0.1}\n")
+    assert [n.name for n in load_inventory(path).nodes] == ["gpu-node_1.a"]

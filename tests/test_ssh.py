@@ -59,11 +59,12 @@ def _launch_two_by_two(ssh_nodes, store, tmp_path, command: str):
 
 
 def test_without_the_network_check_a_loopback_hostname_fails_with_a_hint(
-    ssh_nodes, store, tmp_path
+    debian_ssh_nodes, store, tmp_path
 ):
     """What the network check saves a user from: with it off, gloo on nodes whose hostname
     is on 127.0.1.1 sends the ranks to a loopback address, and the root cause's hint says
     why and what to do; `jupyter distrun plan` (the check on) says what it will set."""
+    ssh_nodes = debian_ssh_nodes
     script = tmp_path / "meet.py"
     script.write_text(
         "import datetime, torch, torch.distributed as dist\n"
@@ -96,10 +97,11 @@ def test_without_the_network_check_a_loopback_hostname_fails_with_a_hint(
 
 
 @pytest.mark.parametrize("launcher", ["per_process", "torchrun"])
-def test_ddp_across_two_ssh_nodes(launcher, ssh_nodes, store, tmp_path):
+def test_ddp_across_two_ssh_nodes(launcher, debian_ssh_nodes, store, tmp_path):
     """The nodes' /etc/hosts are Debian's (each one's hostname on 127.0.1.1), and the job
     names no interface: each node's ranks get the one that reaches the master, said with
     the plan, and gloo's ranks meet."""
+    ssh_nodes = debian_ssh_nodes
     spec = _spec(f"""\
         code: {EXAMPLES / "src"}
         command: python ddp_train.py --epochs 2
@@ -744,3 +746,30 @@ def test_report_works_on_nodes_without_jupyter_dist(ssh_nodes, store, tmp_path):
     assert sorted((r["k"], r["s"], r["m"]["rank"]) for r in records) == [
         (f"rank-{rank}", 1, float(rank)) for rank in range(4)
     ]
+
+
+def test_what_a_job_leaves_in_a_nodes_workdir_is_private(ssh_nodes, store, tmp_path):
+    """The privacy walk on the nodes: the agent, the code cache and each job's folder (its
+    snapshot of the code) are 0600 files in 0700 folders, whatever the code folder's own
+    modes (0644, a 0755 script); a later attempt's snapshot replaces the first, where it
+    was nested inside it."""
+    code = tmp_path / "src"
+    (code / "pkg").mkdir(parents=True)
+    (code / "pkg" / "mod.py").write_text("X = 1\n")
+    (code / "run.sh").write_text("#!/bin/sh\necho ran on $(hostname)\n")
+    (code / "run.sh").chmod(0o755)
+    spec = _spec(f"""\
+        code: {code}
+        command: '[ "$DISTRUN_RESTART_COUNT" = 0 ] && exit 3; ./run.sh'
+        resources: {{instance_count: 2}}
+        limits: {{max_restarts: 1}}
+    """)
+    result = run(spec, store=store, inventory=ssh_nodes.load_inventory(tmp_path))
+    assert result.ok and len(result.attempts) == 1, result.describe()
+    for node in ssh_nodes.nodes:
+        work = Path(node.workdir)
+        assert (work / "code").is_dir() and any(work.glob("agent*"))
+        assert [p for p in not_private(work) if not p.startswith(f"{work} ")] == []
+        snapshot = work / result.job_id / "code"
+        assert sorted(p.name for p in snapshot.iterdir()) == ["pkg", "run.sh"]
+        assert os.access(snapshot / "run.sh", os.X_OK)

@@ -579,9 +579,12 @@ class SshBackend(Backend):
                 agent = posixpath.join(node.workdir, agent_file_name())
                 if not _exists(sftp, agent):
                     _put_atomic(sftp, AGENT_SOURCE, agent)
+                elif stat.S_IMODE(sftp.stat(agent).st_mode or 0) & 0o077:
+                    sftp.chmod(agent, PRIVATE_FILE)  # shipped readable by an earlier version
                 if code is not None:
                     cache = posixpath.join(node.workdir, "code", _code_key(code))
                     sync_folder(sftp, code, cache)
+                    sftp.chmod(posixpath.dirname(cache), PRIVATE_DIR)
                 for planned in plan.files:  # private, in private folders
                     if nodes[planned.node_rank].name == node.name:
                         folder = posixpath.dirname(planned.path)
@@ -592,7 +595,10 @@ class SshBackend(Backend):
                             handle.chmod(0o700 if planned.executable else PRIVATE_FILE)
                             handle.write(planned.content)
             if code is not None:  # a snapshot per job: later syncs replace files, not edit them
-                self._run_checked(node, ["cp", "-al", cache, posixpath.join(job_dir, "code")])
+                snapshot = posixpath.join(job_dir, "code")
+                # A later attempt's snapshot replaces the last (cp would nest it inside).
+                replace = 'rm -rf -- "$1" && exec cp -al "$2" "$1"'
+                self._run_checked(node, ["sh", "-c", replace, "sh", snapshot, cache])
 
         parallel(nodes, ship)
 
@@ -683,13 +689,15 @@ def _exists(sftp: paramiko.SFTPClient, path: str) -> bool:
 
 
 def _makedirs(sftp: paramiko.SFTPClient, path: str) -> None:
+    """`path` and its missing parents, each made private (0700): the workdir, the code
+    cache and the job folders hold the user's code and variables."""
     parts = path.strip("/").split("/")
     current = ""
     for part in parts:
         current += "/" + part
         if not _exists(sftp, current):
             with contextlib.suppress(OSError):  # another job made it meanwhile
-                sftp.mkdir(current)
+                sftp.mkdir(current, PRIVATE_DIR)
 
 
 def _put_atomic(sftp: paramiko.SFTPClient, local: Path, remote: str) -> None:
@@ -699,8 +707,13 @@ def _put_atomic(sftp: paramiko.SFTPClient, local: Path, remote: str) -> None:
     sftp.put(str(local), tmp)
     st = local.stat()
     sftp.utime(tmp, (st.st_atime, st.st_mtime))
-    sftp.chmod(tmp, stat.S_IMODE(st.st_mode))
+    sftp.chmod(tmp, _private_mode(st.st_mode))
     sftp.posix_rename(tmp, remote)
+
+
+def _private_mode(mode: int) -> int:
+    """A file's mode with its owner's bits only: 0644 becomes 0600, 0755 (a script) 0700."""
+    return stat.S_IMODE(mode) & 0o700
 
 
 def sync_folder(sftp: paramiko.SFTPClient, local: Path, remote: str) -> tuple[int, int]:
@@ -708,6 +721,7 @@ def sync_folder(sftp: paramiko.SFTPClient, local: Path, remote: str) -> tuple[in
     files whose size or mtime differ. Returns (files sent, files unchanged)."""
     remote_files: dict[str, tuple[int, int]] = {}
     remote_dirs: set[str] = set()
+    shared: list[str] = []  # what an earlier version left readable by others
 
     def scan(folder: str) -> None:
         try:
@@ -716,6 +730,8 @@ def sync_folder(sftp: paramiko.SFTPClient, local: Path, remote: str) -> tuple[in
             return
         for entry in entries:
             path = posixpath.join(folder, entry.filename)
+            if stat.S_IMODE(entry.st_mode or 0) & 0o077:
+                shared.append(path)
             if stat.S_ISDIR(entry.st_mode or 0):
                 remote_dirs.add(path)
                 scan(path)
@@ -724,6 +740,11 @@ def sync_folder(sftp: paramiko.SFTPClient, local: Path, remote: str) -> tuple[in
 
     scan(remote)
     _makedirs(sftp, remote)
+    sftp.chmod(remote, PRIVATE_DIR)
+    for path in shared:
+        with contextlib.suppress(OSError):  # removed below if it is no longer wanted
+            mode = sftp.lstat(path).st_mode or 0
+            sftp.chmod(path, PRIVATE_DIR if stat.S_ISDIR(mode) else _private_mode(mode))
     shipped = read_code_folder(local, ignore_files=False)
     for folder in shipped.folders:  # parents first
         target_dir = posixpath.join(remote, folder)
