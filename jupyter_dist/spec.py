@@ -46,7 +46,7 @@ SCRIPT_RUNNER_NAME = "cell_runner.py"  # shipped beside every inline script; run
 
 _EXPRESSION = re.compile(r"\$\{\{\s*(.*?)\s*\}\}")
 _REFERENCE = re.compile(r"(inputs|outputs)\.([A-Za-z_][A-Za-z0-9_\-]*)\Z")
-_OUTPUT_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_\-]*\Z")
+_OUTPUT_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_\-]{0,99}\Z")  # a file name on every node
 OUTPUTS_FOLDER = "outputs"  # in the job's folder on each node: where outputs without a path go
 
 
@@ -393,8 +393,9 @@ class JobSpec(StrictSection):
             raise fail("mapping", "expected a mapping of output names to {{type, path}}")
         for name in value:
             if not isinstance(name, str) or not _OUTPUT_NAME.match(name):
+                shown = name if not isinstance(name, str) or len(name) <= 40 else name[:40] + "..."
                 raise fail("output", "{name!r} cannot name an output (letters, digits, _ "
-                           "and -; not first a digit)", name=name)  # fmt: skip
+                           "and -, at most 100; not first a digit)", name=shown)  # fmt: skip
         return {name: {} if item is None else item for name, item in value.items()}
 
     @field_validator("environment_variables", mode="before")

@@ -194,6 +194,10 @@ MALFORMED = [
     ("command: x ${{outputs.m}}\noutputs: {m: {path: out/model}}", "'out/model' is not absolute"),
     ("command: x\noutputs: {m: {type: table}}", "outputs.m.type: 'table' is not valid"),
     ("command: x\noutputs: {1m: {}}", "'1m' cannot name an output"),
+    (
+        "command: x\noutputs: {" + "m" * 101 + ": {}}",
+        "cannot name an output (letters, digits, _ and -, at most 100",
+    ),
     ("command: x ${{secrets.k}}", "${{secrets.k}} is not supported; only ${{inputs.NAME}} and"),
     (D + "inputs: {a: null}", "input 'a' has no usable value"),
     (D + "inputs: {a: {type: uri_folder}}", "input 'a' needs a 'path', 'value' or 'default'"),
