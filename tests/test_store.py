@@ -47,6 +47,9 @@ def test_the_store_is_private_whatever_the_umask(store):
              *sorted((job / "logs").iterdir())]  # fmt: skip
     assert len(files) > 4 and {_mode(f) for f in files} == {0o600}
     assert (job / "script.py").exists()  # the cell, inside the private folder
+    # Each Python process's stack dump file goes with it when nothing was dumped into it
+    # (every rank of every attempt left one, empty).
+    assert list((job / "stacks").glob("*")) == []
 
 
 def test_a_store_that_cannot_be_a_folder_is_one_line(tmp_path):

@@ -14,6 +14,7 @@ A process that skips site or PYTHONPATH (`python -S`, `-I`, `-E`) registers noth
 py-spy reads it. Anything that fails here only costs the stacks.
 """
 
+import atexit
 import faulthandler
 import os
 import signal
@@ -44,16 +45,30 @@ def enable_stack_dumps():
             folder = os.path.join(os.environ["DISTRUN_JOB_DIR"], "stacks")
             os.makedirs(folder, mode=0o700, exist_ok=True)  # private, as the job's folder
             name = f"{machine_tag()}-{os.getpid()}-sig{int(STACK_SIGNAL)}.txt"
-            fd = os.open(os.path.join(folder, name), os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
+            path = os.path.join(folder, name)
+            fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
             handle = os.fdopen(fd, "a")  # kept open: faulthandler writes to it
             faulthandler.register(STACK_SIGNAL, file=handle, all_threads=True)
             _dump_files.append(handle)
+            atexit.register(_remove_if_unused, path, os.getpid())
         except (OSError, RuntimeError, ValueError, KeyError, AttributeError):
             pass
 
     register()
     if hasattr(os, "register_at_fork"):
         os.register_at_fork(after_in_child=register)
+
+
+def _remove_if_unused(path, pid):
+    """At exit, the dump file no stack was written to goes (every process of every attempt
+    left one, empty); a forked child that inherits this leaves its parent's alone."""
+    if os.getpid() != pid:
+        return
+    try:
+        if os.path.getsize(path) == 0:
+            os.unlink(path)
+    except OSError:
+        pass
 
 
 def run_hidden_sitecustomize():
