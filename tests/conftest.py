@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import pytest
@@ -12,6 +13,7 @@ from jupyter_dist.store import JobStore
 # mark, so `-m "not ssh"` leaves it out without anyone remembering to mark it by hand.
 MARK_BY_FIXTURE = {
     "ssh_cluster": "ssh",
+    "debian_ssh_nodes": "ssh",
     "slurm_cluster": "slurm",
     "lab": "browser",
 }
@@ -36,7 +38,10 @@ SLOW_S = 1.5
 # named by node, sln1 and sln2, whatever the cluster). The sshd nodes take a second, so each
 # worker has its own (netns.tag() keeps them apart). A module-scoped fixture (a JupyterLab,
 # a built wheel) keeps its module's tests on one worker, so it is made once.
-GROUP_BY_FIXTURE = {"ray_cluster": "ray", "slurm_cluster": "slurm"}
+# The browser tests take one worker too: a JupyterLab and a Chromium each, several at once
+# on 2 cores, made the pages miss their 60 s deadlines.
+GROUP_BY_FIXTURE = {"ray_cluster": "ray", "slurm_cluster": "slurm", "lab": "browser"}
+GROUP_BY_MODULE = {"test_lab": "browser", "test_notebook7": "browser"}
 
 
 def xdist_group(item: pytest.Item) -> str | None:
@@ -45,37 +50,66 @@ def xdist_group(item: pytest.Item) -> str | None:
     for name, group in GROUP_BY_FIXTURE.items():
         if name in fixtures:
             return group
+    module = item.module.__name__ if getattr(item, "module", None) else ""
+    if module in GROUP_BY_MODULE:
+        return GROUP_BY_MODULE[module]
     definitions = getattr(getattr(item, "_fixtureinfo", None), "name2fixturedefs", {})
     if any(defs and defs[-1].scope == "module" for defs in definitions.values()):
         return item.module.__name__
     return None
 
 
-def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    for item in items:
-        fixtures = set(getattr(item, "fixturenames", ()))
-        marks = {mark for name, mark in MARK_BY_FIXTURE.items() if name in fixtures}
-        module = item.module.__name__ if getattr(item, "module", None) else ""
-        if module in MARK_BY_MODULE:
-            marks.add(MARK_BY_MODULE[module])
-        for mark in sorted(marks - {m.name for m in item.iter_markers()}):
-            item.add_marker(mark)
-        group = xdist_group(item)
-        if group:
-            item.add_marker(pytest.mark.xdist_group(group))
+def pytest_itemcollected(item: pytest.Item) -> None:
+    """Each test's marks, as it is collected: before any pytest_collection_modifyitems, so
+    before `-m` selects and before pytest-xdist reads the groups into node ids (its hook
+    ran before a tryfirst one of this file in its workers)."""
+    fixtures = set(getattr(item, "fixturenames", ()))
+    marks = {mark for name, mark in MARK_BY_FIXTURE.items() if name in fixtures}
+    module = item.module.__name__ if getattr(item, "module", None) else ""
+    if module in MARK_BY_MODULE:
+        marks.add(MARK_BY_MODULE[module])
+    for mark in sorted(marks - {m.name for m in item.iter_markers()}):
+        item.add_marker(mark)
+    group = xdist_group(item)
+    if group:
+        item.add_marker(pytest.mark.xdist_group(group))
+        if item.config.getvalue("loadgroup") and os.environ.get("PYTEST_XDIST_WORKER"):
+            _name_group(item, group)
+
+
+def _name_group(item: pytest.Item, group: str) -> None:
+    """pytest-xdist 3.8 sends a group's tests to one worker by the suffix it gives their
+    node ids (`...@GROUP`), set as `item._nodeid`, which pytest 9.2 no longer reads (its
+    node ids are `item._id`): the groups were silently ignored. The suffix is given here,
+    as xdist means to (a second one, should xdist's work again, names the same group)."""
+    from _pytest.nodeid import coerce_node_id
+
+    if hasattr(item, "_id") and not item.nodeid.endswith(f"@{group}"):
+        item._id = coerce_node_id(f"{item.nodeid}@{group}")
 
 
 _unmarked_slow: list[tuple[str, float]] = []
+_file_seconds: dict[str, float] = {}  # test file -> its tests' set-up, call and teardown
 
 
 def pytest_runtest_logreport(report: pytest.TestReport) -> None:
     """In the quick loop, note each test that took SLOW_S or more: it belongs in the full
-    run only (mark it slow), or the loop stops being quick."""
+    run only (mark it slow), or the loop stops being quick. Add up each file's time."""
     if report.when == "call" and report.duration >= SLOW_S and report.passed:
         _unmarked_slow.append((report.nodeid, report.duration))
+    test_file = report.nodeid.split("::", 1)[0]
+    _file_seconds[test_file] = _file_seconds.get(test_file, 0.0) + report.duration
 
 
 def pytest_terminal_summary(terminalreporter, exitstatus: int, config: pytest.Config) -> None:
+    if config.getoption("durations", None) is not None and _file_seconds:
+        # With --durations: each file's time (its tests' set-up, call and teardown, on
+        # whichever worker ran them), slowest first: where a whole run's time goes.
+        terminalreporter.section("time per test file")
+        ranked = sorted(_file_seconds.items(), key=lambda found: -found[1])
+        for test_file, seconds in ranked:
+            terminalreporter.write_line(f"{seconds:7.1f} s  {test_file}")
+        terminalreporter.write_line(f"{sum(_file_seconds.values()):7.1f} s  in all")
     if config.getoption("markexpr", "") != QUICK_EXPRESSION or not _unmarked_slow:
         return
     terminalreporter.section("slow tests in the quick loop")
@@ -104,6 +138,23 @@ def ssh_cluster(tmp_path_factory):
     import sshnodes
 
     cluster = sshnodes.start(2, tmp_path_factory.mktemp("sshnodes"))
+    yield cluster
+    from jupyter_dist.backends.ssh import CONNECTIONS
+
+    CONNECTIONS.close_all()
+    leftovers = sshnodes.stop(cluster)
+    assert leftovers == [], f"processes left on the nodes: {leftovers}"
+
+
+@pytest.fixture
+def debian_ssh_nodes(tmp_path):
+    """Two real sshd nodes whose /etc/hosts are as Debian and Ubuntu write them: each
+    node's own hostname on 127.0.1.1 (a cluster of the test's own, beside ssh_cluster)."""
+    import netns
+    import sshnodes
+
+    cluster = sshnodes.start(2, tmp_path / "debian", tag=netns.tag(second=True),
+                             debian_hosts=True)  # fmt: skip
     yield cluster
     from jupyter_dist.backends.ssh import CONNECTIONS
 

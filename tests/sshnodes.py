@@ -138,7 +138,7 @@ def start(
     root: Path,
     use_namespaces: bool | None = None,
     tag: int | None = None,
-    debian_hosts: bool = True,
+    debian_hosts: bool = False,
 ) -> SshNodes:
     """Start `count` nodes; files go under `root`. `tag` (default: `netns.tag()`) names
     their namespaces, bridge and subnet: a second cluster beside the first needs its own.
