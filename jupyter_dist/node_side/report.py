@@ -52,26 +52,26 @@ def report(step=None, **values):
 
 
 def flush():
-    """Write what is held, as one line (also at exit)."""
+    """Write what is held, as one line, or as many as keep each under MAX_LINE_BYTES (also
+    at exit)."""
     global _held
     with _lock:
         batch, _held = _held, []
         _next_flush[0] = time.time() + FLUSH_S
     if not batch:
         return
-    head = MARK + '{"r":' + json.dumps(_RANK) + ',"d":['
-    lines, parts, size = [], [], len(head) + 3
+    records = []
     for when, step, values in batch:
-        step = step if isinstance(step, int) and not isinstance(step, bool) else None
-        for part in _records(round(when, 3), step, values, MAX_LINE_BYTES - len(head) - 3):
-            if parts and size + len(part) + 1 > MAX_LINE_BYTES:
-                lines.append(head + ",".join(parts) + "]}\n")
-                parts, size = [], len(head) + 3
-            parts.append(part)
-            size += len(part) + 1
-    if parts:
-        lines.append(head + ",".join(parts) + "]}\n")
-    data = "".join(lines).encode()
+        numbers = _numbers(values)
+        if numbers:
+            step = step if isinstance(step, int) and not isinstance(step, bool) else None
+            records.append([round(when, 3), step, numbers])
+    if not records:
+        return
+    line = MARK + json.dumps({"r": _RANK, "d": records}, separators=(",", ":")) + "\n"
+    if len(line) > MAX_LINE_BYTES:  # rare: many names, or a large batch of them
+        line = _split(records)
+    data = line.encode()
     try:
         while data:  # os.write, not print: a redirected sys.stdout must not swallow it
             data = data[os.write(1, data) :]
@@ -79,27 +79,54 @@ def flush():
         pass  # stdout is gone: so is whoever would read it
 
 
-def _records(when, step, values, budget):
-    """One call's values as JSON records `[time, step, {name: value}]`, each at most
-    `budget` bytes (a call of many names is split into records of the same time and
-    step); what is not a number, and names over MAX_NAME characters, are left out."""
-    found, numbers, size = [], {}, 0
+def _numbers(values):
+    """A call's values that are numbers, as floats; names over MAX_NAME characters, and
+    what is no number (a string, bytes, a bool, an object, an int too large), left out."""
+    numbers = {}
     for name, value in values.items():
+        if isinstance(value, (str, bytes, bytearray, bool)):
+            continue
         name = str(name)
-        if len(name) > MAX_NAME or isinstance(value, (str, bytes, bytearray, bool)):
+        if len(name) > MAX_NAME:
             continue
         try:
-            number = float(value)
-        except Exception:  # not a number (an object, an int too large): left out
+            numbers[name] = float(value)
+        except Exception:
             continue
+    return numbers
+
+
+def _split(records):
+    """The records as lines of at most MAX_LINE_BYTES each, a record of many names split
+    into records of the same time and step."""
+    head = MARK + '{"r":' + json.dumps(_RANK) + ',"d":['
+    budget = MAX_LINE_BYTES - len(head) - 3
+    lines, parts, size = [], [], len(head) + 3
+    for when, step, numbers in records:
+        for part in _records(when, step, numbers, budget):
+            if parts and size + len(part) + 1 > MAX_LINE_BYTES:
+                lines.append(head + ",".join(parts) + "]}\n")
+                parts, size = [], len(head) + 3
+            parts.append(part)
+            size += len(part) + 1
+    if parts:
+        lines.append(head + ",".join(parts) + "]}\n")
+    return "".join(lines)
+
+
+def _records(when, step, numbers, budget):
+    """One call's numbers as JSON records `[time, step, {name: value}]` of at most `budget`
+    bytes each (a call of many names becomes several of the same time and step)."""
+    found, part, size = [], {}, 0
+    for name, number in numbers.items():
         cost = len(json.dumps(name)) + len(json.dumps(number)) + 2
-        if numbers and size + cost > budget - 64:
-            found.append(json.dumps([when, step, numbers], separators=(",", ":")))
-            numbers, size = {}, 0
-        numbers[name] = number
+        if part and size + cost > budget - 64:
+            found.append(json.dumps([when, step, part], separators=(",", ":")))
+            part, size = {}, 0
+        part[name] = number
         size += cost
-    if numbers:
-        found.append(json.dumps([when, step, numbers], separators=(",", ":")))
+    if part:
+        found.append(json.dumps([when, step, part], separators=(",", ":")))
     return found
 
 
