@@ -21,10 +21,16 @@ fi
 # The lab extension's TypeScript units (Jest); node_modules came with the extension build.
 [[ -d node_modules ]] || npm ci --no-audit --no-fund
 npx --no-install jest --silent
+# Tests run on several workers at once (pytest-xdist): most of their time is waiting on
+# processes, clusters and kernels, not computing. Tests that share a cluster or a
+# module's fixture stay on one worker (`--dist loadgroup`, tests/conftest.py). Set
+# DISTRUN_TEST_WORKERS (or pass -n N, -n 0 for one process) to change it.
+parallel=(-n "${DISTRUN_TEST_WORKERS:-2}" --dist loadgroup)
 if [[ $quick -eq 1 ]]; then
     # The marks come from the fixtures a test uses, and `slow` (tests/conftest.py).
-    exec .venv/bin/python -m pytest -m "not (ssh or slurm or browser or horovod or slow or gpu)" "$@"
+    exec .venv/bin/python -m pytest "${parallel[@]}" \
+        -m "not (ssh or slurm or browser or horovod or slow or gpu)" "$@"
 fi
 scripts/docs.sh
 # The GPU tests (tests/test_gpu.py) need a GPU, which CI's machines lack: run them where one is.
-exec .venv/bin/python -m pytest -m "not gpu" "$@"
+exec .venv/bin/python -m pytest "${parallel[@]}" -m "not gpu" "$@"

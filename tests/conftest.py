@@ -73,7 +73,8 @@ def pytest_itemcollected(item: pytest.Item) -> None:
     group = xdist_group(item)
     if group:
         item.add_marker(pytest.mark.xdist_group(group))
-        if item.config.getvalue("loadgroup") and os.environ.get("PYTEST_XDIST_WORKER"):
+        in_a_worker = os.environ.get("PYTEST_XDIST_WORKER")  # loadgroup: a worker's option
+        if in_a_worker and getattr(item.config.option, "loadgroup", False):
             _name_group(item, group)
 
 
@@ -86,6 +87,32 @@ def _name_group(item: pytest.Item, group: str) -> None:
 
     if hasattr(item, "_id") and not item.nodeid.endswith(f"@{group}"):
         item._id = coerce_node_id(f"{item.nodeid}@{group}")
+
+
+# Under pytest-xdist, a test with one of these marks runs with no test of another worker
+# beside it: a browser test waits on a page for seconds at a time (60 s, 120 s), and one
+# that shared the 2 cores with a 4-rank job on each other worker missed those deadlines.
+EXCLUSIVE_MARKS = ("browser",)
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_protocol(item: pytest.Item, nextitem: pytest.Item | None):
+    """Each test holds the run's lock while it runs (set-up, call, teardown): shared, or
+    alone for those with an EXCLUSIVE_MARKS mark. Only under pytest-xdist."""
+    if not os.environ.get("PYTEST_XDIST_WORKER"):
+        yield
+        return
+    import fcntl
+
+    # The workers' base folders share a parent: the run's (pytest-of-USER/pytest-N).
+    lock_file = item.config._tmp_path_factory.getbasetemp().parent / "exclusive.lock"
+    alone = any(item.get_closest_marker(mark) for mark in EXCLUSIVE_MARKS)
+    with open(lock_file, "a") as handle:
+        fcntl.flock(handle, fcntl.LOCK_EX if alone else fcntl.LOCK_SH)
+        try:
+            yield
+        finally:
+            fcntl.flock(handle, fcntl.LOCK_UN)
 
 
 _unmarked_slow: list[tuple[str, float]] = []
