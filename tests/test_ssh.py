@@ -675,6 +675,12 @@ def test_a_node_that_cannot_reach_the_master_is_one_line_before_any_rank_starts(
             str(caught.value),
         ), str(caught.value)
         assert store.jobs() == []  # nothing was recorded, nothing started
+        # A blackhole route: Linux answers "invalid argument", which said nothing.
+        subprocess.run([*route, "replace", "blackhole", f"{node0.host}/32"], check=True)
+        with pytest.raises(NodeError) as caught:
+            launch(spec, store=store, inventory=inventory)
+        assert "(no route to host: node1 has no route to it" in str(caught.value)
+        subprocess.run([*route, "replace", "unreachable", f"{node0.host}/32"], check=True)
         # Where TensorFlow's workers and a Dask cluster meet: checked the same way.
         for kind, what in (("tensorflow, worker_count: 2", "TensorFlow worker 0"),
                            ("dask", "Dask scheduler")):  # fmt: skip

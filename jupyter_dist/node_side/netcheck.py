@@ -82,6 +82,8 @@ def connect(host, port, seconds):
                 time.sleep(0.05)  # the listener may not be up yet
                 continue
             why = os.strerror(exc.errno).lower() if exc.errno else str(exc)
+            if exc.errno == errno.EINVAL:  # Linux's answer for a blackhole route
+                why = "no route to host"
         say({"error": why})
         return 0
 

@@ -32,6 +32,7 @@ from jupyter_dist.node_side.report import MARK
 from jupyter_dist.store import JobRecord, NotAFile, append_private, open_regular, read_regular
 
 SERIES_CAP = 20_000  # records of one key kept at full rate
+MAX_NAMES = 1_000  # metric names kept per job (later ones are left out, said once)
 NOT_FINITE = ("NaN", "Infinity", "-Infinity")  # how a stored value that is not finite reads
 PROGRESS_EVERY_S = 1.0  # a bar being drawn: its progress stored this often
 METRICS_FILE = "metrics.jsonl"
@@ -68,6 +69,8 @@ class MetricsSink:
         self.latest: dict[str, dict[str, float]] = {}  # key -> name -> last value
         self.progress: dict[str, tuple[int, int, float | None]] = {}  # key -> n, total, rate
         self._counts: dict[str, int] = {}
+        self._names: set[str] = set()  # the metric names kept, at most MAX_NAMES
+        self._names_noted = False
         self._progress_written: dict[str, float] = {}  # key -> when its progress was stored
         self._lock = threading.Lock()
 
@@ -143,6 +146,9 @@ class MetricsSink:
         kept, notes = [], []
         with self._lock:
             for record in records:
+                record = self._named(record, notes)
+                if record is None:
+                    continue
                 self.latest.setdefault(key, {}).update(record["m"])
                 count = self._counts[key] = self._counts.get(key, 0) + 1
                 stride = _stride(count, self.cap)
@@ -152,6 +158,24 @@ class MetricsSink:
                 if (count - 1) % stride == 0:
                     kept.append(record)
         self._write(notes + kept)
+
+    def _named(self, record: dict[str, Any], notes: list[dict]) -> dict[str, Any] | None:
+        """The record with the values of names past the job's first MAX_NAMES left out
+        (None: none left), said once by a note (under the lock). A metric per sample or
+        per parameter would otherwise make every reader list hundreds of thousands."""
+        values = record["m"]
+        if all(name in self._names for name in values):
+            return record
+        for name in values:
+            if name not in self._names and len(self._names) < MAX_NAMES:
+                self._names.add(name)
+        kept = {name: value for name, value in values.items() if name in self._names}
+        if len(kept) < len(values) and not self._names_noted:
+            self._names_noted = True
+            left_out = next(name for name in values if name not in self._names)
+            notes.append({"note": f"over {MAX_NAMES} metric names: later ones are left out "
+                                  f"(the first: {left_out[:80]!r})"})  # fmt: skip
+        return {**record, "m": kept} if kept else None
 
     def _write(self, lines: list[dict[str, Any]]) -> None:
         if lines:
