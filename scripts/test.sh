@@ -21,11 +21,14 @@ fi
 # The lab extension's TypeScript units (Jest); node_modules came with the extension build.
 [[ -d node_modules ]] || npm ci --no-audit --no-fund
 npx --no-install jest --silent
-# Tests run on several workers at once (pytest-xdist): most of their time is waiting on
-# processes, clusters and kernels, not computing. Tests that share a cluster or a
-# module's fixture stay on one worker (`--dist loadgroup`, tests/conftest.py). Set
-# DISTRUN_TEST_WORKERS (or pass -n N, -n 0 for one process) to change it.
-parallel=(-n "${DISTRUN_TEST_WORKERS:-2}" --dist loadgroup)
+# DISTRUN_TEST_WORKERS=N runs the tests on N workers at once (pytest-xdist; tests that
+# share a cluster or a module's fixture stay on one worker, tests/conftest.py). One
+# process by default: on 2 cores, 2 workers made the whole run slower, not faster (the
+# tests are jobs of 4 to 64 ranks; see docs/development.md).
+parallel=()
+if [[ "${DISTRUN_TEST_WORKERS:-0}" != 0 ]]; then
+    parallel=(-n "$DISTRUN_TEST_WORKERS" --dist loadgroup)
+fi
 if [[ $quick -eq 1 ]]; then
     # The marks come from the fixtures a test uses, and `slow` (tests/conftest.py).
     exec .venv/bin/python -m pytest "${parallel[@]}" \

@@ -130,15 +130,13 @@ def gloo_interfaces(run_on_node: RunOnNode, plan: LaunchPlan, nodes: list[Node])
         if "error" in found:
             continue  # no route, no answer: the reach check below names what is wrong
         interface, address = found.get("interface"), found.get("address")
-        problem = None
+        if interface == "lo":
+            continue  # the master is on this machine (sshd nodes on 127.0.0.2, .3): lo it is
         if not interface:
-            problem = f"no interface holds {address}, the address it reaches the master from"
-        elif interface == "lo":
-            problem = "it reaches the master through its loopback interface"
-        if problem:
             raise NodeError(
                 f"{node.name}: cannot tell which interface gloo should use to reach the "
-                f"master {plan.master_addr} ({problem}); name it for the job (--env "
+                f"master {plan.master_addr} (no interface holds {address}, the address it "
+                "reaches the master from); name it for the job (--env "
                 "GLOO_SOCKET_IFNAME=NAME, or environment_variables in the spec)"
             )
         resolved = found.get("resolves_to")
