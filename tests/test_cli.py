@@ -277,7 +277,7 @@ HOSTILE_NAME = "[bold red]train[/]"
 
 @pytest.mark.slow
 def test_hostile_texts_print_as_they_are_in_every_table(tmp_path: Path, store):
-    """A root cause in gloo's words, a job named like markup and a node named `n[/x]`:
+    """A root cause in gloo's words, a job named like markup and a node's host `h[/x]`:
     `jobs`, `inspect`, `nodes` and `%distrun jobs` print them literally, exit as usual,
     and never show a traceback (rich's MarkupError broke the whole listing)."""
     spec = _write(
@@ -299,10 +299,15 @@ def test_hostile_texts_print_as_they_are_in_every_table(tmp_path: Path, store):
     inspect = run_cli("inspect", job_id, store=store, env=wide)
     assert inspect.returncode == 0 and "Traceback" not in inspect.stderr, inspect.stderr
     nodes_file = tmp_path / "nodes.yml"
-    nodes_file.write_text("nodes:\n  - {name: 'n[/x]', host: 127.0.0.1, port: 1}\n")
+    nodes_file.write_text("nodes:\n  - {name: n1, host: 'h[/x]', port: 1}\n")
     nodes = run_cli("nodes", "--nodes-file", str(nodes_file), env=wide)
     assert nodes.returncode == 1 and "Traceback" not in nodes.stderr, nodes.stderr
-    assert "n[/x]" in nodes.stdout and "unreachable" in nodes.stdout
+    assert "h[/x]" in nodes.stdout and "unreachable" in nodes.stdout
+    # A node's name names a folder: one like `n[/x]` is refused, in one line.
+    nodes_file.write_text("nodes:\n  - {name: 'n[/x]', host: 127.0.0.1, port: 1}\n")
+    refused = run_cli("nodes", "--nodes-file", str(nodes_file), env=wide)
+    assert refused.returncode == 2 and refused.stderr.count("\n") == 1, refused.stderr
+    assert "expected a name of letters, digits" in refused.stderr
     from helpers import execute_notebook
 
     # In a kernel, rich shows the table as a display (115 columns: the root cause is cut).
