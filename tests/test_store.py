@@ -351,8 +351,9 @@ def test_a_store_that_fills_up_stops_the_job_in_one_line_and_leaves_nothing(tmp_
     try:
         store = JobStore(small / "jobs")
         spec = tmp_path / "job.yml"
+        command = "python3 -c \"while True: print('x' * 200)\""
         spec.write_text(
-            "command: python3 -c \"while True: print('x' * 200)\"\n"
+            f"command: {json.dumps(command)}\n"
             "distribution: {type: pytorch, process_count_per_instance: 2}\n"
         )
         done = run_cli("run", str(spec), store=store, timeout=60)  # a hang fails here
