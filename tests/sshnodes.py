@@ -38,6 +38,7 @@ class TestNode:
     namespace: str | None
     workdir: Path
     sshd: subprocess.Popen | None = None
+    veth: str | None = None  # this machine's end of its link to the bridge
 
 
 @dataclass
@@ -195,7 +196,8 @@ def start(
                 "LogLevel ERROR\nSubsystem sftp internal-sftp\n"
             )
             if node.namespace:
-                netns.add_host(node.namespace, f"drv{tag}n{i}", cluster.bridge, f"{node.host}/24")
+                node.veth = f"drv{tag}n{i}"
+                netns.add_host(node.namespace, node.veth, cluster.bridge, f"{node.host}/24")
                 inside = ["ip", "netns", "exec", node.namespace]
                 # Own hostname and /etc/hosts; an empty .bashrc (the image's runs pyenv init
                 # on every SSH command); a cgroup v2 at /sys/fs/cgroup, as a node has (`ip
@@ -262,6 +264,15 @@ def stop(cluster: SshNodes) -> list[str]:
             subprocess.run(["ip", "netns", "del", node.namespace], capture_output=True)
     if cluster.bridge:
         subprocess.run(["ip", "link", "del", cluster.bridge], capture_output=True)
+    # A namespace goes, with its link, once its last process has: a cluster started next
+    # with the same names (a test's own, one after another) must find them gone.
+    deadline = time.monotonic() + 10
+    for node in cluster.nodes:
+        while node.veth and Path(f"/sys/class/net/{node.veth}").exists():
+            if time.monotonic() > deadline:
+                subprocess.run(["ip", "link", "del", node.veth], capture_output=True)
+                break
+            time.sleep(0.05)
     return leftovers
 
 

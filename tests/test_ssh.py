@@ -461,7 +461,6 @@ def test_a_session_sshd_refuses_goes_to_another_connection_quietly(ssh_nodes, tm
     script = textwrap.dedent(f"""\
         from jupyter_dist.backends.ssh import Connections
         from jupyter_dist.nodes import load_inventory
-from jupyter_dist.plan import LaunchPlan
         from pathlib import Path
         node = load_inventory(Path({str(path)!r})).nodes[0]
         pool = Connections()
