@@ -231,6 +231,15 @@ def _record(entry: Any) -> dict[str, Any] | None:
     "k") are never more than one lost line to a reader, whatever it does with the rest."""
     if not isinstance(entry, dict):
         return None
+    values, when, step = entry.get("m"), entry.get("t"), entry.get("s")
+    if (  # as this module writes a record: taken as it is (most lines, read fast)
+        type(values) is dict and type(entry.get("k")) is str and type(when) is float
+        and (step is None or (type(step) is int and abs(step) <= MAX_COUNT))
+        and len(entry) == 4 and values
+        and all(type(v) is float and v - v == 0 for v in values.values())  # finite
+        and all(type(n) is str for n in values)
+    ):  # fmt: skip
+        return entry
     if isinstance(entry.get("note"), str) and "k" not in entry:
         return {"note": entry["note"]}
     key, when = entry.get("k"), _stored_number(entry.get("t"))
@@ -263,10 +272,12 @@ def _records(lines: Iterable[str]) -> list[dict[str, Any]]:
     """The stored lines that are records (or notes), each as `_record` reads it."""
     found = []
     for line in lines:
-        with _skipped():
+        try:
             entry = _record(_loads(line))
-            if entry is not None:
-                found.append(entry)
+        except Exception:  # not JSON, too deep: that line only
+            continue
+        if entry is not None:
+            found.append(entry)
     return found
 
 
