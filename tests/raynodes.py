@@ -15,7 +15,9 @@ By hand (as root)::
 from __future__ import annotations
 
 import contextlib
+import json
 import os
+import select
 import shutil
 import signal
 import subprocess
@@ -51,6 +53,7 @@ class RayCluster:
     nodes: list[RayNode] = field(default_factory=list)
     # Token authentication's token (every node started with RAY_AUTH_MODE=token), or None.
     auth_token: str | None = None
+    driver: subprocess.Popen | None = None  # `ask`'s, started on its first question
 
     @property
     def auth_env(self) -> dict[str, str]:
@@ -81,6 +84,48 @@ class RayCluster:
         out = subprocess.run(["ip", "netns", "pids", node.namespace],
                              capture_output=True, text=True).stdout  # fmt: skip
         return [int(pid) for pid in out.split()]
+
+    def ask(self, code: str, timeout: float = 120) -> object:
+        """What `code` sets `result` to (JSON), run by a driver connected to the head from
+        inside its namespace and kept connected: a test that asks Ray's GCS what it holds,
+        again and again, pays for one `ray.init` (seconds of a loaded machine's CPU), not
+        one per question. RuntimeError with the driver's words where it fails."""
+        for _attempt in (1, 2):  # a driver that died (its GCS restarted) is started again
+            if self.driver is None or self.driver.poll() is not None:
+                with open(self.root / "driver.log", "a") as log:
+                    self.driver = subprocess.Popen(
+                        [*self.inside(), sys.executable, "-u", "-c", _DRIVER,
+                         self.head_address],
+                        stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=log, text=True,
+                        env={**os.environ, **self.auth_env},
+                    )  # fmt: skip
+            try:
+                self.driver.stdin.write(json.dumps(code) + "\n")
+                self.driver.stdin.flush()
+                ready, _, _ = select.select([self.driver.stdout], [], [], timeout)
+                line = self.driver.stdout.readline() if ready else ""
+            except BrokenPipeError:
+                line = ""
+            if line:
+                answer = json.loads(line)
+                if "error" in answer:
+                    raise RuntimeError(f"the driver's question failed: {answer['error']}")
+                return answer["result"]
+            self.close_driver()
+        log = (self.root / "driver.log").read_text(errors="replace")[-1500:]
+        raise RuntimeError(f"the driver gave no answer within {timeout} s: {log}")
+
+    def close_driver(self) -> None:
+        if self.driver is None:
+            return
+        with contextlib.suppress(OSError):
+            self.driver.stdin.close()  # its loop ends, and it disconnects
+        try:
+            self.driver.wait(15)
+        except subprocess.TimeoutExpired:
+            self.driver.kill()
+            self.driver.wait(10)
+        self.driver = None
 
     def job_processes(self, job_id: str) -> list[int]:
         """Processes on the cluster's nodes carrying the job's id (DISTRUN_JOB_ID)."""
@@ -212,8 +257,24 @@ def _wait_usable(cluster: RayCluster, timeout: float = 120) -> None:
         time.sleep(2)
 
 
+# RayCluster.ask's driver: one question (code, as a JSON string) a line, one answer a line.
+_DRIVER = """
+import json, logging, sys, ray
+ray.init(sys.argv[1], logging_level=logging.ERROR)
+for line in sys.stdin:
+    scope = {"ray": ray}
+    try:
+        exec(json.loads(line), scope)
+        answer = {"result": scope.get("result")}
+    except Exception as exc:
+        answer = {"error": repr(exc)}
+    print(json.dumps(answer), flush=True)
+"""
+
+
 def stop(cluster: RayCluster) -> list[str]:
     """Every node down, workers first; returns what of a job was still running there."""
+    cluster.close_driver()
     leftovers = []
     for node in reversed(cluster.nodes):
         for pid in cluster.pids(node):

@@ -672,12 +672,20 @@ def test_a_detached_job_outlives_the_jupyter_server_and_the_new_ones_sidebar_sho
     from jupyter_dist.run.requests import wait_until_ended
     from jupyter_dist.store import JobStore
 
+    # The ranks print half their lines, then wait for the test to say go once the second
+    # server's sidebar has shown them running: on a slow machine a job timed to outlast the
+    # restart could end before the second server was up.
+    go = tmp_path / "go"
     cell = (
         "%%distrun --detach --nodes 2 --procs-per-node 2 --name lab-outlives\n"
-        "import os, time\n"
+        "import os, pathlib, time\n"
+        "deadline = time.monotonic() + 300\n"
         "for i in range(1, 101):\n"
         "    print(f\"line {i} of rank {os.environ['RANK']}\", flush=True)\n"
-        "    time.sleep(0.1)"
+        "    time.sleep(0.05)\n"
+        f"    while i == 50 and not pathlib.Path({str(go)!r}).exists():\n"
+        "        assert time.monotonic() < deadline, 'no go from the test'\n"
+        "        time.sleep(0.1)"
     )
     first = labserver.start(tmp_path)
     labserver.write_notebook(first, "outlives.ipynb", ["%load_ext jupyter_dist", cell])
@@ -699,10 +707,12 @@ def test_a_detached_job_outlives_the_jupyter_server_and_the_new_ones_sidebar_sho
         page.goto(second.page_url("/lab/workspaces/outlives/tree/outlives.ipynb?reset"))
         sidebar = _open_sidebar(page)
         job = sidebar.locator(".jp-distrun-job", has_text="lab-outlives")
-        job.and_(page.locator("[data-state='running']")).wait_for(timeout=30_000)
+        job.and_(page.locator("[data-state='running']")).wait_for(timeout=60_000)
         _shot(page, "11-detached-after-a-server-restart")
+        go.touch()
         job.and_(page.locator("[data-state='succeeded']")).wait_for(timeout=60_000)
     finally:
+        go.touch()  # a failed wait above must not leave the ranks waiting
         page.close()
         labserver.stop(second)
     assert wait_until_ended(record, 10) == "succeeded"

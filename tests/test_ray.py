@@ -30,28 +30,21 @@ from jupyter_dist.store import JobStore
 
 pytestmark = [pytest.mark.slow, pytest.mark.ray]
 
-# Which of the job's actors and placement groups Ray still holds (its GCS, read from a
-# driver inside the head's namespace: a head-address driver must be reachable by the
-# cluster). An actor of ours that is not DEAD, a group not REMOVED, is left over.
+# Which of the job's actors and placement groups Ray still holds (its GCS, read by the
+# cluster's kept driver, inside the head's namespace: a head-address driver must be
+# reachable by the cluster). An actor of ours that is not DEAD, a group not REMOVED, is
+# left over.
 CLUSTER_STATE = """
-import json, logging, ray
 from ray._private import state
-ray.init({address!r}, logging_level=logging.ERROR)
 actors = [a["State"] for a in state.actors().values()
           if a.get("ActorClassName", a.get("Name", "")).endswith("RayNodeHost")]
 groups = [g["state"] for g in ray.util.placement_group_table().values()]
-print(json.dumps({{"actors": actors, "groups": groups}}))
+result = {"actors": actors, "groups": groups}
 """
 
 
 def cluster_state(ray_cluster) -> dict:
-    done = subprocess.run(
-        [*ray_cluster.inside(), sys.executable, "-c",
-         CLUSTER_STATE.format(address=ray_cluster.head_address)],
-        capture_output=True, text=True, timeout=120,
-    )  # fmt: skip
-    assert done.returncode == 0, done.stderr[-2000:]
-    return json.loads(done.stdout.strip().splitlines()[-1])
+    return ray_cluster.ask(CLUSTER_STATE)
 
 
 def assert_nothing_left(ray_cluster, job_id: str, within: float = 30) -> None:
