@@ -34,6 +34,7 @@ from jupyter_dist.describe import (
     last_state,
     tf_configs,
 )
+from jupyter_dist.diagnose.debug import PausedRank
 from jupyter_dist.diagnose.meters import mib, summarize
 from jupyter_dist.diagnose.stacks import METHODS as STACK_METHODS
 from jupyter_dist.diagnose.stacks import StackDump
@@ -54,6 +55,7 @@ from jupyter_dist.run.outputs import output_notes
 from jupyter_dist.run.requests import (
     effective_state,
     request_cancel,
+    request_debug,
     request_stacks,
     wait_until_ended,
 )
@@ -189,6 +191,29 @@ def add_parsers(sub: argparse._SubParsersAction, common: argparse.ArgumentParser
     stacks.add_argument(
         "--timeout", type=float, default=60.0, metavar="SECONDS",
         help="how long to wait for the job's owner to answer (default 60)",
+    )  # fmt: skip
+
+    debug = sub.add_parser(
+        "debug", parents=[common],
+        help="a running job's paused ranks (breakpoint(), pdb.set_trace()): list them, or "
+        "send one a pdb command",
+    )  # fmt: skip
+    debug.add_argument("job", help="job id (or a unique prefix)")
+    debug.add_argument(
+        "--list", action="store_true", help="one line per paused rank (what it does without --do)"
+    )
+    debug.add_argument(
+        "--json", action="store_true",
+        help="the paused ranks as a JSON array: rank, node, file, line, function, reason",
+    )  # fmt: skip
+    debug.add_argument("--rank", type=int, metavar="R", help="the paused rank --do talks to")
+    debug.add_argument(
+        "--do", metavar="COMMAND",
+        help="one pdb command for --rank ('p x', 'n', 'where', 'c'): prints pdb's answer",
+    )  # fmt: skip
+    debug.add_argument(
+        "--timeout", type=float, default=30.0, metavar="SECONDS",
+        help="how long to wait for the answer (default 30)",
     )  # fmt: skip
 
     metrics = sub.add_parser(
@@ -490,6 +515,40 @@ def cmd_stacks(args: argparse.Namespace, store: JobStore) -> int:
     return EXIT_OK
 
 
+def cmd_debug(args: argparse.Namespace, store: JobStore) -> int:
+    record = store.get(args.job)
+    if args.do is not None:
+        if args.rank is None:
+            raise DistrunError("--do needs --rank R: the paused rank the command goes to")
+        if args.list or args.json:
+            raise DistrunError("--do sends a command; --list and --json list: give one of them")
+        if not args.do.strip() or "\n" in args.do.strip():
+            raise DistrunError("--do takes one pdb command of one line, such as 'p x', 'n' or 'c'")
+        request = {"action": "send", "rank": args.rank, "command": args.do,
+                   "timeout": args.timeout}  # fmt: skip
+        answer = request_debug(record, request, args.timeout + 15)
+        sys.stdout.write(answer["answer"])
+        sys.stdout.flush()
+        if not answer["paused"]:
+            print(f"rank {args.rank} runs on", file=sys.stderr)
+        return EXIT_OK
+    if args.rank is not None:
+        raise DistrunError("--rank goes with --do (--do 'p x' --rank R)")
+    answer = request_debug(record, {"action": "list"}, args.timeout)
+    paused = [PausedRank.from_dict(found) for found in answer.get("paused", [])]
+    for problem in answer.get("problems", []):
+        print(f"warning: {problem}", file=sys.stderr)
+    if args.json:
+        keys = ("rank", "node", "file", "line", "function", "reason")
+        print(json.dumps([{key: getattr(p, key) for key in keys} for p in paused]))
+    elif paused:
+        for found in paused:
+            print(visible(found.line_text()))
+    else:
+        print(f"no rank of job {record.job_id} is paused", file=sys.stderr)
+    return EXIT_OK
+
+
 def _last(items: Iterable[T], count: int) -> tuple[list[T], int]:
     """The last `count` of `items` (read once, holding no more than that), and how many
     came before them."""
@@ -645,6 +704,7 @@ def print_metrics(records: list[dict], notes: list[str]) -> None:
 COMMANDS = {
     "nodes": cmd_nodes, "jobs": cmd_jobs, "logs": cmd_logs, "inspect": cmd_inspect,
     "cancel": cmd_cancel, "stacks": cmd_stacks, "attach": cmd_attach, "metrics": cmd_metrics,
+    "debug": cmd_debug,
 }  # fmt: skip
 
 

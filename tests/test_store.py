@@ -78,7 +78,9 @@ def test_every_feature_keeps_the_store_private(kernel_env):
     (pyhook/, stacks/), an MPI job (its hostfile), a Dask job, a job that started again
     (its plan rewritten, its logs marked), a detached session, a job with outputs (a
     folder with a subfolder, a file). Then nothing in the whole
-    store is open to the group or others (pyhook/ and stacks/ were 0755 with 0644 files)."""
+    store is open to the group or others (pyhook/ and stacks/ were 0755 with 0644 files).
+    (A paused rank's debug/ files, there only while it is paused, are walked by
+    tests/test_debug.py meanwhile.)"""
     from helpers import DASK_JOB, HANG_SCRIPT, execute_notebook, not_private
 
     from jupyter_dist.run.launch import launch

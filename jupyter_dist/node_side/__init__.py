@@ -4,6 +4,9 @@ Python 3.8+, no import of jupyter_dist (a node may have none).
 - agent.py: every process of a job runs under it (stdin/stdout protocol, stopping, sweep).
 - cell_runner.py: runs a notebook cell as `__main__` and writes back its `--out` values.
 - dask_wait.py: waits until a Dask cluster's workers registered, before its command.
+- debugger.py: `breakpoint()` pauses a rank in a pdb served on a Unix socket in the job's
+  folder (shipped as `distrun_debug.py`, PYTHONBREAKPOINT's target); and, run on a node,
+  lists the paused ranks and sends one a command.
 - netcheck.py: the network check before launch: listens, connects, reads interfaces.
 - ports.py: free ports on a node, and why a given port is taken.
 - report.py: `report(step=..., **values)`, a rank's metrics (shipped as `distrun.py` beside
@@ -23,8 +26,8 @@ from pathlib import Path
 
 FOLDER = Path(__file__).parent
 NAMES = (
-    "agent.py", "cell_runner.py", "dask_wait.py", "netcheck.py", "ports.py", "report.py",
-    "session_worker.py", "stack_hook.py", "stacks.py",
+    "agent.py", "cell_runner.py", "dask_wait.py", "debugger.py", "netcheck.py", "ports.py",
+    "report.py", "session_worker.py", "stack_hook.py", "stacks.py",
 )  # fmt: skip
 
 

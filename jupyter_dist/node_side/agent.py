@@ -722,6 +722,11 @@ class Agent:
         hook = os.path.join(job_dir, HOOK_FOLDER) if job_dir else None
         if hook and os.path.isfile(os.path.join(hook, "sitecustomize.py")):
             env["PYTHONPATH"] = os.pathsep.join(filter(None, [hook, env.get("PYTHONPATH")]))
+            # breakpoint() pauses the rank for a debugger reached from afar (its stdin is no
+            # terminal: plain pdb would quit and kill the job), unless the job names its own
+            # hook, or 0 (none).
+            if os.path.isfile(os.path.join(hook, "distrun_debug.py")):
+                env.setdefault("PYTHONBREAKPOINT", "distrun_debug.set_trace")
             # Python caches the hook's bytecode beside it: in a private folder (its files
             # take the source's 0600), as everything in the job's folder is.
             with contextlib.suppress(OSError):
@@ -849,6 +854,7 @@ class Agent:
         if self.tree.cgroup is not None:
             self.tree.cgroup.remove()
         _make_private(os.environ.get("DISTRUN_JOB_DIR"), WRITTEN_WITH_UMASK)
+        _clear_pauses(os.environ.get("DISTRUN_JOB_DIR"))
         return 128 - code if code < 0 else code
 
 
@@ -875,6 +881,29 @@ def _make_private(job_dir, patterns):
                     info = os.lstat(path)
                     if not stat.S_ISLNK(info.st_mode):  # a link's target is not the job's
                         os.chmod(path, 0o700 if info.st_mode & 0o100 else 0o600)
+
+
+def _clear_pauses(job_dir):
+    """What a rank killed in its debugger left (debugger.py: `debug/MACHINE-PID.sock` and
+    `.json`, taken away at a normal exit): those of this machine's processes that are gone.
+    The folder goes once empty."""
+    if not job_dir:
+        return
+    folder = os.path.join(job_dir, "debug")
+    try:
+        with open("/proc/sys/kernel/random/boot_id") as handle:
+            machine = handle.read().strip()[:13]
+        names = os.listdir(folder)
+    except OSError:
+        return
+    for name in names:
+        tag = name.split(".", 1)[0]
+        owner, _, pid = tag.rpartition("-")
+        if owner == machine and pid.isdigit() and not os.path.exists(f"/proc/{pid}"):
+            with contextlib.suppress(OSError):
+                os.unlink(os.path.join(folder, name))
+    with contextlib.suppress(OSError):
+        os.rmdir(folder)
 
 
 def _runs_agent(pid):

@@ -8,7 +8,8 @@ the interpreter write every thread's stack, from C, into
 `$DISTRUN_JOB_DIR/stacks/MACHINE-PID-sigN.txt` on signal N (node_side/stacks.py sends N and
 reads what was added), so that a rank stuck in native code (a collective, a lock) still
 answers. Then it runs the sitecustomize it hides, if the interpreter has one, as Python
-would have.
+would have. Where PYTHONBREAKPOINT is ours (the agent sets it), `pdb.set_trace()` pauses
+as `breakpoint()` does (node_side/debugger.py).
 
 A process that skips site or PYTHONPATH (`python -S`, `-I`, `-E`) registers nothing: only
 py-spy reads it. Anything that fails here only costs the stacks.
@@ -87,7 +88,38 @@ def run_hidden_sitecustomize():
     spec.loader.exec_module(module)
 
 
+class PdbSetTrace:
+    """An import finder that gives `pdb`, once imported, our set_trace: `pdb.set_trace()`
+    then pauses as `breakpoint()` does (debugger.py), rather than reading the rank's stdin,
+    which is no terminal. pdb itself is imported only where the code imports it."""
+
+    def find_spec(self, name, path=None, target=None):
+        if name != "pdb":
+            return None
+        from importlib.machinery import PathFinder
+
+        spec = PathFinder.find_spec(name, path)
+        if spec is None or spec.loader is None or not hasattr(spec.loader, "exec_module"):
+            return spec
+        load = spec.loader.exec_module
+
+        def exec_module(module):
+            load(module)
+            module.set_trace = _pdb_set_trace
+
+        spec.loader.exec_module = exec_module
+        return spec
+
+
+def _pdb_set_trace(*, header=None):
+    import distrun_debug
+
+    distrun_debug.set_trace(frame=sys._getframe(1), header=header)
+
+
 if __name__ == "sitecustomize":
     if "DISTRUN_JOB_DIR" in os.environ:
         enable_stack_dumps()
+        if os.environ.get("PYTHONBREAKPOINT") == "distrun_debug.set_trace":
+            sys.meta_path.insert(0, PdbSetTrace())
     run_hidden_sitecustomize()

@@ -21,6 +21,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
 from jupyter_dist.backends.base import Backend, ProcessHandle
+from jupyter_dist.diagnose.debug import PausedRank, paused_ranks, send
 from jupyter_dist.diagnose.hints import hint_for
 from jupyter_dist.diagnose.meters import STORE_EVERY_S, Meters
 from jupyter_dist.diagnose.root_cause import StderrEvidence
@@ -44,7 +45,7 @@ from jupyter_dist.plan.summary import launch_summary
 from jupyter_dist.run.metrics import MetricsSink
 from jupyter_dist.run.output import OutputPipeline
 from jupyter_dist.run.outputs import collect_outputs
-from jupyter_dist.run.requests import owner_fields
+from jupyter_dist.run.requests import answer_debug, owner_fields
 from jupyter_dist.run.stopping import escalate, watch_requests
 from jupyter_dist.store import JobRecord, attempt_marker
 
@@ -169,7 +170,8 @@ class Job(Listened):
             self._stall.start(f"distrun-{self.job_id}-stall")
         threading.Thread(
             target=watch_requests,
-            args=(self.record, self._done, self.cancel, self._stacks_for_request),
+            args=(self.record, self._done, self.cancel, self._stacks_for_request,
+                  self._debug_for_request),
             daemon=True, name=f"distrun-{self.job_id}-requests",
         ).start()  # fmt: skip
         return self
@@ -285,8 +287,63 @@ class Job(Listened):
             )
             self.record.save_stacks(failed.to_dict())
 
+    def paused(self) -> tuple[list[PausedRank], list[str]]:
+        """The ranks waiting in their debugger (diagnose/debug.py), and one line per node
+        that could not be asked; DistrunError once the job ended."""
+        if self.state != "running":
+            raise DistrunError(
+                f"job {self.job_id} is {self.state}; only a running job's ranks pause"
+            )
+        return paused_ranks(self._backend.run_on_node, list(self._nodes.values()),
+                            self._job_dirs())  # fmt: skip
+
+    def debug_send(self, rank: int, command: str, timeout: float = 30.0) -> dict:
+        """`command` to paused rank `rank`'s pdb: {"answer", "paused"} (diagnose/debug.py).
+        DistrunError in one line where that rank is not paused, or the command is empty."""
+        if not command.strip() or "\n" in command.strip():
+            raise DistrunError("a pdb command is one line of text, such as 'p x', 'n' or 'c'")
+        found, _ = self.paused()
+        target = next((p for p in found if p.rank == rank), None)
+        if target is None:
+            others = ", ".join(str(p.rank) for p in found if p.rank is not None)
+            raise DistrunError(
+                f"rank {rank} of job {self.job_id} is not paused"
+                + (f" (paused: {others})" if others else " (no rank is)")
+            )
+        node = self._nodes[target.node]
+        return send(self._backend.run_on_node, node, self._job_dirs()[node.name], target,
+                    command.strip(), timeout)  # fmt: skip
+
+    def _job_dirs(self) -> dict[str, str]:
+        """Each node's folder of this job (DISTRUN_JOB_DIR there)."""
+        return {p.node: p.env["DISTRUN_JOB_DIR"] for p in self.plan.processes
+                if p.env.get("DISTRUN_JOB_DIR")}  # fmt: skip
+
+    def _debug_for_request(self, request: dict) -> None:
+        """Answer another process's debugger request (run/requests.request_debug)."""
+        try:
+            if request.get("action") == "send":
+                rank = request.get("rank")
+                if not isinstance(rank, int) or isinstance(rank, bool):
+                    raise DistrunError(f"a rank is a number, not {rank!r}")
+                answer = self.debug_send(rank, str(request.get("command", "")),
+                                         float(request.get("timeout") or 30.0))  # fmt: skip
+            else:
+                found, problems = self.paused()
+                answer = {"paused": [p.to_dict() for p in found], "problems": problems}
+        except DistrunError as exc:
+            answer = {"error": str(exc)}
+        except Exception as exc:  # the asker gets the reason, not a silent timeout
+            answer = {"error": f"{type(exc).__name__}: {exc}"}
+        answer_debug(self.record, request["id"], answer)
+
     def _stalled(self, quiet: float) -> None:
-        """Quiet for too long: say so with the stacks taken now; stop it if asked to."""
+        """Quiet for too long: say so with the stacks taken now; stop it if asked to. Not
+        while a rank waits in its debugger: the others then wait for it, as they should
+        (the watch starts again once something runs)."""
+        with contextlib.suppress(Exception):  # the nodes could not be asked: a stall it is
+            if self.paused()[0]:
+                return
         notice = f"looks stuck: no rank printed or used CPU for {quiet:.0f} s"
         try:
             summary = [group.summary() for group in self.stacks(reason="stalled").groups()]

@@ -28,6 +28,8 @@ from jupyter_dist.store import JobStore
 STACK_HOOK_FILE = f"{HOOK_FOLDER}/sitecustomize.py"
 # And node_side/report.py beside it, where every rank imports it: `from distrun import report`.
 REPORT_FILE = f"{HOOK_FOLDER}/distrun.py"
+# And node_side/debugger.py, what PYTHONBREAKPOINT names in every rank (the agent sets it).
+DEBUGGER_FILE = f"{HOOK_FOLDER}/distrun_debug.py"
 
 
 def _gpus_as_default(spec: JobSpec, nodes: list[Node]) -> JobSpec:
@@ -97,6 +99,7 @@ def _plan_attempt(
     files = {
         **(extra_files or {}), STACK_HOOK_FILE: node_side.source("stack_hook.py"),
         REPORT_FILE: node_side.source("report.py"),
+        DEBUGGER_FILE: node_side.source("debugger.py"),
     }  # fmt: skip
     launch_plan = plan(spec, nodes, job_id, ports, files, chosen.mpi_launch, restart_count)
     if spec.network_check:  # gloo's interface where a hostname would mislead it

@@ -6,8 +6,10 @@ connections to its ranks, so the others ask it: they write a request file into t
 folder in the store, and the owner, which looks for them a few times a second, acts on it:
 `cancel.json` cancels the job the usual way (SIGTERM to every rank, SIGKILL after the grace
 period, a sweep); `stacks-request.json` reads every rank's stack and stores the dump, tagged
-with the request's id, as `stacks.json` (diagnose/stacks.py). A file works wherever the store is
-shared and needs no port, socket or signal to the owner.
+with the request's id, as `stacks.json` (diagnose/stacks.py); `debug-request-ID.json` lists the
+paused ranks or sends one of them a pdb command (diagnose/debug.py), answered in
+`debug-answer-ID.json`, which the asker takes away. A file works wherever the store is shared
+and needs no port, socket or signal to the owner.
 """
 
 from __future__ import annotations
@@ -27,6 +29,7 @@ from jupyter_dist.store import JobRecord, read_regular, write_atomic
 
 CANCEL_FILE = "cancel.json"
 STACKS_REQUEST_FILE = "stacks-request.json"
+DEBUG_REQUEST_PREFIX, DEBUG_ANSWER_PREFIX = "debug-request-", "debug-answer-"
 POLL_SECONDS = 0.2  # how often an owner looks for a request
 
 
@@ -157,6 +160,63 @@ def request_stacks(record: JobRecord, method: str, timeout: float) -> dict[str, 
         if effective_state(record.status()) != "running":
             raise DistrunError(f"job {record.job_id} ended before its stacks were read")
         time.sleep(0.1)
+    raise DistrunError(
+        f"job {record.job_id}'s owner did not answer within {timeout:g} s (it may be busy); "
+        "try again, or give it longer with --timeout"
+    )
+
+
+def debug_requests(record: JobRecord) -> list[dict[str, Any]]:
+    """The pending debugger requests ({"id", "action": "list" or "send", "rank", "command",
+    "timeout"}), each taken off the folder."""
+    found = []
+    for path in sorted(record.path.glob(f"{DEBUG_REQUEST_PREFIX}*.json")):
+        request_id = path.name[len(DEBUG_REQUEST_PREFIX) : -len(".json")]
+        try:
+            request = json.loads(read_regular(path))
+        except FileNotFoundError:
+            continue  # another watcher of the same job took it
+        except (OSError, json.JSONDecodeError):
+            request = {}
+        path.unlink(missing_ok=True)
+        if isinstance(request, dict) and request_id.isalnum():
+            found.append({**request, "id": request_id})
+    return found
+
+
+def answer_debug(record: JobRecord, request_id: str, answer: dict[str, Any]) -> None:
+    """The owner's answer to a debugger request (`error`: one line, where it failed)."""
+    write_atomic(record.path / f"{DEBUG_ANSWER_PREFIX}{request_id}.json", json.dumps(answer))
+
+
+def request_debug(record: JobRecord, request: dict[str, Any], timeout: float) -> dict[str, Any]:
+    """Ask the owner of a running job to list its paused ranks (`{"action": "list"}`) or
+    to send one a command (`{"action": "send", "rank": R, "command": C}`), and wait for the
+    answer. DistrunError, in one line, when the job is not running, the owner says no, or
+    no answer comes within `timeout`."""
+    state = _ask_owner(record, "reach its ranks' debugger")
+    if state != "running":
+        raise DistrunError(f"job {record.job_id} is {state}; only a running job's ranks pause")
+    request_id = uuid.uuid4().hex
+    answer_path = record.path / f"{DEBUG_ANSWER_PREFIX}{request_id}.json"
+    write_atomic(record.path / f"{DEBUG_REQUEST_PREFIX}{request_id}.json", json.dumps(request))
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        try:
+            answer = json.loads(read_regular(answer_path))
+        except FileNotFoundError:
+            if effective_state(record.status()) != "running":
+                raise DistrunError(f"job {record.job_id} ended before its owner answered") from None
+            time.sleep(0.02)
+            continue
+        except (OSError, json.JSONDecodeError):
+            time.sleep(0.02)  # being written: atomically, so only an odd file stays so
+            continue
+        answer_path.unlink(missing_ok=True)
+        if answer.get("error"):
+            raise DistrunError(str(answer["error"]))
+        return answer
+    (record.path / f"{DEBUG_REQUEST_PREFIX}{request_id}.json").unlink(missing_ok=True)
     raise DistrunError(
         f"job {record.job_id}'s owner did not answer within {timeout:g} s (it may be busy); "
         "try again, or give it longer with --timeout"

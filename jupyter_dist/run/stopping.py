@@ -1,6 +1,6 @@
 """Stopping a job's processes from outside the state machine: the escalation from SIGTERM to
 SIGKILL, and the watch for the requests other processes leave in the store (a cancel, a
-stacks dump)."""
+stacks dump, the debugger's)."""
 
 from __future__ import annotations
 
@@ -10,8 +10,15 @@ import time
 from collections.abc import Callable
 
 from jupyter_dist.backends.base import ProcessHandle
-from jupyter_dist.run.requests import POLL_SECONDS, cancel_requested, stacks_requested
+from jupyter_dist.run.requests import (
+    POLL_SECONDS,
+    cancel_requested,
+    debug_requests,
+    stacks_requested,
+)
 from jupyter_dist.store import JobRecord
+
+DEBUG_POLL_SECONDS = 0.05  # a glob of the job's folder: cheap
 
 
 def escalate(handles: list[ProcessHandle], grace: float, all_ended: Callable[[], bool]) -> None:
@@ -35,11 +42,21 @@ def watch_requests(
     done: threading.Event,
     cancel: Callable[[str], None],
     stacks: Callable[[str, str], None],
+    debug: Callable[[dict], None] = lambda _request: None,
 ) -> None:
     """Until `done`, act on what other processes ask (run/requests.py): `cancel(reason)` once,
-    `stacks(method, request_id)` for each stacks request (in a thread of its own, so that a
-    slow node does not hold up a cancel)."""
-    while not done.wait(POLL_SECONDS):
+    `stacks(method, request_id)` for each stacks request and `debug(request)` for each
+    debugger request (each in a thread of its own, so that a slow node does not hold up a
+    cancel). A debugger request is looked for more often: a user waits on each command."""
+    polls = 0
+    while not done.wait(DEBUG_POLL_SECONDS):
+        for request in debug_requests(record):
+            threading.Thread(
+                target=debug, args=(request,), daemon=True, name=f"distrun-{record.job_id}-debug"
+            ).start()
+        polls += 1
+        if polls % round(POLL_SECONDS / DEBUG_POLL_SECONDS):
+            continue
         request = stacks_requested(record)
         if request is not None:
             threading.Thread(

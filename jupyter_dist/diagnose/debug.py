@@ -1,0 +1,131 @@
+"""The paused ranks of a running job, and one pdb command to one of them.
+
+A rank that calls `breakpoint()` (or `pdb.set_trace()`) pauses in a pdb served on a Unix
+socket in its node's private job folder (node_side/debugger.py). From here, through the
+backend's `run_on_node` (the link the job already has: nothing listens on a port):
+
+- `paused_ranks` runs `debugger.py list` once per node folder and returns a `PausedRank`
+  per paused process;
+- `send` runs `debugger.py do` on the rank's node: one command, and pdb's answer, with
+  whether the rank is still paused after it (`c` lets it run on).
+
+Only the job's owner holds the backend (run/job.py); other processes ask it through the
+store (run/requests.py).
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import asdict, dataclass
+from typing import Any
+
+from jupyter_dist import node_side
+from jupyter_dist.errors import DistrunError
+from jupyter_dist.nodes import Node
+
+DEBUGGER_SOURCE = node_side.source("debugger.py")  # run as it is on the nodes
+NOT_PAUSED_EXIT = 3  # debugger.py do: the process is not paused
+
+# Runs argv on a node: (exit code, stdout, stderr) (Backend.run_on_node).
+RunOnNode = Callable[[Node, list[str], float], tuple[int, str, str]]
+
+
+@dataclass
+class PausedRank:
+    """A process of the job waiting in its pdb: where, and why."""
+
+    rank: int | None  # None for a process with no rank (a launcher's own Python)
+    node: str
+    pid: int
+    file: str
+    line: int
+    function: str
+    reason: str  # "breakpoint"
+    since: float
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> PausedRank:
+        return cls(**{name: data.get(name) for name in cls.__dataclass_fields__})
+
+    def line_text(self) -> str:
+        """One line: `rank 1 (node-1): bp.py:3 in main (breakpoint)`."""
+        who = f"rank {self.rank}" if self.rank is not None else f"pid {self.pid}"
+        return f"{who} ({self.node}): {self.file}:{self.line} in {self.function} ({self.reason})"
+
+
+def paused_ranks(
+    run_on_node: RunOnNode, nodes: list[Node], job_dirs: dict[str, str]
+) -> tuple[list[PausedRank], list[str]]:
+    """Every paused process of the job on `nodes` (each node's job folder in `job_dirs`, by
+    node name), by rank; and one line per node that could not be asked."""
+    asked: dict[tuple[str, str], Node] = {}  # (host, folder) -> a node there
+    for node in nodes:
+        if node.name in job_dirs:
+            asked.setdefault((node.host, job_dirs[node.name]), node)
+
+    def ask(where: tuple[tuple[str, str], Node]) -> tuple[Node, list[dict] | str]:
+        (_, folder), node = where
+        try:
+            code, out, err = run_on_node(node, [node.python, "-c", DEBUGGER_SOURCE, "list",
+                                                folder], 30)  # fmt: skip
+        except Exception as exc:  # an unreachable node is reported, never raised
+            return node, f"{node.name}: {exc}"
+        if code != 0:
+            return node, f"{node.name}: {(err.strip().splitlines() or [f'exit {code}'])[-1]}"
+        try:
+            return node, json.loads(out)
+        except json.JSONDecodeError:
+            return node, f"{node.name}: unreadable answer {out[:80]!r}"
+
+    with ThreadPoolExecutor(max_workers=min(16, len(asked)) or 1) as pool:
+        answers = list(pool.map(ask, asked.items()))
+    paused, problems, seen = [], [], set()
+    for node, answer in answers:
+        if isinstance(answer, str):
+            problems.append(answer)
+            continue
+        for found in answer:
+            node_rank = found.get("node_rank")
+            on = nodes[node_rank] if isinstance(node_rank, int) and node_rank < len(nodes) else node
+            if (on.host, found.get("pid")) in seen:
+                continue  # nodes that share a folder and a machine see it twice
+            seen.add((on.host, found.get("pid")))
+            paused.append(PausedRank(
+                rank=found.get("rank"), node=on.name, pid=int(found["pid"]),
+                file=str(found.get("file", "?")), line=int(found.get("line", 0)),
+                function=str(found.get("function", "?")),
+                reason=str(found.get("reason", "breakpoint")),
+                since=float(found.get("since", 0.0)),
+            ))  # fmt: skip
+    paused.sort(key=lambda p: (p.rank is None, p.rank if p.rank is not None else p.pid))
+    return paused, problems
+
+
+def send(
+    run_on_node: RunOnNode, node: Node, job_dir: str, paused: PausedRank, command: str,
+    timeout: float = 30.0,
+) -> dict[str, Any]:  # fmt: skip
+    """`command` to the paused process; {"answer": pdb's text, "paused": still paused}.
+    DistrunError in one line where it is not paused or its node cannot be asked."""
+    who = f"rank {paused.rank}" if paused.rank is not None else f"pid {paused.pid}"
+    argv = [node.python, "-c", DEBUGGER_SOURCE, "do", job_dir, str(paused.pid), command,
+            str(timeout)]  # fmt: skip
+    try:
+        code, out, err = run_on_node(node, argv, timeout + 10)
+    except Exception as exc:
+        raise DistrunError(f"{who}: cannot reach {node.name}: {exc}") from None
+    if code == NOT_PAUSED_EXIT:
+        raise DistrunError(f"{who} is not paused (any more)")
+    if code != 0:
+        reason = (err.strip().splitlines() or [f"exit code {code}"])[-1]
+        raise DistrunError(f"{who}: the command could not be sent: {reason}")
+    try:
+        answer = json.loads(out)
+    except json.JSONDecodeError:
+        raise DistrunError(f"{who}: unreadable answer {out[:80]!r}") from None
+    return {"answer": str(answer.get("answer", "")), "paused": bool(answer.get("paused"))}

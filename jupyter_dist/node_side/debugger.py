@@ -1,0 +1,336 @@
+"""`breakpoint()` in a rank pauses that rank, and a front talks to its pdb from afar.
+
+Standard library only, Python 3.8+. Shipped into each job's folder beside the stack hook as
+`$DISTRUN_JOB_DIR/pyhook/distrun_debug.py`; the agent sets PYTHONBREAKPOINT to
+`distrun_debug.set_trace` (unless the job's environment names its own, or 0), and the stack
+hook routes `pdb.set_trace()` here too. A rank's stdin is not a terminal (/dev/null, or a
+warm session's feed): plain pdb would read end of input, raise BdbQuit and kill the job.
+
+In a rank, a pause:
+
+- serves a pdb on a Unix socket in the job's private folder,
+  `$DISTRUN_JOB_DIR/debug/MACHINE-PID.sock` (0600 in a 0700 folder; no port is opened),
+  one client at a time: a client that goes away leaves the rank paused for the next;
+- writes `MACHINE-PID.json` beside it while pdb waits for a command: {"pid", "rank",
+  "node_rank", "host", "file", "line", "function", "reason", "since"} (the front lists
+  these), and takes it away when the rank runs on;
+- says so on the rank's stderr, in one line.
+
+On a node, run as `python -c SOURCE ...` (diagnose/debug.py does, through the backend):
+
+- `list JOB_DIR`: the pause records of live processes, as a JSON array;
+- `do JOB_DIR PID COMMAND [TIMEOUT]`: one pdb command to that paused process; prints
+  {"answer": TEXT, "paused": BOOL} once pdb asks for the next command (`paused`), or once
+  the process runs on (a `c`, an `n` over a long line); exit 3 with one line on stderr when
+  the process is not paused.
+"""
+
+import atexit
+import contextlib
+import json
+import os
+import select
+import socket
+import sys
+import time
+
+PROMPT = "(Pdb) "
+DEBUG_FOLDER = "debug"
+SETTLE_S = 0.3  # after a pause record goes, how long a prompt may still come (a quick `n`)
+
+
+def machine_tag():
+    """This machine in a file name, as the stack hook writes it (its boot id)."""
+    try:
+        with open("/proc/sys/kernel/random/boot_id") as handle:
+            return handle.read().strip()[:13]
+    except OSError:
+        return socket.gethostname()
+
+
+def _folder(job_dir):
+    return os.path.join(job_dir, DEBUG_FOLDER)
+
+
+def _short(path):
+    """A path a Unix socket can be bound to or reached at, however long the folder's path
+    is (sun_path holds 107 bytes): through a descriptor of the folder, held by the
+    caller, for the call."""
+    folder, name = os.path.split(path)
+    fd = os.open(folder, os.O_RDONLY)
+    return fd, f"/proc/self/fd/{fd}/{name}"
+
+
+def _rank():
+    for name in ("RANK", "OMPI_COMM_WORLD_RANK", "PMI_RANK", "HOROVOD_RANK"):
+        if os.environ.get(name, "").isdigit():
+            return int(os.environ[name])
+    return None
+
+
+class _Console:
+    """pdb's stdin and stdout: the client connected to this process's socket. Reading waits
+    for a client and for its next line; a client that leaves is replaced by the next one,
+    so pdb never reads end of input. What pdb writes with no client connected is dropped."""
+
+    def __init__(self, job_dir):
+        folder = _folder(job_dir)
+        os.makedirs(folder, mode=0o700, exist_ok=True)
+        base = os.path.join(folder, f"{machine_tag()}-{os.getpid()}")
+        self.socket_path, self.record_path = base + ".sock", base + ".json"
+        self.pid = os.getpid()
+        self.server = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        with _Held(self.socket_path) as short:
+            with contextlib.suppress(OSError):
+                os.unlink(short)
+            old = os.umask(0o077)  # private from the moment the bind makes it
+            try:
+                self.server.bind(short)
+            finally:
+                os.umask(old)
+            os.chmod(short, 0o600)
+        self.server.listen(4)
+        self.client = None
+        self.pending = b""
+        atexit.register(self.close)
+
+    # -- pdb's stdin ---------------------------------------------------------------------
+
+    def readline(self):
+        while True:
+            if self.client is None:
+                self.client, _ = self.server.accept()
+                self.pending = b""
+            cut = self.pending.find(b"\n")
+            if cut >= 0:
+                line, self.pending = self.pending[: cut + 1], self.pending[cut + 1 :]
+                return line.decode("utf-8", errors="replace")
+            try:
+                data = self.client.recv(65536)
+            except OSError:
+                data = b""
+            if not data:  # the client left: the rank stays paused for the next one
+                self._drop_client()
+                continue
+            self.pending += data
+
+    # -- pdb's stdout --------------------------------------------------------------------
+
+    def write(self, text):
+        if self.client is not None and text:
+            try:
+                self.client.sendall(text.encode("utf-8", errors="replace"))
+            except OSError:
+                self._drop_client()
+        return len(text)
+
+    def flush(self):
+        pass
+
+    @property
+    def encoding(self):
+        return "utf-8"
+
+    def _drop_client(self):
+        if self.client is not None:
+            with contextlib.suppress(OSError):
+                self.client.close()
+        self.client = None
+
+    # -- the pause record ----------------------------------------------------------------
+
+    def paused(self, frame, reason):
+        code = frame.f_code
+        record = {
+            "pid": self.pid, "rank": _rank(),
+            "node_rank": int(os.environ.get("DISTRUN_NODE_RANK", "0") or 0),
+            "host": socket.gethostname(), "file": code.co_filename, "line": frame.f_lineno,
+            "function": code.co_name, "reason": reason, "since": time.time(),
+        }  # fmt: skip
+        temporary = self.record_path + ".tmp"
+        fd = os.open(temporary, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        with os.fdopen(fd, "w") as handle:
+            json.dump(record, handle)
+        os.replace(temporary, self.record_path)  # a reader sees all of it or none
+        return record
+
+    def running(self):
+        with contextlib.suppress(OSError):
+            os.unlink(self.record_path)
+
+    def close(self):
+        if os.getpid() != self.pid:
+            return  # a forked child's copy: the parent's socket stays
+        self.running()
+        self._drop_client()
+        try:
+            self.server.close()
+            os.unlink(self.socket_path)
+        except OSError:
+            pass
+
+
+class _Held:
+    """`_short(path)` as a context: the folder's descriptor is closed after."""
+
+    def __init__(self, path):
+        self.path = path
+
+    def __enter__(self):
+        self.fd, short = _short(self.path)
+        return short
+
+    def __exit__(self, *exc):
+        os.close(self.fd)
+
+
+_debugger = []  # this process's one pdb, made at its first pause
+
+
+def _make_debugger(console):
+    import pdb
+
+    class RemotePdb(pdb.Pdb):
+        """pdb over the console; each stop writes the pause record, each resume takes it."""
+
+        reason = "breakpoint"
+        announce = False  # said once a pause, on the rank's stderr; not at each step
+
+        def interaction(self, frame, traceback):
+            shown = frame or (traceback.tb_frame if traceback else None)
+            if shown is not None:
+                record = console.paused(shown, self.reason)
+                if self.announce:
+                    _announce(record)
+                    self.announce = False
+            try:
+                pdb.Pdb.interaction(self, frame, traceback)
+            finally:
+                console.running()
+
+    # nosigint: the rank's own SIGINT handling stays as it was (pdb would take it over).
+    debugger = RemotePdb(stdin=console, stdout=console, nosigint=True)
+    debugger.prompt = PROMPT
+    return debugger
+
+
+def _announce(record):
+    rank = (
+        "rank {}".format(record["rank"])
+        if record["rank"] is not None
+        else "pid {}".format(record["pid"])
+    )
+    job = os.environ.get("DISTRUN_JOB_ID", "JOB")
+    attach = f"jupyter distrun debug {job}" + (
+        f" --rank {record['rank']}" if record["rank"] is not None else ""
+    )
+    sys.stderr.write(
+        f"distrun: {rank} paused at {record['file']}:{record['line']} in "
+        f"{record['function']} ({record['reason']}); to look: {attach}\n"
+    )
+    sys.stderr.flush()
+
+
+def set_trace(*args, frame=None, header=None, **kwargs):
+    """PYTHONBREAKPOINT's target: pause the caller (or `frame`) in the remote pdb. Outside a
+    job's folder, plain pdb, as Python would have done."""
+    frame = frame or sys._getframe(1)
+    job_dir = os.environ.get("DISTRUN_JOB_DIR")
+    if not job_dir:
+        import pdb
+
+        return pdb.Pdb().set_trace(frame)
+    if not _debugger or _debugger[0][0] != os.getpid():  # first pause, or a forked child
+        _debugger[:] = [(os.getpid(), _make_debugger(_Console(job_dir)))]
+    debugger = _debugger[0][1]
+    if header is not None:
+        debugger.message(header)
+    debugger.reason, debugger.announce = "breakpoint", True
+    debugger.set_trace(frame)
+
+
+# -- on a node: list, do ------------------------------------------------------------------
+
+
+def _alive(pid):
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def list_paused(job_dir):
+    found = []
+    folder = _folder(job_dir)
+    try:
+        names = sorted(os.listdir(folder))
+    except OSError:
+        return found
+    for name in names:
+        if not name.endswith(".json"):
+            continue
+        try:
+            with open(os.path.join(folder, name)) as handle:
+                record = json.load(handle)
+        except (OSError, ValueError):
+            continue  # taken away as it was read: it runs on
+        if isinstance(record, dict) and _alive(int(record.get("pid", 0))):
+            record["tag"] = name[: -len(".json")]
+            found.append(record)
+    return found
+
+
+def do(job_dir, pid, command, timeout=30.0):
+    """Send one command to the paused process `pid`; its answer, and whether it is paused."""
+    folder = _folder(job_dir)
+    tag = next((r["tag"] for r in list_paused(job_dir) if int(r.get("pid", 0)) == pid), None)
+    if tag is None:
+        raise LookupError("it is not paused")
+    record_path = os.path.join(folder, tag + ".json")
+    client = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    with _Held(os.path.join(folder, tag + ".sock")) as short:
+        client.connect(short)
+    client.sendall(command.rstrip("\n").encode() + b"\n")
+    answer, deadline, gone_since = b"", time.monotonic() + timeout, None
+    while time.monotonic() < deadline:
+        ready, _, _ = select.select([client], [], [], 0.01)
+        if ready:
+            data = client.recv(65536)
+            if not data:
+                break  # the process ended (a `q`, an exit)
+            answer += data
+            if answer.endswith(PROMPT.encode()):
+                return {"answer": answer[: -len(PROMPT)].decode(errors="replace"),
+                        "paused": True}  # fmt: skip
+            continue
+        if os.path.exists(record_path):
+            gone_since = None
+        elif gone_since is None:
+            gone_since = time.monotonic()
+        elif time.monotonic() - gone_since > SETTLE_S:
+            break  # it runs on
+    client.close()
+    return {"answer": answer.decode(errors="replace"), "paused": False}
+
+
+def main():
+    args = sys.argv[1:]
+    if args[:1] == ["list"] and len(args) == 2:
+        print(json.dumps(list_paused(args[1])))
+        return
+    if args[:1] == ["do"] and len(args) in (4, 5):
+        timeout = float(args[4]) if len(args) == 5 else 30.0
+        try:
+            print(json.dumps(do(args[1], int(args[2]), args[3], timeout)))
+        except (LookupError, OSError) as exc:
+            sys.stderr.write(f"{exc}\n")
+            sys.exit(3)
+        return
+    sys.exit("usage: debugger.py list JOB_DIR | do JOB_DIR PID COMMAND [TIMEOUT]")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,239 @@
+"""The debugger (issue 43): `breakpoint()` and `pdb.set_trace()` in a rank pause it instead of
+killing the job; `jupyter distrun debug JOB` lists the paused ranks and sends one a pdb
+command, from another process, through the job's owner; the stall watch leaves a paused job
+alone; nothing is left after it."""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from pathlib import Path
+
+from helpers import not_private, run_cli, start_cli_run
+
+from jupyter_dist.run.requests import wait_until_ended
+
+SCRIPT = """\
+import os, pdb
+rank = int(os.environ["RANK"])
+print("started", os.environ["DISTRUN_JOB_DIR"], flush=True)
+x = 40 + rank
+if rank == 1:
+    breakpoint()
+    x += 100
+if rank == 3:
+    pdb.set_trace()
+    x += 300
+print(f"rank {rank} x {x}", flush=True)
+"""
+
+
+def _local_job(tmp_path: Path, nodes: int) -> tuple[Path, Path]:
+    """A spec running SCRIPT on `nodes` local nodes, 2 ranks each; (spec, script)."""
+    script = tmp_path / "bp.py"
+    script.write_text(SCRIPT)
+    spec = tmp_path / "job.yml"
+    spec.write_text(
+        f"command: python {script}\n"
+        "distribution: {type: pytorch, process_count_per_instance: 2}\n"
+        f"resources: {{instance_count: {nodes}}}\n"
+    )
+    return spec, script
+
+
+def _paused(store, job_id: str, count: int, timeout: float = 60) -> list[dict]:
+    """The job's paused ranks (`debug --json`), once `count` of them are listed."""
+    deadline = time.monotonic() + timeout
+    while True:
+        done = run_cli("debug", job_id, "--json", store=store)
+        assert done.returncode == 0, done.stderr
+        found = json.loads(done.stdout)
+        if len(found) >= count or time.monotonic() > deadline:
+            return found
+        time.sleep(0.2)
+
+
+def test_a_breakpoint_pauses_its_rank_and_a_terminal_steps_it_then_the_job_succeeds(
+    tmp_path, store
+):
+    """2 nodes x 2 ranks: rank 1 at breakpoint(), rank 3 at pdb.set_trace(). Both listed
+    (one line each, and as JSON); `p x` and `n` answered; a rank that is not paused, and bad
+    input, in one line; the stall watch (--on-stall kill, 3 s) leaves the paused job alone;
+    `c` lets each go on; the job succeeds with the values changed after the pause; every
+    file of the pause private while it lasts, and none left."""
+    spec, script = _local_job(tmp_path, nodes=2)
+    old = os.umask(0o022)  # what most machines have: the pause's files are private anyway
+    try:
+        proc, job_id = start_cli_run(spec, store, "--stall-timeout", "3", "--on-stall", "kill")
+    finally:
+        os.umask(old)
+    record = store.get(job_id)
+    try:
+        found = _paused(store, job_id, 2)
+        paused_at = time.monotonic()
+        assert found == [
+            {"rank": 1, "node": "local0", "file": str(script), "line": 7,
+             "function": "<module>", "reason": "breakpoint"},
+            {"rank": 3, "node": "local1", "file": str(script), "line": 10,
+             "function": "<module>", "reason": "breakpoint"},
+        ]  # fmt: skip
+        listed = run_cli("debug", job_id, store=store)
+        assert listed.stdout.splitlines() == [
+            f"rank 1 (local0): {script}:7 in <module> (breakpoint)",
+            f"rank 3 (local1): {script}:10 in <module> (breakpoint)",
+        ], listed.stdout
+
+        def do(rank: int, command: str):
+            return run_cli("debug", job_id, "--rank", str(rank), "--do", command, store=store)
+
+        assert do(1, "p x").stdout == "41\n"
+        stepped = do(1, "n")
+        assert stepped.stdout == f"> {script}(8)<module>()\n-> if rank == 3:\n", stepped.stdout
+        assert do(1, "p x").stdout == "141\n"
+        assert do(3, "p x, rank").stdout == "(43, 3)\n"
+
+        # What is not paused, and what is not a command: one line each, the job untouched.
+        refused = {
+            "not paused": do(0, "p x"),
+            "no rank": run_cli("debug", job_id, "--do", "p x", store=store),
+            "empty": do(1, "  "),
+            "rank alone": run_cli("debug", job_id, "--rank", "1", store=store),
+        }
+        for case, done in refused.items():
+            assert done.returncode != 0, case
+            assert len(done.stderr.strip().splitlines()) == 1, (case, done.stderr)
+            assert "Traceback" not in done.stderr, case
+        assert refused["not paused"].stderr.strip() == (
+            f"error: rank 0 of job {job_id} is not paused (paused: 1, 3)"
+        )
+
+        # The pause's socket and record are private, on the node, while they last.
+        job_dirs = sorted({Path(line.split()[1]) for line in _started_lines(record)})
+        kept = sorted(p.suffix for d in job_dirs for p in (d / "debug").iterdir())
+        assert kept == [".json", ".json", ".sock", ".sock"], kept
+        for job_dir in job_dirs:
+            assert not_private(job_dir) == []
+
+        # The stall watch (3 s) saw nothing printed and no CPU used for longer: not a stall.
+        time.sleep(max(0.0, paused_at + 6 - time.monotonic()))
+        status = record.status()
+        assert status["state"] == "running" and not status.get("stall_notice"), status
+
+        for rank in (1, 3):
+            going = do(rank, "c")
+            assert going.returncode == 0 and going.stderr == f"rank {rank} runs on\n"
+        assert proc.wait(60) == 0
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    assert wait_until_ended(record, 10) == "succeeded"
+    said = {key: [line.text for line in record.iter_log(key, "stdout")] for key in
+            ("rank-1", "rank-3")}  # fmt: skip
+    assert said["rank-1"][-1] == "rank 1 x 141" and said["rank-3"][-1] == "rank 3 x 343"
+    ended = run_cli("debug", job_id, store=store)
+    assert ended.returncode != 0
+    assert ended.stderr.strip() == (
+        f"error: job {job_id} is succeeded; only a running job's ranks pause"
+    )
+    for job_dir in job_dirs:
+        assert not job_dir.exists() or not list(job_dir.glob("debug/*")), job_dir
+    assert not list(record.path.glob("debug-*")), "a request or answer was left in the store"
+    assert not_private(record.path) == []
+
+
+def _started_lines(record) -> list[str]:
+    return [
+        line.text for key in record.log_keys()
+        for line in record.iter_log(key, "stdout") if line.text.startswith("started ")
+    ]  # fmt: skip
+
+
+def test_a_paused_rank_on_an_ssh_node_is_listed_and_stepped_through_the_owner(
+    ssh_cluster, tmp_path, store
+):
+    """The same over SSH (2 real sshd nodes, a rank each): the owner reaches the paused
+    rank's pdb on its node through the connection it has; `c` and the job succeeds."""
+    (tmp_path / "code").mkdir()
+    (tmp_path / "code" / "bp.py").write_text(SCRIPT)
+    spec = tmp_path / "job.yml"
+    spec.write_text(
+        f"code: {tmp_path / 'code'}\ncommand: python bp.py\n"
+        "distribution: {type: pytorch}\nresources: {instance_count: 2}\n"
+    )
+    nodes_file = str(ssh_cluster.write_inventory(tmp_path / "nodes.yml"))
+    proc, job_id = start_cli_run(spec, store, "--nodes-file", nodes_file, ranks=2)
+    try:
+        found = _paused(store, job_id, 1)
+        assert [(p["rank"], p["node"], p["line"]) for p in found] == [(1, "node1", 7)], found
+        assert Path(found[0]["file"]).name == "bp.py"
+        done = run_cli("debug", job_id, "--rank", "1", "--do", "p x + 1", store=store)
+        assert (done.returncode, done.stdout) == (0, "42\n"), done.stderr
+        done = run_cli("debug", job_id, "--rank", "1", "--do", "c", store=store)
+        assert done.stderr == "rank 1 runs on\n"
+        assert proc.wait(60) == 0
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    said = [line.text for line in store.get(job_id).iter_log("rank-1", "stdout")]
+    assert said[-1] == "rank 1 x 141"
+
+
+def test_a_breakpoint_in_a_distrun_cell_pauses_and_the_cell_ends_once_continued(kernel_env):
+    """A `%%distrun` cell in a real kernel, each of its 2 ranks at breakpoint(): the cell
+    says where they paused and waits; a terminal lists them, reads `x` on each, continues
+    both; the cell succeeds with what ran after the pause."""
+    from helpers import await_text, running_kernel
+
+    from jupyter_dist.store import JobStore
+
+    store = JobStore(kernel_env)
+    with running_kernel() as (_km, kc):
+        msg_id = kc.execute(
+            "%%distrun --nodes 2\nimport os\nx = 40 + int(os.environ['RANK'])\n"
+            "breakpoint()\nx += 10\nprint('x is', x)\n"
+        )
+        assert await_text(kc, "paused at", 2) == 2
+        (record,) = store.jobs()
+        found = _paused(store, record.job_id, 2)
+        assert [(p["rank"], p["line"], p["function"]) for p in found] == [
+            (0, 4, "<module>"),
+            (1, 4, "<module>"),
+        ]  # the cell's lines, as its tracebacks number them (the magic's line is not one)
+        for rank in (0, 1):
+            done = run_cli("debug", record.job_id, "--rank", str(rank), "--do", "p x",
+                           store=store)  # fmt: skip
+            assert done.stdout == f"{40 + rank}\n", done.stderr
+            run_cli("debug", record.job_id, "--rank", str(rank), "--do", "c", store=store)
+        reply = kc.get_shell_msg(timeout=60)
+        while reply["parent_header"].get("msg_id") != msg_id:
+            reply = kc.get_shell_msg(timeout=60)
+        assert reply["content"]["status"] == "ok", reply["content"]
+    said = sorted(
+        line.text for key in ("rank-0", "rank-1")
+        for line in record.iter_log(key, "stdout") if line.text.startswith("x is")
+    )  # fmt: skip
+    assert said == ["x is 50", "x is 51"]
+
+
+def test_a_cancel_ends_a_paused_rank_and_leaves_nothing(tmp_path, store):
+    """`cancel` while a rank waits in its debugger (and a terminal is connected to it):
+    the job is cancelled, no process of it is left, nor any file of the pause."""
+    from helpers import job_processes
+
+    spec, _ = _local_job(tmp_path, nodes=1)
+    proc, job_id = start_cli_run(spec, store, ranks=2)
+    try:
+        assert [p["rank"] for p in _paused(store, job_id, 1)] == [1]
+        job_dir = Path(next(iter(_started_lines(store.get(job_id)))).split()[1])
+        assert run_cli("cancel", job_id, store=store).returncode == 0
+        assert proc.wait(60) != 0
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    assert store.get(job_id).status()["state"] == "cancelled"
+    assert job_processes(job_id) == []
+    assert not job_dir.exists() or not list(job_dir.glob("debug/*"))
