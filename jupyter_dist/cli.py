@@ -125,6 +125,7 @@ def _load(args: argparse.Namespace) -> JobSpec:
         "instance_count": args.nodes,
         **{key: getattr(args, key, None) for key in LIMIT_KEYS},  # `run` offers them
         "network_check": False if getattr(args, "no_preflight", False) else None,
+        "post_mortem": True if getattr(args, "post_mortem", False) else None,
         "name": getattr(args, "name", None),
     }
     if args.procs_per_node is not None:

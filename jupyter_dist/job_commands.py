@@ -204,7 +204,8 @@ def add_parsers(sub: argparse._SubParsersAction, common: argparse.ArgumentParser
     )
     debug.add_argument(
         "--json", action="store_true",
-        help="the paused ranks as a JSON array: rank, node, file, line, function, reason",
+        help="the paused ranks as a JSON array: rank, node, file, line, function, reason, "
+        "exception",
     )  # fmt: skip
     debug.add_argument("--rank", type=int, metavar="R", help="the paused rank --do talks to")
     debug.add_argument(
@@ -539,7 +540,7 @@ def cmd_debug(args: argparse.Namespace, store: JobStore) -> int:
     for problem in answer.get("problems", []):
         print(f"warning: {problem}", file=sys.stderr)
     if args.json:
-        keys = ("rank", "node", "file", "line", "function", "reason")
+        keys = ("rank", "node", "file", "line", "function", "reason", "exception")
         print(json.dumps([{key: getattr(p, key) for key in keys} for p in paused]))
     elif paused:
         for found in paused:

@@ -160,6 +160,10 @@ OPTIONS: tuple[Option, ...] = (
            "the ranks meet, and has the interfaces GLOO/NCCL_SOCKET_IFNAME name; gloo is "
            "given the interface that reaches the master where a hostname would mislead it)",
            kind="flag", fronts=_RUN),
+    Option("post_mortem", "a rank whose code raises pauses where it raised, for `jupyter "
+           "distrun debug`, then exits with its error once you continue or quit (or once "
+           "nobody attached for debug.wait seconds, 300 by default)", kind="flag",
+           fronts=_RUN),
     Option("detach", "keep the job running when this kernel or terminal goes: return once "
            "every rank runs; follow it with attach, stop it with cancel", kind="flag",
            fronts=_RUN),
@@ -217,6 +221,7 @@ class LaunchOptions:
     max_restarts: int | None = None
     restart_delay: int | None = None
     no_preflight: bool = False
+    post_mortem: bool = False
     detach: bool = False  # who owns the job (run/supervisor.py), not what the spec says
     backend: str | None = None  # the spec's backend section, with the backends' options:
     backend_options: dict[Option, Any] = field(default_factory=dict)  # declared by backends
@@ -270,6 +275,8 @@ class LaunchOptions:
             data["backend"] = backend
         if self.no_preflight:
             data["network_check"] = False
+        if self.post_mortem:
+            data["debug"] = {"post_mortem": True}
         return spec_from_dict(data, base_dir=base_dir, source=source)
 
     def check_applies(self) -> None:

@@ -171,6 +171,17 @@ class Limits(StrictSection):
 # The keys of `limits:`, which with_overrides and the fronts' options set one by one.
 LIMIT_KEYS = tuple(Limits.model_fields)
 
+DEFAULT_POST_MORTEM_WAIT_S = 300  # how long a failed rank waits for someone to look
+
+
+class DebugSection(StrictSection):
+    """Ours: the debugger (docs/debugging.md). `post_mortem`: a rank whose code raises pauses
+    where it raised before it exits with its error; `wait`: how long it waits there for
+    someone to look (default DEFAULT_POST_MORTEM_WAIT_S), once nobody is attached."""
+
+    post_mortem: Annotated[bool, Strict()] = False
+    wait: count(1, MAX_SECONDS) | None = None
+
 
 class BackendSection(StrictSection):
     """Ours: where the job runs (`--backend`), with the backend's own options. Slurm's:
@@ -306,6 +317,7 @@ class JobSpec(StrictSection):
     # Ours: check before any rank starts that every node reaches where the ranks meet, and
     # has the interfaces the job names (diagnose/network.py); false skips it.
     network_check: Annotated[bool, Strict()] = True
+    debug: DebugSection | None = None
     # Azure-only: accepted and kept, never acted on.
     type: Any = None
     display_name: Any = None
@@ -520,6 +532,12 @@ class JobSpec(StrictSection):
     def display_name_or_default(self) -> str:
         return str(self.name or self.display_name or self.job_type)
 
+    def post_mortem_wait(self) -> int | None:
+        """Seconds a failed rank waits in its debugger; None: it exits at once."""
+        if self.debug is None or not self.debug.post_mortem:
+            return None
+        return self.debug.wait or DEFAULT_POST_MORTEM_WAIT_S
+
     def to_dict(self) -> dict[str, Any]:
         return self.model_dump(mode="json", by_alias=True, exclude_unset=True)
 
@@ -530,6 +548,7 @@ class JobSpec(StrictSection):
         """A copy with some keys changed, validated again (the same errors as the YAML).
 
         Keys: `instance_count`, `nodes`, `network_check`, `name`, those of `limits:` (LIMIT_KEYS),
+        `post_mortem` (of `debug:`),
         `backend` (a mapping merged into the backend section), and any key of the
         distribution section.
         """
@@ -544,6 +563,8 @@ class JobSpec(StrictSection):
                 data[key] = value
             elif key in LIMIT_KEYS:
                 data["limits"] = {**data.get("limits", {}), key: value}
+            elif key == "post_mortem":
+                data["debug"] = {**data.get("debug", {}), key: value}
             elif key == "backend":  # {type: ..., option: value}: merged into the section
                 data["backend"] = {**(data.get("backend") or {}), **value}
             else:

@@ -7,6 +7,8 @@ from __future__ import annotations
 
 import json
 import os
+import subprocess
+import sys
 import time
 from pathlib import Path
 
@@ -27,6 +29,14 @@ if rank == 3:
     x += 300
 print(f"rank {rank} x {x}", flush=True)
 """
+
+
+def _reply(kc, msg_id: str) -> dict:
+    """The content of the kernel's reply to execute request `msg_id`."""
+    reply = kc.get_shell_msg(timeout=60)
+    while reply["parent_header"].get("msg_id") != msg_id:
+        reply = kc.get_shell_msg(timeout=60)
+    return reply["content"]
 
 
 def _local_job(tmp_path: Path, nodes: int) -> tuple[Path, Path]:
@@ -74,9 +84,9 @@ def test_a_breakpoint_pauses_its_rank_and_a_terminal_steps_it_then_the_job_succe
         paused_at = time.monotonic()
         assert found == [
             {"rank": 1, "node": "local0", "file": str(script), "line": 7,
-             "function": "<module>", "reason": "breakpoint"},
+             "function": "<module>", "reason": "breakpoint", "exception": None},
             {"rank": 3, "node": "local1", "file": str(script), "line": 10,
-             "function": "<module>", "reason": "breakpoint"},
+             "function": "<module>", "reason": "breakpoint", "exception": None},
         ]  # fmt: skip
         listed = run_cli("debug", job_id, store=store)
         assert listed.stdout.splitlines() == [
@@ -207,10 +217,20 @@ def test_a_breakpoint_in_a_distrun_cell_pauses_and_the_cell_ends_once_continued(
                            store=store)  # fmt: skip
             assert done.stdout == f"{40 + rank}\n", done.stderr
             run_cli("debug", record.job_id, "--rank", str(rank), "--do", "c", store=store)
-        reply = kc.get_shell_msg(timeout=60)
-        while reply["parent_header"].get("msg_id") != msg_id:
-            reply = kc.get_shell_msg(timeout=60)
-        assert reply["content"]["status"] == "ok", reply["content"]
+        assert _reply(kc, msg_id)["status"] == "ok"
+
+        # --post-mortem in a cell (its runner prints the error itself): paused in f, then
+        # `q`, and the cell fails with the error.
+        msg_id = kc.execute("%%distrun --post-mortem\ndef f(v):\n    raise KeyError(v)\nf(5)\n")
+        assert await_text(kc, "paused after KeyError: 5", 1) == 1
+        (failed,) = [r for r in store.jobs() if r.job_id != record.job_id]
+        (found,) = _paused(store, failed.job_id, 1)
+        assert (found["function"], found["reason"]) == ("f", "post-mortem")
+        looked = run_cli("debug", failed.job_id, "--rank", "0", "--do", "p v", store=store)
+        assert looked.stdout == "5\n", looked.stderr
+        run_cli("debug", failed.job_id, "--rank", "0", "--do", "q", store=store)
+        assert _reply(kc, msg_id)["status"] == "error"
+        assert failed.status()["state"] == "failed"
     said = sorted(
         line.text for key in ("rank-0", "rank-1")
         for line in record.iter_log(key, "stdout") if line.text.startswith("x is")
@@ -237,3 +257,79 @@ def test_a_cancel_ends_a_paused_rank_and_leaves_nothing(tmp_path, store):
     assert store.get(job_id).status()["state"] == "cancelled"
     assert job_processes(job_id) == []
     assert not job_dir.exists() or not list(job_dir.glob("debug/*"))
+
+
+FAILING = """\
+import os
+rank = int(os.environ["RANK"])
+
+
+def step(batch):
+    if rank == 1:
+        raise ValueError(f"bad input {batch}")
+    return batch
+
+
+for batch in range(7, 9):
+    step(batch)
+print(f"rank {rank} done", flush=True)
+"""
+
+
+def test_post_mortem_pauses_a_failed_rank_and_the_job_fails_as_it_would_have(tmp_path, store):
+    """--post-mortem: rank 1 raises in step(); it waits where it raised, listed with the
+    error; its local variables are read; `q` and the job fails with the very root cause of
+    a run without the flag. The spec's debug: {post_mortem: true, wait: 2} with nobody
+    looking: the rank exits with its error after 2 s, the same root cause again."""
+    script = tmp_path / "fail.py"
+    script.write_text(FAILING)
+    body = (f"command: python {script}\n"
+            "distribution: {type: pytorch, process_count_per_instance: 2}\n")  # fmt: skip
+    plain, waiting = tmp_path / "plain.yml", tmp_path / "waiting.yml"
+    plain.write_text(body)
+    waiting.write_text(body + "debug: {post_mortem: true, wait: 2}\n")
+
+    def root_cause(job_id: str) -> dict:
+        status = store.get(job_id).status()
+        assert status["state"] == "failed", status
+        mine = ("time", "at", "log_path")  # when, and the job's own folder
+        return {k: v for k, v in status["root_cause"].items() if k not in mine}
+
+    done = run_cli("run", str(plain), store=store)
+    assert done.returncode == 1
+    (without,) = [r.job_id for r in store.jobs()]
+    expected = root_cause(without)
+    assert "ValueError: bad input 7" in json.dumps(expected)
+
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "jupyter_dist.cli", "run", str(plain), "--post-mortem",
+         "--store", str(store.root)],
+        stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
+    )  # fmt: skip
+    try:
+        deadline = time.monotonic() + 60
+        while len(store.jobs()) < 2 and time.monotonic() < deadline:
+            time.sleep(0.1)
+        (job_id,) = [r.job_id for r in store.jobs() if r.job_id != without]
+        (found,) = _paused(store, job_id, 1)
+        assert found == {"rank": 1, "node": "local0", "file": str(script), "line": 7,
+                         "function": "step", "reason": "post-mortem",
+                         "exception": "ValueError: bad input 7"}  # fmt: skip
+        looked = run_cli("debug", job_id, "--rank", "1", "--do", "p batch, rank", store=store)
+        assert looked.stdout == "(7, 1)\n", looked.stderr
+        run_cli("debug", job_id, "--rank", "1", "--do", "q", store=store)
+        assert proc.wait(60) == 1
+        said = proc.stderr.read()
+        assert "distrun: rank 1 paused after ValueError: bad input 7, at " in said, said
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    assert root_cause(job_id) == expected
+
+    started = time.monotonic()
+    done = run_cli("run", str(waiting), store=store)
+    assert done.returncode == 1 and time.monotonic() - started >= 2
+    assert "or in 2 s if nobody looks" in done.stdout + done.stderr
+    (last,) = [r.job_id for r in store.jobs() if r.job_id not in (without, job_id)]
+    assert root_cause(last) == expected

@@ -42,8 +42,9 @@ class PausedRank:
     file: str
     line: int
     function: str
-    reason: str  # "breakpoint"
+    reason: str  # "breakpoint", "post-mortem"
     since: float
+    exception: str | None = None  # post-mortem: the error's one line
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -53,9 +54,11 @@ class PausedRank:
         return cls(**{name: data.get(name) for name in cls.__dataclass_fields__})
 
     def line_text(self) -> str:
-        """One line: `rank 1 (node-1): bp.py:3 in main (breakpoint)`."""
+        """One line: `rank 1 (node-1): bp.py:3 in main (breakpoint)`, or `(post-mortem:
+        ValueError: bad)`."""
         who = f"rank {self.rank}" if self.rank is not None else f"pid {self.pid}"
-        return f"{who} ({self.node}): {self.file}:{self.line} in {self.function} ({self.reason})"
+        why = f"{self.reason}: {self.exception}" if self.exception else self.reason
+        return f"{who} ({self.node}): {self.file}:{self.line} in {self.function} ({why})"
 
 
 def paused_ranks(
@@ -101,6 +104,7 @@ def paused_ranks(
                 function=str(found.get("function", "?")),
                 reason=str(found.get("reason", "breakpoint")),
                 since=float(found.get("since", 0.0)),
+                exception=str(found["exception"]) if found.get("exception") else None,
             ))  # fmt: skip
     paused.sort(key=lambda p: (p.rank is None, p.rank if p.rank is not None else p.pid))
     return paused, problems

@@ -69,6 +69,14 @@ def main():
     try:
         exec(compile(source, script, "exec"), namespace)  # the user's own script, on their node
     except Exception as error:
+        # --post-mortem: paused where it raised, for the debugger, first (as the startup
+        # hook's excepthook does for a script; this runner prints the error itself).
+        try:
+            import distrun_debug  # beside the startup hook, on every rank's PYTHONPATH
+        except ImportError:
+            pass
+        else:
+            distrun_debug.post_mortem(error, error.__traceback__.tb_next)
         # The traceback Python would print for the script itself, without this runner's frame.
         traceback.print_exception(type(error), error, error.__traceback__.tb_next)
         finish(namespace, 1)

@@ -5,6 +5,8 @@ Standard library only, Python 3.8+. Shipped into each job's folder beside the st
 `distrun_debug.set_trace` (unless the job's environment names its own, or 0), and the stack
 hook routes `pdb.set_trace()` here too. A rank's stdin is not a terminal (/dev/null, or a
 warm session's feed): plain pdb would read end of input, raise BdbQuit and kill the job.
+Under `--post-mortem` (DISTRUN_POST_MORTEM: seconds to wait), an uncaught exception pauses
+the same way at the frame that raised (`post_mortem`), before the rank exits with it.
 
 In a rank, a pause:
 
@@ -12,8 +14,8 @@ In a rank, a pause:
   `$DISTRUN_JOB_DIR/debug/MACHINE-PID.sock` (0600 in a 0700 folder; no port is opened),
   one client at a time: a client that goes away leaves the rank paused for the next;
 - writes `MACHINE-PID.json` beside it while pdb waits for a command: {"pid", "rank",
-  "node_rank", "host", "file", "line", "function", "reason", "since"} (the front lists
-  these), and takes it away when the rank runs on;
+  "node_rank", "host", "file", "line", "function", "reason", "since", "exception"} (the
+  front lists these), and takes it away when the rank runs on;
 - says so on the rank's stderr, in one line.
 
 On a node, run as `python -c SOURCE ...` (diagnose/debug.py does, through the backend):
@@ -92,6 +94,9 @@ class _Console:
         self.server.listen(4)
         self.client = None
         self.pending = b""
+        # Post-mortem: how long to wait for a client before pdb is told to quit (None: for
+        # ever, as at a breakpoint).
+        self.wait = None
         atexit.register(self.close)
 
     # -- pdb's stdin ---------------------------------------------------------------------
@@ -99,7 +104,12 @@ class _Console:
     def readline(self):
         while True:
             if self.client is None:
-                self.client, _ = self.server.accept()
+                self.server.settimeout(self.wait)
+                try:
+                    self.client, _ = self.server.accept()
+                except socket.timeout:  # noqa: UP041 (TimeoutError only from 3.10)
+                    return "q\n"  # nobody came: the rank goes on to exit with its error
+                self.client.settimeout(None)
                 self.pending = b""
             cut = self.pending.find(b"\n")
             if cut >= 0:
@@ -139,13 +149,14 @@ class _Console:
 
     # -- the pause record ----------------------------------------------------------------
 
-    def paused(self, frame, reason):
+    def paused(self, frame, reason, exception=None):
         code = frame.f_code
         record = {
             "pid": self.pid, "rank": _rank(),
             "node_rank": int(os.environ.get("DISTRUN_NODE_RANK", "0") or 0),
             "host": socket.gethostname(), "file": code.co_filename, "line": frame.f_lineno,
             "function": code.co_name, "reason": reason, "since": time.time(),
+            "exception": exception,
         }  # fmt: skip
         temporary = self.record_path + ".tmp"
         fd = os.open(temporary, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
@@ -194,12 +205,13 @@ def _make_debugger(console):
         """pdb over the console; each stop writes the pause record, each resume takes it."""
 
         reason = "breakpoint"
+        exception = None  # post-mortem: the error's one line
         announce = False  # said once a pause, on the rank's stderr; not at each step
 
         def interaction(self, frame, traceback):
-            shown = frame or (traceback.tb_frame if traceback else None)
+            shown = frame or (_innermost(traceback).tb_frame if traceback else None)
             if shown is not None:
-                record = console.paused(shown, self.reason)
+                record = console.paused(shown, self.reason, self.exception)
                 if self.announce:
                     _announce(record)
                     self.announce = False
@@ -214,6 +226,12 @@ def _make_debugger(console):
     return debugger
 
 
+def _innermost(traceback):
+    while traceback.tb_next is not None:
+        traceback = traceback.tb_next
+    return traceback
+
+
 def _announce(record):
     rank = (
         "rank {}".format(record["rank"])
@@ -224,11 +242,50 @@ def _announce(record):
     attach = f"jupyter distrun debug {job}" + (
         f" --rank {record['rank']}" if record["rank"] is not None else ""
     )
+    after, then = "", ""
+    if record.get("exception"):
+        after = f" after {record['exception']},"
+        wait = os.environ.get("DISTRUN_POST_MORTEM", "")
+        then = "; it exits with this error once you continue or quit" + (
+            f", or in {wait} s if nobody looks" if wait.isdigit() else ""
+        )
     sys.stderr.write(
-        f"distrun: {rank} paused at {record['file']}:{record['line']} in "
-        f"{record['function']} ({record['reason']}); to look: {attach}\n"
+        f"distrun: {rank} paused{after} at {record['file']}:{record['line']} in "
+        f"{record['function']} ({record['reason']}); to look: {attach}{then}\n"
     )
     sys.stderr.flush()
+
+
+def _debugger_here(job_dir):
+    if not _debugger or _debugger[0][0] != os.getpid():  # first pause, or a forked child
+        console = _Console(job_dir)
+        _debugger[:] = [(os.getpid(), _make_debugger(console), console)]
+    return _debugger[0][1], _debugger[0][2]
+
+
+def post_mortem(error, traceback):
+    """An uncaught exception (the stack hook's excepthook, the cell runner): pause at the
+    frame that raised until the user continues or quits, or nobody attached for
+    DISTRUN_POST_MORTEM seconds; then the caller prints the error and exits with it, as it
+    would have. Does nothing outside a job that asked for it (--post-mortem)."""
+    job_dir, wait = os.environ.get("DISTRUN_JOB_DIR"), os.environ.get("DISTRUN_POST_MORTEM", "")
+    if not job_dir or not wait.isdigit() or traceback is None:
+        return
+    debugger, console = _debugger_here(job_dir)
+    line = "".join(_format_exception_only(error)).strip().splitlines()
+    debugger.reason, debugger.exception, debugger.announce = "post-mortem", line[-1], True
+    console.wait = int(wait)
+    try:
+        debugger.reset()
+        debugger.interaction(None, traceback)
+    finally:
+        console.wait, debugger.exception = None, None
+
+
+def _format_exception_only(error):
+    import traceback
+
+    return traceback.format_exception_only(type(error), error)
 
 
 def set_trace(*args, frame=None, header=None, **kwargs):
@@ -240,9 +297,7 @@ def set_trace(*args, frame=None, header=None, **kwargs):
         import pdb
 
         return pdb.Pdb().set_trace(frame)
-    if not _debugger or _debugger[0][0] != os.getpid():  # first pause, or a forked child
-        _debugger[:] = [(os.getpid(), _make_debugger(_Console(job_dir)))]
-    debugger = _debugger[0][1]
+    debugger, _console = _debugger_here(job_dir)
     if header is not None:
         debugger.message(header)
     debugger.reason, debugger.announce = "breakpoint", True

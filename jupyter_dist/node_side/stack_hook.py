@@ -117,9 +117,29 @@ def _pdb_set_trace(*, header=None):
     distrun_debug.set_trace(frame=sys._getframe(1), header=header)
 
 
+def pause_on_uncaught_exceptions():
+    """--post-mortem: an uncaught exception of the main thread pauses where it was raised
+    (debugger.py), then Python prints it and exits with it as it would have."""
+    previous = sys.excepthook
+
+    def hook(kind, error, traceback):
+        if traceback is not None and issubclass(kind, Exception):
+            try:
+                import distrun_debug
+
+                distrun_debug.post_mortem(error, traceback)
+            except Exception:  # the debugger failing must not hide the error itself
+                pass
+        previous(kind, error, traceback)
+
+    sys.excepthook = hook
+
+
 if __name__ == "sitecustomize":
     if "DISTRUN_JOB_DIR" in os.environ:
         enable_stack_dumps()
         if os.environ.get("PYTHONBREAKPOINT") == "distrun_debug.set_trace":
             sys.meta_path.insert(0, PdbSetTrace())
+        if os.environ.get("DISTRUN_POST_MORTEM"):
+            pause_on_uncaught_exceptions()
     run_hidden_sitecustomize()

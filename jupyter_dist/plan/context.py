@@ -83,6 +83,7 @@ class PlanContext:
 
     def base_env(self, node_rank: int) -> dict[str, str]:
         """What every process gets, before its type-specific variables."""
+        wait = self.spec.post_mortem_wait()
         return {
             "DISTRUN_JOB_ID": self.job_id,
             "DISTRUN_JOB_DIR": self.job_dir(self.nodes[node_rank]),
@@ -92,6 +93,8 @@ class PlanContext:
             "DISTRUN_RESTART_COUNT": str(self.restart_count),
             "TORCHELASTIC_RESTART_COUNT": str(self.restart_count),
             "PYTHONUNBUFFERED": "1",
+            # A rank that raises pauses for the debugger this long (node_side/debugger.py).
+            **({"DISTRUN_POST_MORTEM": str(wait)} if wait else {}),
             **self.spec.environment_variables,
         }
 

@@ -50,6 +50,7 @@ _CAPTIONS = {
     "code": "code folder", "env": "environment", "slurm_job": "allocation",
     "detach": "keep running when the notebook closes",
     "no_preflight": "skip the network check",
+    "post_mortem": "pause a failed rank for the debugger",
 }  # fmt: skip
 _PLACEHOLDERS = {
     "env": "NAME=VALUE, one a line", "code": "folder shipped to every node (optional)",
@@ -63,7 +64,7 @@ _DISTRIBUTION = ("type", "nodes", "procs_per_node", "launcher")
 _TENSORFLOW = ("worker_count", "ps_count", "chief", "evaluator")
 _DASK = ("threads", "scheduler_port", "dashboard_port")
 _JOB = ("name", "timeout", "stall_timeout", "on_stall", "grace_period", "max_restarts",
-        "restart_delay", "no_preflight", "code", "env")  # fmt: skip
+        "restart_delay", "no_preflight", "post_mortem", "code", "env")  # fmt: skip
 
 
 def _control(option: Option, style: dict) -> w.Widget:
