@@ -133,6 +133,11 @@ def test_a_breakpoint_pauses_its_rank_and_a_terminal_steps_it_then_the_job_succe
         for rank in (1, 3):
             going = do(rank, "c")
             assert going.returncode == 0 and going.stderr == f"rank {rank} runs on\n"
+            if rank == 1:  # it was paused where the owner looks first: no more
+                again = do(1, "p x")
+                assert again.stderr.strip() == (
+                    f"error: rank 1 of job {job_id} is not paused (paused: 3)"
+                ), again.stderr
         assert proc.wait(60) == 0
     finally:
         if proc.poll() is None:

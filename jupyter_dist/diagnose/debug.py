@@ -32,6 +32,10 @@ NOT_PAUSED_EXIT = 3  # debugger.py do: the process is not paused
 RunOnNode = Callable[[Node, list[str], float], tuple[int, str, str]]
 
 
+class NotPaused(DistrunError):
+    """The process asked is not paused (any more)."""
+
+
 @dataclass
 class PausedRank:
     """A process of the job waiting in its pdb: where, and why."""
@@ -74,7 +78,7 @@ def paused_ranks(
     def ask(where: tuple[tuple[str, str], Node]) -> tuple[Node, list[dict] | str]:
         (_, folder), node = where
         try:
-            code, out, err = run_on_node(node, [node.python, "-c", DEBUGGER_SOURCE, "list",
+            code, out, err = run_on_node(node, [*_python(node), DEBUGGER_SOURCE, "list",
                                                 folder], 30)  # fmt: skip
         except Exception as exc:  # an unreachable node is reported, never raised
             return node, f"{node.name}: {exc}"
@@ -117,14 +121,14 @@ def send(
     """`command` to the paused process; {"answer": pdb's text, "paused": still paused}.
     DistrunError in one line where it is not paused or its node cannot be asked."""
     who = f"rank {paused.rank}" if paused.rank is not None else f"pid {paused.pid}"
-    argv = [node.python, "-c", DEBUGGER_SOURCE, "do", job_dir, str(paused.pid), command,
+    argv = [*_python(node), DEBUGGER_SOURCE, "do", job_dir, str(paused.pid), command,
             str(timeout)]  # fmt: skip
     try:
         code, out, err = run_on_node(node, argv, timeout + 10)
     except Exception as exc:
         raise DistrunError(f"{who}: cannot reach {node.name}: {exc}") from None
     if code == NOT_PAUSED_EXIT:
-        raise DistrunError(f"{who} is not paused (any more)")
+        raise NotPaused(f"{who} is not paused (any more)")
     if code != 0:
         reason = (err.strip().splitlines() or [f"exit code {code}"])[-1]
         raise DistrunError(f"{who}: the command could not be sent: {reason}")
@@ -133,3 +137,9 @@ def send(
     except json.JSONDecodeError:
         raise DistrunError(f"{who}: unreadable answer {out[:80]!r}") from None
     return {"answer": str(answer.get("answer", "")), "paused": bool(answer.get("paused"))}
+
+
+def _python(node: Node) -> list[str]:
+    """The node's Python for a helper of the standard library alone: isolated, without
+    site's start (a user's site-packages can take longer to import than the command)."""
+    return [node.python, "-I", "-S", "-c"]

@@ -21,7 +21,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
 from jupyter_dist.backends.base import Backend, ProcessHandle
-from jupyter_dist.diagnose.debug import PausedRank, paused_ranks, send
+from jupyter_dist.diagnose.debug import NotPaused, PausedRank, paused_ranks, send
 from jupyter_dist.diagnose.hints import hint_for
 from jupyter_dist.diagnose.meters import STORE_EVERY_S, Meters
 from jupyter_dist.diagnose.root_cause import StderrEvidence
@@ -130,6 +130,7 @@ class Job(Listened):
         self.started: float | None = None
         self.ended: float | None = None
         self._root_cause: RootCause | None = None
+        self._paused_at: dict[int, PausedRank] = {}  # rank -> where it last paused
         self._message: str | None = None
         self._stopping = False
         self._stop_started: float | None = None  # when we began stopping (epoch seconds)
@@ -294,25 +295,38 @@ class Job(Listened):
             raise DistrunError(
                 f"job {self.job_id} is {self.state}; only a running job's ranks pause"
             )
-        return paused_ranks(self._backend.run_on_node, list(self._nodes.values()),
-                            self._job_dirs())  # fmt: skip
+        found, problems = paused_ranks(self._backend.run_on_node, list(self._nodes.values()),
+                                       self._job_dirs())  # fmt: skip
+        self._paused_at.update({p.rank: p for p in found if p.rank is not None})
+        return found, problems
 
     def debug_send(self, rank: int, command: str, timeout: float = 30.0) -> dict:
         """`command` to paused rank `rank`'s pdb: {"answer", "paused"} (diagnose/debug.py).
         DistrunError in one line where that rank is not paused, or the command is empty."""
         if not command.strip() or "\n" in command.strip():
             raise DistrunError("a pdb command is one line of text, such as 'p x', 'n' or 'c'")
-        found, _ = self.paused()
-        target = next((p for p in found if p.rank == rank), None)
-        if target is None:
-            others = ", ".join(str(p.rank) for p in found if p.rank is not None)
-            raise DistrunError(
-                f"rank {rank} of job {self.job_id} is not paused"
-                + (f" (paused: {others})" if others else " (no rank is)")
-            )
-        node = self._nodes[target.node]
-        return send(self._backend.run_on_node, node, self._job_dirs()[node.name], target,
-                    command.strip(), timeout)  # fmt: skip
+        # Where the rank paused before is where it is asked first (its process stays the
+        # same between pauses): one helper on one node a command, no listing of them all.
+        for known in (self._paused_at.get(rank), None):
+            target = known
+            if target is None:
+                found, _ = self.paused()
+                target = next((p for p in found if p.rank == rank), None)
+                if target is None:
+                    others = ", ".join(str(p.rank) for p in found if p.rank is not None)
+                    raise DistrunError(
+                        f"rank {rank} of job {self.job_id} is not paused"
+                        + (f" (paused: {others})" if others else " (no rank is)")
+                    )
+            node = self._nodes[target.node]
+            try:
+                return send(self._backend.run_on_node, node, self._job_dirs()[node.name],
+                            target, command.strip(), timeout)  # fmt: skip
+            except NotPaused:
+                self._paused_at.pop(rank, None)
+                if known is None:
+                    raise
+        raise AssertionError("unreachable")  # the second try returns or raises
 
     def _job_dirs(self) -> dict[str, str]:
         """Each node's folder of this job (DISTRUN_JOB_DIR there)."""
