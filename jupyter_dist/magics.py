@@ -49,11 +49,11 @@ from jupyter_dist.spec import JobSpec, dump_yaml, load_spec, script_command, spe
 from jupyter_dist.store import JobStore
 
 LINE_COMMANDS = (
-    "jobs", "logs", "inspect", "stacks", "cancel", "attach", "metrics", "nodes", "run", "form",
-    "dask", "session",
+    "jobs", "logs", "inspect", "stacks", "cancel", "attach", "metrics", "debug", "nodes", "run",
+    "form", "dask", "session",
 )  # fmt: skip
 # JOB defaults to this kernel's latest job
-JOB_COMMANDS = ("logs", "inspect", "stacks", "cancel", "attach", "metrics")
+JOB_COMMANDS = ("logs", "inspect", "stacks", "cancel", "attach", "metrics", "debug")
 
 
 class JobFailed(DistrunError):

@@ -338,3 +338,51 @@ def test_post_mortem_pauses_a_failed_rank_and_the_job_fails_as_it_would_have(tmp
     assert "or in 2 s if nobody looks" in done.stdout + done.stderr
     (last,) = [r.job_id for r in store.jobs() if r.job_id not in (without, job_id)]
     assert root_cause(last) == expected
+
+
+def test_the_magic_lists_and_steps_the_paused_ranks_of_a_detached_cell(kernel_env):
+    """`%distrun debug` in the kernel that ran a detached cell (no JOB: its last job): the
+    paused ranks as JSON, `p x` on one, `c` on both; the job succeeds; once it ended, the
+    magic says so in one line."""
+    from helpers import running_kernel
+
+    from jupyter_dist.run.requests import wait_until_ended
+    from jupyter_dist.store import JobStore
+
+    def run(kc, code: str) -> tuple[str, dict]:
+        said = []
+
+        def hook(msg):
+            if msg["msg_type"] == "stream":
+                said.append(msg["content"]["text"])
+            elif msg["msg_type"] == "error":
+                said.append(msg["content"]["evalue"])
+
+        reply = kc.execute_interactive(code, output_hook=hook, timeout=120)
+        return "".join(said), reply["content"]
+
+    store = JobStore(kernel_env)
+    with running_kernel() as (_km, kc):
+        cell = ("%%distrun --detach --nodes 2\nimport os\nx = 7 * int(os.environ['RANK'])\n"
+                "breakpoint()\nprint('after', x)\n")  # fmt: skip
+        _, reply = run(kc, cell)
+        assert reply["status"] == "ok", reply
+        deadline = time.monotonic() + 60
+        while True:
+            said, reply = run(kc, "%distrun debug --json")
+            assert reply["status"] == "ok", (said, reply)
+            found = json.loads(said)
+            if len(found) == 2 or time.monotonic() > deadline:
+                break
+            time.sleep(0.2)
+        assert [(p["rank"], p["function"]) for p in found] == [(0, "<module>"), (1, "<module>")]
+        said, _ = run(kc, "%distrun debug --rank 1 --do 'p x'")
+        assert said == "7\n"
+        for rank in (0, 1):
+            said, reply = run(kc, f"%distrun debug --rank {rank} --do c")
+            assert reply["status"] == "ok" and said == f"rank {rank} runs on\n", said
+        (record,) = store.jobs()
+        assert wait_until_ended(record, 60) == "succeeded"
+        said, reply = run(kc, "%distrun debug")
+        assert reply["status"] == "error"
+        assert f"job {record.job_id} is succeeded; only a running job's ranks pause" in said
