@@ -702,3 +702,45 @@ def test_no_ray_call_after_disconnecting_starts_a_cluster_here(ray_cluster, tmp_
         done.stdout + done.stderr[-2000:]
     )
     assert not (home / ".ray").exists()
+
+
+def test_a_paused_rank_on_a_ray_node_is_stepped_through_its_actor(ray_cluster, store, tmp_path):
+    """breakpoint() in rank 1 on a Ray node: listed on its node, `p x` answered through the
+    node's actor (the owner's link), `c`, and the job succeeds."""
+    import signal
+
+    (tmp_path / "code").mkdir()
+    (tmp_path / "code" / "bp.py").write_text(
+        "import os\nx = 40 + int(os.environ['RANK'])\nif x == 41:\n    breakpoint()\n"
+        "    x += 100\nprint('x is', x, flush=True)\n"
+    )
+    spec = tmp_path / "job.yml"
+    spec.write_text(f"code: {tmp_path / 'code'}\ncommand: python bp.py\n"
+                    "resources: {instance_count: 2}\n")  # fmt: skip
+    proc = subprocess.Popen(
+        [*distrun_argv(ray_cluster, "head", "run", str(spec)), "--store", str(store.root)],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
+    )  # fmt: skip
+    try:
+        deadline, found = time.monotonic() + 120, []
+        while not found and time.monotonic() < deadline:
+            if store.jobs():
+                listed = run_cli("debug", store.jobs()[0].job_id, "--json", store=store)
+                found = json.loads(listed.stdout or "[]")
+            time.sleep(0.5)
+        (paused,) = found
+        assert paused["rank"] == 1 and paused["node"] in ("rayhead", "rayworker1"), paused
+        job_id = store.jobs()[0].job_id
+        looked = run_cli("debug", job_id, "--rank", "1", "--do", "p x", store=store)
+        assert looked.stdout == "41\n", looked.stderr
+        going = run_cli("debug", job_id, "--rank", "1", "--do", "c", store=store)
+        assert going.stderr == "rank 1 runs on\n"
+        out, err = proc.communicate(timeout=120)
+        assert proc.returncode == 0, err[-2000:]
+        assert "[rank 1] x is 141" in out
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    assert_nothing_left(ray_cluster, job_id)

@@ -724,9 +724,13 @@ class Agent:
             env["PYTHONPATH"] = os.pathsep.join(filter(None, [hook, env.get("PYTHONPATH")]))
             # breakpoint() pauses the rank for a debugger reached from afar (its stdin is no
             # terminal: plain pdb would quit and kill the job), unless the job names its own
-            # hook, or 0 (none).
-            if os.path.isfile(os.path.join(hook, "distrun_debug.py")):
-                env.setdefault("PYTHONBREAKPOINT", "distrun_debug.set_trace")
+            # hook, or 0 (none). Ray sets its own for its workers, which this process is a
+            # child of (an actor's): outside a Ray worker it fails, so ours replaces it.
+            if (
+                os.path.isfile(os.path.join(hook, "distrun_debug.py"))
+                and env.get("PYTHONBREAKPOINT", RAYS_BREAKPOINT) == RAYS_BREAKPOINT
+            ):
+                env["PYTHONBREAKPOINT"] = "distrun_debug.set_trace"
             # Python caches the hook's bytecode beside it: in a private folder (its files
             # take the source's 0600), as everything in the job's folder is.
             with contextlib.suppress(OSError):
@@ -881,6 +885,9 @@ def _make_private(job_dir, patterns):
                     info = os.lstat(path)
                     if not stat.S_ISLNK(info.st_mode):  # a link's target is not the job's
                         os.chmod(path, 0o700 if info.st_mode & 0o100 else 0o600)
+
+
+RAYS_BREAKPOINT = "ray.util.rpdb.set_trace"  # what Ray gives its workers' environment
 
 
 def _clear_pauses(job_dir):
