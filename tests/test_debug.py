@@ -199,7 +199,8 @@ def test_a_paused_rank_on_an_ssh_node_is_listed_and_stepped_through_the_owner(
 def test_a_breakpoint_in_a_distrun_cell_pauses_and_the_cell_ends_once_continued(kernel_env):
     """A `%%distrun` cell in a real kernel, each of its 2 ranks at breakpoint(): the cell
     says where they paused and waits; a terminal lists them, reads `x` on each, continues
-    both; the cell succeeds with what ran after the pause."""
+    both; the cell succeeds with what ran after the pause. Then a --post-mortem cell, and a
+    warm session's cell (its earlier cells' variables there; the session lives on)."""
     from helpers import await_text, running_kernel
 
     from jupyter_dist.store import JobStore
@@ -236,6 +237,24 @@ def test_a_breakpoint_in_a_distrun_cell_pauses_and_the_cell_ends_once_continued(
         run_cli("debug", failed.job_id, "--rank", "0", "--do", "q", store=store)
         assert _reply(kc, msg_id)["status"] == "error"
         assert failed.status()["state"] == "failed"
+
+        # A warm session's cell: paused in it, its variables of earlier cells there, `c`,
+        # and the session lives on for the next cell.
+        kc.execute_interactive("%distrun session start --nodes 1 --procs-per-node 2", timeout=120)
+        kc.execute_interactive("%%distrun\nkept = 5", timeout=60)
+        msg_id = kc.execute("%%distrun\nimport os\nif os.environ['RANK'] == '1':\n"
+                            "    breakpoint()\n    kept += 1\n")  # fmt: skip
+        assert await_text(kc, "paused at", 1) == 1
+        (session,) = [r for r in store.jobs() if r.job_id not in (record.job_id, failed.job_id)]
+        looked = run_cli("debug", session.job_id, "--rank", "1", "--do", "p kept", store=store)
+        assert looked.stdout == "5\n", looked.stderr
+        run_cli("debug", session.job_id, "--rank", "1", "--do", "c", store=store)
+        assert _reply(kc, msg_id)["status"] == "ok"
+        msg_id = kc.execute("%%distrun\nprint('kept', kept)")
+        assert _reply(kc, msg_id)["status"] == "ok"
+        kc.execute_interactive("%distrun session stop", timeout=60)
+        said = [line.text for line in session.iter_log("rank-1", "stdout")]
+        assert "kept 6" in said, said
     said = sorted(
         line.text for key in ("rank-0", "rank-1")
         for line in record.iter_log(key, "stdout") if line.text.startswith("x is")
