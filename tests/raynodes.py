@@ -54,6 +54,7 @@ class RayCluster:
     # Token authentication's token (every node started with RAY_AUTH_MODE=token), or None.
     auth_token: str | None = None
     driver: subprocess.Popen | None = None  # `ask`'s, started on its first question
+    _pending: bytes = b""  # what the driver wrote after the last line read
 
     @property
     def auth_env(self) -> dict[str, str]:
@@ -96,24 +97,43 @@ class RayCluster:
                     self.driver = subprocess.Popen(
                         [*self.inside(), sys.executable, "-u", "-c", _DRIVER,
                          self.head_address],
-                        stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=log, text=True,
+                        stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=log,
                         env={**os.environ, **self.auth_env},
                     )  # fmt: skip
+                self._pending = b""
             try:
-                self.driver.stdin.write(json.dumps(code) + "\n")
+                self.driver.stdin.write(json.dumps(code).encode() + b"\n")
                 self.driver.stdin.flush()
-                ready, _, _ = select.select([self.driver.stdout], [], [], timeout)
-                line = self.driver.stdout.readline() if ready else ""
+                line = self._answer(time.monotonic() + timeout)
             except BrokenPipeError:
                 line = ""
             if line:
-                answer = json.loads(line)
+                answer = json.loads(line[len(_ANSWER) :])
                 if "error" in answer:
                     raise RuntimeError(f"the driver's question failed: {answer['error']}")
                 return answer["result"]
             self.close_driver()
         log = (self.root / "driver.log").read_text(errors="replace")[-1500:]
         raise RuntimeError(f"the driver gave no answer within {timeout} s: {log}")
+
+    def _answer(self, deadline: float) -> str:
+        """The driver's next answer line; "" if none comes by `deadline`. Ray prints what
+        the cluster says (a node that died, a worker's log) on a driver's stdout too: only
+        a line after the answer's mark is ours."""
+        fd = self.driver.stdout.fileno()
+        while True:
+            line, cut, rest = self._pending.partition(b"\n")
+            if cut:
+                self._pending = rest
+                if line.startswith(_ANSWER.encode()):
+                    return line.decode()
+                continue
+            left = deadline - time.monotonic()
+            ready, _, _ = select.select([fd], [], [], max(0.0, left))
+            data = os.read(fd, 65536) if ready else b""
+            if not data:
+                return ""  # no answer in time, or the driver ended
+            self._pending += data
 
     def close_driver(self) -> None:
         if self.driver is None:
@@ -257,18 +277,20 @@ def _wait_usable(cluster: RayCluster, timeout: float = 120) -> None:
         time.sleep(2)
 
 
-# RayCluster.ask's driver: one question (code, as a JSON string) a line, one answer a line.
-_DRIVER = """
+# RayCluster.ask's driver: one question (code, as a JSON string) a line, one answer a line,
+# after a mark (what else Ray prints on a driver's stdout has none).
+_ANSWER = "\x1eanswer "
+_DRIVER = f"""
 import json, logging, sys, ray
-ray.init(sys.argv[1], logging_level=logging.ERROR)
+ray.init(sys.argv[1], logging_level=logging.ERROR, log_to_driver=False)
 for line in sys.stdin:
-    scope = {"ray": ray}
+    scope = {{"ray": ray}}
     try:
         exec(json.loads(line), scope)
-        answer = {"result": scope.get("result")}
+        answer = {{"result": scope.get("result")}}
     except Exception as exc:
-        answer = {"error": repr(exc)}
-    print(json.dumps(answer), flush=True)
+        answer = {{"error": repr(exc)}}
+    print({_ANSWER!r} + json.dumps(answer), flush=True)
 """
 
 
