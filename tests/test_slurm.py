@@ -326,20 +326,28 @@ def test_a_time_limit_slurm_would_refuse_is_one_line_before_slurm_is_asked(front
 def _long_job_inside(allocation: dict, store, tmp_path: Path) -> subprocess.Popen:
     """`jupyter distrun run` of LONG_JOB inside the allocation, once its 4 ranks started
     (its stderr piped)."""
-    import os
 
-    from helpers import LONG_JOB, start_cli_run
+    from helpers import LONG_JOB
 
     spec = tmp_path / "long.yml"
     spec.write_text(LONG_JOB)
+    proc, _ = _started_inside(allocation, spec, store, stderr=subprocess.PIPE)
+    return proc
+
+
+def _started_inside(allocation: dict, spec: Path, store, **kwargs):
+    """helpers.start_cli_run of `spec`, its launcher inside the allocation."""
+    import os
+
+    from helpers import start_cli_run
+
     saved = dict(os.environ)
-    os.environ.update(allocation)  # the launcher runs inside the allocation
+    os.environ.update(allocation)
     try:
-        proc, _ = start_cli_run(spec, store, stderr=subprocess.PIPE)
+        return start_cli_run(spec, store, **kwargs)
     finally:
         os.environ.clear()
         os.environ.update(saved)
-    return proc
 
 
 def test_ctrl_c_stops_every_step_and_leaves_nothing(allocation, slurm_cluster, store, tmp_path):
@@ -799,3 +807,38 @@ def test_outputs_on_a_clusters_shared_filesystem_are_in_the_store(allocation, st
     shown = run_cli("inspect", record.job_id, store=store, env={**allocation, "COLUMNS": "300"})
     assert f"Output: outputs.model: {model}" in shown.stdout, shown.stdout
     assert "copied" not in shown.stdout
+
+
+def test_a_paused_rank_in_a_job_step_is_stepped_from_a_terminal(allocation, store, tmp_path):
+    """breakpoint() in rank 3 (on sln2) of a job run inside an allocation: listed on its
+    node, `p x` answered through the owner's link to the node, `c`, and the job succeeds."""
+    script = tmp_path / "bp.py"
+    script.write_text(
+        "import os\nrank = int(os.environ['RANK'])\nprint('started', flush=True)\n"
+        "x = 40 + rank\nif rank == 3:\n    breakpoint()\n    x += 100\nprint('x is', x)\n"
+    )
+    spec = _spec(
+        tmp_path,
+        f"""\
+        command: python {script}
+        resources: {{instance_count: 2}}
+        distribution: {{type: pytorch, process_count_per_instance: 2}}
+    """,
+    )
+    proc, job_id = _started_inside(allocation, spec, store)
+    try:
+        deadline, found = time.monotonic() + 60, []
+        while not found and time.monotonic() < deadline:
+            found = json.loads(run_cli("debug", job_id, "--json", store=store).stdout or "[]")
+            time.sleep(0.2)
+        assert [(p["rank"], p["node"]) for p in found] == [(3, "sln2")], found
+        looked = run_cli("debug", job_id, "--rank", "3", "--do", "p x", store=store)
+        assert looked.stdout == "43\n", looked.stderr
+        run_cli("debug", job_id, "--rank", "3", "--do", "c", store=store)
+        assert proc.wait(60) == 0
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    said = [line.text for line in store.get(job_id).iter_log("rank-3", "stdout")]
+    assert said[-1] == "x is 143"
