@@ -12,9 +12,12 @@ import sys
 import time
 from pathlib import Path
 
+import pytest
 from helpers import not_private, run_cli, start_cli_run
 
 from jupyter_dist.run.requests import wait_until_ended
+
+pytestmark = pytest.mark.slow  # every test runs real jobs, seconds each: the full run's
 
 SCRIPT = """\
 import os, pdb

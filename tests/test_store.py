@@ -301,6 +301,7 @@ def test_damage_that_is_valid_json_never_breaks_a_command(kind, store, capsys):
             assert good in out and damaged in out, (argv, out)
 
 
+@pytest.mark.slow
 def test_a_fifo_in_place_of_any_store_file_never_holds_a_reader(store):
     """A FIFO where status.json, plan.json, spec.yml, metrics.jsonl, usage.jsonl or
     stacks.json should be: every command that reads it answers (the job shows as damaged,
