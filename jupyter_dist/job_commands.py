@@ -34,7 +34,7 @@ from jupyter_dist.describe import (
     last_state,
     tf_configs,
 )
-from jupyter_dist.diagnose.debug import PausedRank
+from jupyter_dist.diagnose.debug import PausedRank, check_command
 from jupyter_dist.diagnose.meters import mib, summarize
 from jupyter_dist.diagnose.stacks import METHODS as STACK_METHODS
 from jupyter_dist.diagnose.stacks import StackDump
@@ -523,8 +523,7 @@ def cmd_debug(args: argparse.Namespace, store: JobStore) -> int:
             raise DistrunError("--do needs --rank R: the paused rank the command goes to")
         if args.list or args.json:
             raise DistrunError("--do sends a command; --list and --json list: give one of them")
-        if not args.do.strip() or "\n" in args.do.strip():
-            raise DistrunError("--do takes one pdb command of one line, such as 'p x', 'n' or 'c'")
+        check_command(args.do)  # here too: no request for a command the owner would refuse
         request = {"action": "send", "rank": args.rank, "command": args.do,
                    "timeout": args.timeout}  # fmt: skip
         answer = request_debug(record, request, args.timeout + 15)

@@ -65,6 +65,14 @@ class PausedRank:
         return f"{who} ({self.node}): {self.file}:{self.line} in {self.function} ({why})"
 
 
+def check_command(command: str) -> str:
+    """The pdb command as sent (stripped); DistrunError for one that is empty or more than
+    one line."""
+    if not command.strip() or "\n" in command.strip():
+        raise DistrunError("a pdb command is one line of text, such as 'p x', 'n' or 'c'")
+    return command.strip()
+
+
 def paused_ranks(
     run_on_node: RunOnNode, nodes: list[Node], job_dirs: dict[str, str]
 ) -> tuple[list[PausedRank], list[str]]:

@@ -54,13 +54,16 @@ def _folder(job_dir):
     return os.path.join(job_dir, DEBUG_FOLDER)
 
 
-def _short(path):
+@contextlib.contextmanager
+def _reachable(path):
     """A path a Unix socket can be bound to or reached at, however long the folder's path
-    is (sun_path holds 107 bytes): through a descriptor of the folder, held by the
-    caller, for the call."""
+    is (sun_path holds 107 bytes): through a descriptor of the folder, held meanwhile."""
     folder, name = os.path.split(path)
     fd = os.open(folder, os.O_RDONLY)
-    return fd, f"/proc/self/fd/{fd}/{name}"
+    try:
+        yield f"/proc/self/fd/{fd}/{name}"
+    finally:
+        os.close(fd)
 
 
 def _rank():
@@ -82,7 +85,7 @@ class _Console:
         self.socket_path, self.record_path = base + ".sock", base + ".json"
         self.pid = os.getpid()
         self.server = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-        with _Held(self.socket_path) as short:
+        with _reachable(self.socket_path) as short:
             with contextlib.suppress(OSError):
                 os.unlink(short)
             old = os.umask(0o077)  # private from the moment the bind makes it
@@ -181,20 +184,6 @@ class _Console:
             pass
 
 
-class _Held:
-    """`_short(path)` as a context: the folder's descriptor is closed after."""
-
-    def __init__(self, path):
-        self.path = path
-
-    def __enter__(self):
-        self.fd, short = _short(self.path)
-        return short
-
-    def __exit__(self, *exc):
-        os.close(self.fd)
-
-
 _debugger = []  # this process's one pdb, made at its first pause
 
 
@@ -233,15 +222,11 @@ def _innermost(traceback):
 
 
 def _announce(record):
-    rank = (
-        "rank {}".format(record["rank"])
-        if record["rank"] is not None
-        else "pid {}".format(record["pid"])
-    )
-    job = os.environ.get("DISTRUN_JOB_ID", "JOB")
-    attach = f"jupyter distrun debug {job}" + (
-        f" --rank {record['rank']}" if record["rank"] is not None else ""
-    )
+    attach = "jupyter distrun debug " + os.environ.get("DISTRUN_JOB_ID", "JOB")
+    if record["rank"] is None:
+        rank = f"pid {record['pid']}"
+    else:
+        rank, attach = f"rank {record['rank']}", f"{attach} --rank {record['rank']}"
     after, then = "", ""
     if record.get("exception"):
         after = f" after {record['exception']},"
@@ -346,7 +331,7 @@ def do(job_dir, pid, command, timeout=30.0):
         raise LookupError("it is not paused")
     record_path = os.path.join(folder, tag + ".json")
     client = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-    with _Held(os.path.join(folder, tag + ".sock")) as short:
+    with _reachable(os.path.join(folder, tag + ".sock")) as short:
         client.connect(short)
     client.sendall(command.rstrip("\n").encode() + b"\n")
     answer, deadline, gone_since = b"", time.monotonic() + timeout, None

@@ -21,7 +21,13 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
 from jupyter_dist.backends.base import Backend, ProcessHandle
-from jupyter_dist.diagnose.debug import NotPaused, PausedRank, paused_ranks, send
+from jupyter_dist.diagnose.debug import (
+    NotPaused,
+    PausedRank,
+    check_command,
+    paused_ranks,
+    send,
+)
 from jupyter_dist.diagnose.hints import hint_for
 from jupyter_dist.diagnose.meters import STORE_EVERY_S, Meters
 from jupyter_dist.diagnose.root_cause import StderrEvidence
@@ -303,30 +309,29 @@ class Job(Listened):
     def debug_send(self, rank: int, command: str, timeout: float = 30.0) -> dict:
         """`command` to paused rank `rank`'s pdb: {"answer", "paused"} (diagnose/debug.py).
         DistrunError in one line where that rank is not paused, or the command is empty."""
-        if not command.strip() or "\n" in command.strip():
-            raise DistrunError("a pdb command is one line of text, such as 'p x', 'n' or 'c'")
+        command = check_command(command)
         # Where the rank paused before is where it is asked first (its process stays the
         # same between pauses): one helper on one node a command, no listing of them all.
-        for known in (self._paused_at.get(rank), None):
-            target = known
-            if target is None:
-                found, _ = self.paused()
-                target = next((p for p in found if p.rank == rank), None)
-                if target is None:
-                    others = ", ".join(str(p.rank) for p in found if p.rank is not None)
-                    raise DistrunError(
-                        f"rank {rank} of job {self.job_id} is not paused"
-                        + (f" (paused: {others})" if others else " (no rank is)")
-                    )
-            node = self._nodes[target.node]
+        known = self._paused_at.get(rank)
+        if known is not None:
             try:
-                return send(self._backend.run_on_node, node, self._job_dirs()[node.name],
-                            target, command.strip(), timeout)  # fmt: skip
+                return self._send(known, command, timeout)
             except NotPaused:
                 self._paused_at.pop(rank, None)
-                if known is None:
-                    raise
-        raise AssertionError("unreachable")  # the second try returns or raises
+        found, _ = self.paused()
+        target = next((p for p in found if p.rank == rank), None)
+        if target is None:
+            others = ", ".join(str(p.rank) for p in found if p.rank is not None)
+            raise DistrunError(
+                f"rank {rank} of job {self.job_id} is not paused"
+                + (f" (paused: {others})" if others else " (no rank is)")
+            )
+        return self._send(target, command, timeout)
+
+    def _send(self, target: PausedRank, command: str, timeout: float) -> dict:
+        node = self._nodes[target.node]
+        return send(self._backend.run_on_node, node, self._job_dirs()[node.name], target,
+                    command, timeout)  # fmt: skip
 
     def _job_dirs(self) -> dict[str, str]:
         """Each node's folder of this job (DISTRUN_JOB_DIR there)."""

@@ -20,7 +20,8 @@ import os
 import socket
 import time
 import uuid
-from typing import Any
+from collections.abc import Callable
+from typing import Any, TypeVar
 
 from jupyter_dist.diagnose.stacks import check_method
 from jupyter_dist.errors import DamagedJob, DistrunError
@@ -31,6 +32,7 @@ CANCEL_FILE = "cancel.json"
 STACKS_REQUEST_FILE = "stacks-request.json"
 DEBUG_REQUEST_PREFIX, DEBUG_ANSWER_PREFIX = "debug-request-", "debug-answer-"
 POLL_SECONDS = 0.2  # how often an owner looks for a request
+T = TypeVar("T")
 
 
 # The effective states after which nothing of a job changes any more: it ended, its owner
@@ -151,15 +153,30 @@ def request_stacks(record: JobRecord, method: str, timeout: float) -> dict[str, 
     write_atomic(
         record.path / STACKS_REQUEST_FILE, json.dumps({"id": request_id, "method": method})
     )
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
+
+    def answered() -> dict[str, Any] | None:
         with contextlib.suppress(DamagedJob):  # the answer replaces a damaged dump
             dump = record.last_stacks()
             if dump and dump.get("request") == request_id:
                 return dump
+        return None
+
+    return _owners_answer(record, answered, timeout, 0.1, "its stacks were read")
+
+
+def _owners_answer(
+    record: JobRecord, answered: Callable[[], T | None], timeout: float, poll: float, what: str
+) -> T:
+    """What `answered` finds, looked for every `poll` seconds; DistrunError in one line
+    where the job ends before (`what`: what did not happen) or `timeout` passes."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        found = answered()
+        if found is not None:
+            return found
         if effective_state(record.status()) != "running":
-            raise DistrunError(f"job {record.job_id} ended before its stacks were read")
-        time.sleep(0.1)
+            raise DistrunError(f"job {record.job_id} ended before {what}")
+        time.sleep(poll)
     raise DistrunError(
         f"job {record.job_id}'s owner did not answer within {timeout:g} s (it may be busy); "
         "try again, or give it longer with --timeout"
@@ -199,25 +216,21 @@ def request_debug(record: JobRecord, request: dict[str, Any], timeout: float) ->
         raise DistrunError(f"job {record.job_id} is {state}; only a running job's ranks pause")
     request_id = uuid.uuid4().hex
     answer_path = record.path / f"{DEBUG_ANSWER_PREFIX}{request_id}.json"
-    write_atomic(record.path / f"{DEBUG_REQUEST_PREFIX}{request_id}.json", json.dumps(request))
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
+    request_path = record.path / f"{DEBUG_REQUEST_PREFIX}{request_id}.json"
+    write_atomic(request_path, json.dumps(request))
+
+    def answered() -> dict[str, Any] | None:
         try:
             answer = json.loads(read_regular(answer_path))
-        except FileNotFoundError:
-            if effective_state(record.status()) != "running":
-                raise DistrunError(f"job {record.job_id} ended before its owner answered") from None
-            time.sleep(0.02)
-            continue
-        except (OSError, json.JSONDecodeError):
-            time.sleep(0.02)  # being written: atomically, so only an odd file stays so
-            continue
+        except (OSError, json.JSONDecodeError):  # not yet; written atomically, so it comes
+            return None
         answer_path.unlink(missing_ok=True)
-        if answer.get("error"):
-            raise DistrunError(str(answer["error"]))
         return answer
-    (record.path / f"{DEBUG_REQUEST_PREFIX}{request_id}.json").unlink(missing_ok=True)
-    raise DistrunError(
-        f"job {record.job_id}'s owner did not answer within {timeout:g} s (it may be busy); "
-        "try again, or give it longer with --timeout"
-    )
+
+    try:
+        answer = _owners_answer(record, answered, timeout, 0.02, "its owner answered")
+    finally:
+        request_path.unlink(missing_ok=True)  # taken by the owner, unless it never came
+    if answer.get("error"):
+        raise DistrunError(str(answer["error"]))
+    return answer
