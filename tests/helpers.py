@@ -167,6 +167,22 @@ def start_cli_run(spec: Path, store: JobStore, *extra: str, ranks: int = 4, stde
     return proc, store.jobs()[0].job_id
 
 
+def paused_ranks(store: JobStore, job_id: str, count: int, timeout: float = 60) -> list[dict]:
+    """The job's ranks paused in their debugger (`jupyter distrun debug JOB --json`), once
+    `count` of them are listed (or `timeout` passed: what is listed then)."""
+    import json
+    import time
+
+    deadline = time.monotonic() + timeout
+    while True:
+        done = run_cli("debug", job_id, "--json", store=store)
+        assert done.returncode == 0, done.stderr
+        found = json.loads(done.stdout)
+        if len(found) >= count or time.monotonic() > deadline:
+            return found
+        time.sleep(0.2)
+
+
 def execute_notebook(
     *sources: str, allow_errors: bool = False, timeout: int = 180, kernel_prefix: list[str] = ()
 ):

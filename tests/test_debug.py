@@ -13,7 +13,7 @@ import time
 from pathlib import Path
 
 import pytest
-from helpers import not_private, run_cli, start_cli_run
+from helpers import not_private, paused_ranks, run_cli, start_cli_run
 
 from jupyter_dist.run.requests import wait_until_ended
 
@@ -55,18 +55,6 @@ def _local_job(tmp_path: Path, nodes: int) -> tuple[Path, Path]:
     return spec, script
 
 
-def _paused(store, job_id: str, count: int, timeout: float = 60) -> list[dict]:
-    """The job's paused ranks (`debug --json`), once `count` of them are listed."""
-    deadline = time.monotonic() + timeout
-    while True:
-        done = run_cli("debug", job_id, "--json", store=store)
-        assert done.returncode == 0, done.stderr
-        found = json.loads(done.stdout)
-        if len(found) >= count or time.monotonic() > deadline:
-            return found
-        time.sleep(0.2)
-
-
 def test_a_breakpoint_pauses_its_rank_and_a_terminal_steps_it_then_the_job_succeeds(
     tmp_path, store
 ):
@@ -83,7 +71,7 @@ def test_a_breakpoint_pauses_its_rank_and_a_terminal_steps_it_then_the_job_succe
         os.umask(old)
     record = store.get(job_id)
     try:
-        found = _paused(store, job_id, 2)
+        found = paused_ranks(store, job_id, 2)
         paused_at = time.monotonic()
         assert found == [
             {"rank": 1, "node": "local0", "file": str(script), "line": 7,
@@ -183,7 +171,7 @@ def test_a_paused_rank_on_an_ssh_node_is_listed_and_stepped_through_the_owner(
     nodes_file = str(ssh_cluster.write_inventory(tmp_path / "nodes.yml"))
     proc, job_id = start_cli_run(spec, store, "--nodes-file", nodes_file, ranks=2)
     try:
-        found = _paused(store, job_id, 1)
+        found = paused_ranks(store, job_id, 1)
         assert [(p["rank"], p["node"], p["line"]) for p in found] == [(1, "node1", 7)], found
         assert Path(found[0]["file"]).name == "bp.py"
         done = run_cli("debug", job_id, "--rank", "1", "--do", "p x + 1", store=store)
@@ -216,7 +204,7 @@ def test_a_breakpoint_in_a_distrun_cell_pauses_and_the_cell_ends_once_continued(
         )
         assert await_text(kc, "paused at", 2) == 2
         (record,) = store.jobs()
-        found = _paused(store, record.job_id, 2)
+        found = paused_ranks(store, record.job_id, 2)
         assert [(p["rank"], p["line"], p["function"]) for p in found] == [
             (0, 4, "<module>"),
             (1, 4, "<module>"),
@@ -233,7 +221,7 @@ def test_a_breakpoint_in_a_distrun_cell_pauses_and_the_cell_ends_once_continued(
         msg_id = kc.execute("%%distrun --post-mortem\ndef f(v):\n    raise KeyError(v)\nf(5)\n")
         assert await_text(kc, "paused after KeyError: 5", 1) == 1
         (failed,) = [r for r in store.jobs() if r.job_id != record.job_id]
-        (found,) = _paused(store, failed.job_id, 1)
+        (found,) = paused_ranks(store, failed.job_id, 1)
         assert (found["function"], found["reason"]) == ("f", "post-mortem")
         looked = run_cli("debug", failed.job_id, "--rank", "0", "--do", "p v", store=store)
         assert looked.stdout == "5\n", looked.stderr
@@ -273,7 +261,7 @@ def test_a_cancel_ends_a_paused_rank_and_leaves_nothing(tmp_path, store):
     spec, _ = _local_job(tmp_path, nodes=1)
     proc, job_id = start_cli_run(spec, store, ranks=2)
     try:
-        assert [p["rank"] for p in _paused(store, job_id, 1)] == [1]
+        assert [p["rank"] for p in paused_ranks(store, job_id, 1)] == [1]
         job_dir = Path(next(iter(_started_lines(store.get(job_id)))).split()[1])
         assert run_cli("cancel", job_id, store=store).returncode == 0
         assert proc.wait(60) != 0
@@ -338,7 +326,7 @@ def test_post_mortem_pauses_a_failed_rank_and_the_job_fails_as_it_would_have(tmp
         while len(store.jobs()) < 2 and time.monotonic() < deadline:
             time.sleep(0.1)
         (job_id,) = [r.job_id for r in store.jobs() if r.job_id != without]
-        (found,) = _paused(store, job_id, 1)
+        (found,) = paused_ranks(store, job_id, 1)
         assert found == {"rank": 1, "node": "local0", "file": str(script), "line": 7,
                          "function": "step", "reason": "post-mortem",
                          "exception": "ValueError: bad input 7"}  # fmt: skip

@@ -20,6 +20,7 @@ from helpers import (
     await_text,
     execute_notebook,
     not_private,
+    paused_ranks,
     result_reports,
     run_cli,
     running_kernel,
@@ -723,15 +724,12 @@ def test_a_paused_rank_on_a_ray_node_is_stepped_through_its_actor(ray_cluster, s
         preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
     )  # fmt: skip
     try:
-        deadline, found = time.monotonic() + 120, []
-        while not found and time.monotonic() < deadline:
-            if store.jobs():
-                listed = run_cli("debug", store.jobs()[0].job_id, "--json", store=store)
-                found = json.loads(listed.stdout or "[]")
-            time.sleep(0.5)
-        (paused,) = found
-        assert paused["rank"] == 1 and paused["node"] in ("rayhead", "rayworker1"), paused
+        deadline = time.monotonic() + 120
+        while not store.jobs() and time.monotonic() < deadline:
+            time.sleep(0.2)
         job_id = store.jobs()[0].job_id
+        (paused,) = paused_ranks(store, job_id, 1)
+        assert paused["rank"] == 1 and paused["node"] in ("rayhead", "rayworker1"), paused
         looked = run_cli("debug", job_id, "--rank", "1", "--do", "p x", store=store)
         assert looked.stdout == "41\n", looked.stderr
         going = run_cli("debug", job_id, "--rank", "1", "--do", "c", store=store)

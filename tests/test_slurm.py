@@ -23,6 +23,7 @@ from helpers import (
     await_text,
     interrupt_and_reply,
     not_private,
+    paused_ranks,
     result_reports,
     run_cli,
     running_kernel,
@@ -827,10 +828,7 @@ def test_a_paused_rank_in_a_job_step_is_stepped_from_a_terminal(allocation, stor
     )
     proc, job_id = _started_inside(allocation, spec, store)
     try:
-        deadline, found = time.monotonic() + 60, []
-        while not found and time.monotonic() < deadline:
-            found = json.loads(run_cli("debug", job_id, "--json", store=store).stdout or "[]")
-            time.sleep(0.2)
+        found = paused_ranks(store, job_id, 1)
         assert [(p["rank"], p["node"]) for p in found] == [(3, "sln2")], found
         looked = run_cli("debug", job_id, "--rank", "3", "--do", "p x", store=store)
         assert looked.stdout == "43\n", looked.stderr
