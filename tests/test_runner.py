@@ -534,3 +534,43 @@ def test_a_stop_signal_while_processes_start_is_held_then_given_to_its_handler()
         assert signal.getsignal(signal.SIGTERM) is handler
     finally:
         signal.signal(signal.SIGTERM, old)
+
+
+def test_an_agents_look_at_its_tree_reads_its_own_processes_not_the_whole_machine(monkeypatch):
+    """The agent looks at its process tree twice a second: each look read every process's
+    parent in /proc, and 64 ranks' agents on a 2-core node took more CPU than the ranks (a
+    64-rank job: 54 s, 27 s after). A later look reads the tree's own and what is new; a
+    grandchild born since is still found, and one started before it too."""
+    import signal
+    import subprocess
+
+    from jupyter_dist.node_side import agent
+
+    strangers = subprocess.Popen(  # not ours: orphans of a shell that ended
+        ["sh", "-c", "(for i in $(seq 40); do sleep 120 & done; wait) &"], start_new_session=True
+    )
+    strangers.wait()
+    child = subprocess.Popen(["sh", "-c", "sleep 120 & read go; sleep 120 & wait"],
+                             stdin=subprocess.PIPE)  # fmt: skip
+    tree = agent.Tree(child.pid, "test-look")
+    try:
+        deadline = time.monotonic() + 10
+        while len(tree.seen) < 2 and time.monotonic() < deadline:
+            tree.refresh()
+            time.sleep(0.02)
+        assert len(tree.seen) == 2, tree.seen  # the shell and its first sleep
+        assert len(agent._all_pids()) > 40  # the strangers are there to be read, or not
+        real, reads = agent._parent_of, []
+        monkeypatch.setattr(agent, "_parent_of", lambda pid: reads.append(pid) or real(pid))
+        tree.refresh()
+        assert tree.seen <= set(reads) and len(reads) < 10, (reads, tree.seen)
+        child.stdin.write(b"go\n")
+        child.stdin.flush()
+        while len(tree.seen) < 3 and time.monotonic() < deadline:
+            tree.refresh()
+            time.sleep(0.02)
+        assert len(tree.seen) == 3, tree.seen  # the second sleep, born after
+    finally:
+        tree.kill()
+        child.wait()
+        os.killpg(strangers.pid, signal.SIGKILL)

@@ -432,13 +432,15 @@ class Tree:
         self.termed = set()  # processes sent SIGTERM (terminate)
         self.terminating = False  # terminate was called
         self.lock = threading.Lock()
+        self._parents = {}  # pid -> parent, of every process on the machine (refresh)
+        self._parents_lock = threading.Lock()  # refresh runs in the stopping thread too
 
     def refresh(self, orphans=False):
         """Add new descendants, the cgroup's processes and the orphans adopted by the agent
         (reaping those that ended); with `orphans`, also processes carrying the token
         (slower: it reads every environment, so only when stopping)."""
         me = os.getpid()
-        parents = {pid: _parent_of(pid) for pid in _all_pids() if pid != me}
+        parents = self._parents_now(me)
         inside = self.cgroup.pids() if self.cgroup else []
         for pid, parent in parents.items():
             if parent == me and pid != self.root:  # adopted: a daemon of the tree, or its zombie
@@ -461,6 +463,26 @@ class Tree:
                 for pid in parents:
                     if pid not in self.seen and _carries_token(pid, self.marker):
                         self.seen.add(pid)
+
+    def _parents_now(self, me):
+        """Each process's parent: read at first sight, and again each time for the tree's
+        own (and whoever could not be read). A stranger's parent changes only when its
+        parent ends, and never to one of ours: an orphan goes to its ancestors' reaper,
+        which is us only for our descendants. Reading every process's parent at every look
+        cost each agent a read of all /proc twice a second: with 64 ranks on a node, 64
+        agents doing so took more CPU than the ranks."""
+        pids = set(_all_pids())
+        pids.discard(me)
+        with self.lock:
+            ours = set(self.seen)
+        with self._parents_lock:
+            known = self._parents
+            for pid in [pid for pid in known if pid not in pids]:
+                del known[pid]  # ended (its pid may come back as a stranger's)
+            for pid in pids:
+                if known.get(pid) is None or pid in ours:
+                    known[pid] = _parent_of(pid)
+            return dict(known)
 
     def signal(self, sig):
         """`sig` to the child's process group and to every process of the tree."""
