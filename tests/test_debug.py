@@ -275,7 +275,7 @@ def test_a_cancel_ends_a_paused_rank_and_leaves_nothing(tmp_path, store):
 
 
 FAILING = """\
-import os
+import os, time
 rank = int(os.environ["RANK"])
 
 
@@ -287,7 +287,7 @@ def step(batch):
 
 for batch in range(7, 9):
     step(batch)
-print(f"rank {rank} done", flush=True)
+time.sleep(300)  # rank 0 still runs when rank 1 fails, in every run: it is stopped alike
 """
 
 
@@ -315,6 +315,7 @@ def test_post_mortem_pauses_a_failed_rank_and_the_job_fails_as_it_would_have(tmp
     (without,) = [r.job_id for r in store.jobs()]
     expected = root_cause(without)
     assert "ValueError: bad input 7" in json.dumps(expected)
+    assert expected["stopped"] == ["rank 0"], expected  # the same in every run below
 
     proc = subprocess.Popen(
         [sys.executable, "-m", "jupyter_dist.cli", "run", str(plain), "--post-mortem",
