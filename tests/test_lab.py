@@ -605,11 +605,24 @@ def test_charts_and_progress_show_what_the_ranks_report(lab_page, lab):
         page.mouse.move(box["x"] + box["width"] / 2, box["y"] + box["height"] / 2)
         said = loss.locator(".distrun-chart-value").inner_text()
         assert said.startswith("step ") and "rank 0 " in said and "rank 3 " in said, said
+        # Axes: round values along x (steps) and y; the loss, spanning over ten times, on a
+        # log scale (powers of ten), which its button turns linear, and back.
+        assert loss.locator(".distrun-chart-xtick").all_inner_texts() == ["0", "50", "100", "150"]
+        assert loss.locator(".distrun-chart-ytick").all_inner_texts() == ["0.01", "0.1", "1"]
+        scale = loss.locator(".distrun-chart-scale")
+        assert scale.inner_text() == "log" and scale.get_attribute("aria-pressed") == "true"
+        scale.click()
+        linear = loss.locator(".distrun-chart-ytick").all_inner_texts()
+        assert linear == ["0.5", "1", "1.5", "2"], linear
+        assert loss.locator(".distrun-chart-scale").inner_text() == "linear"
+        loss.locator(".distrun-chart-scale").click()
         _assert_readable(loss)  # its text on its own background
+        _assert_readable(loss.locator(".distrun-chart-ytick").first)
         _assert_readable(view.locator(".distrun-progress"))
         view.screenshot(path=str(ARTIFACTS / "live-view-metrics.png"))
         with _dark_theme(page):
             _assert_readable(loss)
+            _assert_readable(loss.locator(".distrun-chart-ytick").first)
             _assert_readable(view.locator(".distrun-progress"))
             view.screenshot(path=str(ARTIFACTS / "live-view-metrics-dark.png"))
         _run_cell(page, 2)

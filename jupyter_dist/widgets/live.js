@@ -143,7 +143,7 @@ const byNumber = (a, b) => a.localeCompare(b, undefined, { numeric: true });
 // Keyed by job id and session cell: anywidget hands initialize and render different
 // proxies of one model, and each cell of a session has its own lines.
 // "job/cell" -> { buffers: key -> [line], labels: key -> label, total, meters, views: Set<view>,
-//   ui: { active, inspector }, colours: key -> CSS colour }  (what the user picked, and
+//   ui: { active, inspector, scales: metric -> "log" | "linear" }, colours: key -> CSS colour }  (what the user picked, and
 //   each rank's colour, kept when the settled view replaces the live one at the job's end)
 // Held on the page, not in this module: anywidget may load the module once per model, and
 // a job's settled view (a new model, see LiveView.settled) must find the lines its live
@@ -154,7 +154,7 @@ function linesOf(model) {
   const id = `${model.get("job_id")}/${model.get("cell") || 0}`;
   if (!LINES.has(id)) {
     LINES.set(id, { buffers: { all: [] }, labels: {}, total: 0, meters: {}, views: new Set(),
-      ui: { active: "all", inspector: false }, colours: {},
+      ui: { active: "all", inspector: false, scales: {} }, colours: {},
       metrics: {}, progress: {}, metricsTotal: 0 });
   }
   return LINES.get(id);
@@ -342,6 +342,45 @@ export function progressOf(progress) {
   return { n, total, rate, left,
     text: [`${n}/${total}`, speed, left !== null && n < total ? `ETA ${clock(left)}` : ""]
       .filter(Boolean).join(" · ") };
+}
+
+// About `count` round values from lo to hi, for an axis's ticks: a step of 1, 2 or 5 times
+// a power of ten, the nearest to (hi - lo) / count (d3's tickStep), at least 1 where
+// `integers` (steps); the first at or above lo.
+export function ticksOf(lo, hi, count = 4, integers = false) {
+  if (!Number.isFinite(lo) || !Number.isFinite(hi)) return [];
+  if (!(hi > lo)) return [lo];
+  const raw = (hi - lo) / count;
+  const power = 10 ** Math.floor(Math.log10(raw));
+  const error = raw / power;
+  let step = power * (error >= Math.sqrt(50) ? 10 : error >= Math.sqrt(10) ? 5
+    : error >= Math.SQRT2 ? 2 : 1);
+  if (integers) step = Math.max(1, Math.round(step));
+  const ticks = [];
+  for (let i = Math.ceil(lo / step - 1e-9); i * step <= hi + step * 1e-9; i++) {
+    ticks.push(Number((i * step).toPrecision(12)));
+  }
+  return ticks;
+}
+
+// A y axis for a chart's values: "log" (the values' log10 drawn; ticks at powers of ten,
+// or round values where the values span less than one) or "linear". A log axis needs
+// every value above 0.
+export function yAxisOf(chart, scale) {
+  const log = scale === "log" && chart.ymin > 0;
+  if (!log) {
+    return { log, lo: chart.ymin, hi: chart.ymax, of: (v) => v, ticks: ticksOf(chart.ymin, chart.ymax) };
+  }
+  const lo = Math.log10(chart.ymin), hi = Math.log10(chart.ymax);
+  let ticks = ticksOf(Math.ceil(lo - 1e-9), Math.floor(hi + 1e-9), 4, true).map((e) => 10 ** e);
+  if (ticks.length < 2) ticks = ticksOf(chart.ymin, chart.ymax).filter((v) => v > 0);
+  return { log, lo, hi, of: Math.log10, ticks };
+}
+
+// A metric's y axis unless the user picked one: log for a loss whose positive values span
+// ten times or more (as TensorBoard users read a loss), else linear.
+export function defaultScale(name, chart) {
+  return /loss/i.test(name) && chart.ymin > 0 && chart.ymax >= 10 * chart.ymin ? "log" : "linear";
 }
 
 // A number as a chart's caption shows it.
@@ -770,6 +809,7 @@ function render({ model, el }) {
     keyStates(model.get("processes"))[key]?.process?.label || key;
   const SVG = "http://www.w3.org/2000/svg";
   const W = 320, H = 90, PAD = 4;
+  let chartsDrawn = [];
   function drawCharts() {
     const names = Object.keys(held.metrics).sort();
     charts.style.display = names.length ? "" : "none";
@@ -779,6 +819,7 @@ function render({ model, el }) {
       `\`jupyter distrun metrics ${model.get("job_id")}\` lists every one`)] : [];
     charts.replaceChildren(...drawn.map((name) => chartNode(name, chartOf(held.metrics[name]))),
       ...more);
+    chartsDrawn = drawn;
     // Each rank's last step and rate, in its chip's tooltip and its row of the inspector; a
     // rank well below the others' rate for a while (ranks not in lock step), named under
     // the charts.
@@ -818,14 +859,49 @@ function render({ model, el }) {
     box.dataset.metric = name;
     const caption = element("div", "distrun-chart-caption");
     const value = element("span", "distrun-chart-value");
-    caption.append(element("span", "distrun-chart-name", name), value);
+    // The y axis: log or linear, as the user picked for this metric, else its default.
+    const scale = held.ui.scales[name] ?? defaultScale(name, chart);
+    const y = yAxisOf(chart, scale);
+    const toggle = element("button", "jp-Button jp-mod-minimal distrun-chart-scale",
+      y.log ? "log" : "linear");
+    toggle.setAttribute("aria-pressed", String(y.log));
+    toggle.disabled = !(chart.ymin > 0);
+    toggle.title = toggle.disabled ? "a log scale needs every value above 0"
+      : `y axis: ${y.log ? "log" : "linear"} scale (click for ${y.log ? "linear" : "log"})`;
+    toggle.addEventListener("click", () => {
+      held.ui.scales[name] = y.log ? "linear" : "log";
+      const at = chartsDrawn.indexOf(name);
+      if (at >= 0) charts.children[at].replaceWith(chartNode(name, chartOf(held.metrics[name])));
+    });
+    caption.append(element("span", "distrun-chart-name", name), value, toggle);
     const svg = document.createElementNS(SVG, "svg");
     svg.setAttribute("viewBox", `0 0 ${W} ${H}`);
     svg.setAttribute("preserveAspectRatio", "none");
     svg.setAttribute("class", "distrun-chart-plot");
     const sx = (x) => PAD + ((x - chart.xmin) / ((chart.xmax - chart.xmin) || 1)) * (W - 2 * PAD);
-    const sy = (v) => H - PAD - ((v - chart.ymin) / ((chart.ymax - chart.ymin) || 1)) * (H - 2 * PAD);
+    const sy = (v) => H - PAD - ((y.of(v) - y.lo) / ((y.hi - y.lo) || 1)) * (H - 2 * PAD);
     const path = (points) => points.map(([x, v]) => `${sx(x).toFixed(1)},${sy(v).toFixed(1)}`).join(" ");
+    // Ticks: a faint line across at each y tick, its value beside the plot; x ticks below.
+    const yLabels = element("div", "distrun-chart-yticks");
+    for (const v of y.ticks) {
+      const grid = document.createElementNS(SVG, "line");
+      grid.setAttribute("class", "distrun-chart-grid");
+      grid.setAttribute("x1", "0");
+      grid.setAttribute("x2", String(W));
+      grid.setAttribute("y1", sy(v).toFixed(1));
+      grid.setAttribute("y2", sy(v).toFixed(1));
+      svg.appendChild(grid);
+      const label = element("span", "distrun-chart-ytick", short(v));
+      label.style.top = `${((100 * sy(v)) / H).toFixed(2)}%`;
+      yLabels.append(label);
+    }
+    const xLabels = element("div", "distrun-chart-xticks");
+    for (const x of ticksOf(chart.xmin, chart.xmax, 4, chart.axis === "step")) {
+      const label = element("span", "distrun-chart-xtick",
+        chart.axis === "step" ? short(x) : `${short(x)} s`);
+      label.style.left = `${((100 * sx(x)) / W).toFixed(2)}%`;
+      xLabels.append(label);
+    }
     const polyline = (points, cls, stroke) => {
       const line = document.createElementNS(SVG, "polyline");
       line.setAttribute("points", path(points));
@@ -870,7 +946,10 @@ function render({ model, el }) {
       guide.style.display = "none";
       value.textContent = value.title = latest;
     });
-    box.append(caption, svg);
+    const plot = element("div", "distrun-chart-area");
+    plot.append(yLabels, svg, element("span"), xLabels);
+    plot.title = chart.axis === "step" ? "x: step" : "x: seconds since the first value";
+    box.append(caption, plot);
     return box;
   }
 

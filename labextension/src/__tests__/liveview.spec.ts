@@ -12,6 +12,9 @@ import live, {
   stepRates,
   rankProgress,
   chartOf,
+  ticksOf,
+  yAxisOf,
+  defaultScale,
   keepMetrics,
   progressOf,
   short,
@@ -646,6 +649,55 @@ describe("each rank's rate", () => {
     expect([cell('rank-0'), cell('rank-1')]).toEqual(['step 8 · 2.0/s', 'step 4 · 1.0/s']);
     m.emit('msg:custom', { type: 'metrics', records: [['rank-1', 9, 1010, { loss: 1 }]], total: 11 });
     expect(cell('rank-1')).toBe('step 9 · 0.9/s'); // 9 steps in 10 s
+  });
+
+  it('puts round values on the axes, and a log y axis on a loss that spans ten times', () => {
+    expect(ticksOf(0, 1)).toEqual([0, 0.2, 0.4, 0.6, 0.8, 1]);
+    expect(ticksOf(0.13, 0.97)).toEqual([0.2, 0.4, 0.6, 0.8]);
+    expect(ticksOf(-3, 7)).toEqual([-2, 0, 2, 4, 6]);
+    expect(ticksOf(0, 3, 4, true)).toEqual([0, 1, 2, 3]); // steps: never 0.5
+    expect(ticksOf(0, 9999, 4, true)).toEqual([0, 2000, 4000, 6000, 8000]);
+    expect(ticksOf(5, 5)).toEqual([5]);
+    expect(ticksOf(Infinity, -Infinity)).toEqual([]);
+    const loss = { ymin: 0.01, ymax: 2.5 };
+    expect(defaultScale('train/loss', loss)).toBe('log');
+    expect(defaultScale('loss', { ymin: 0.5, ymax: 2.5 })).toBe('linear'); // under ten times
+    expect(defaultScale('loss', { ymin: -1, ymax: 2.5 })).toBe('linear'); // not all above 0
+    expect(defaultScale('lr', loss)).toBe('linear');
+    const log: any = yAxisOf(loss, 'log');
+    expect(log.log).toBe(true);
+    expect(log.ticks).toEqual([0.01, 0.1, 1]);
+    expect([log.lo, log.hi]).toEqual([-2, Math.log10(2.5)]);
+    expect(yAxisOf({ ymin: 2, ymax: 5 }, 'log').ticks).toEqual([2, 3, 4, 5]); // no power inside
+    const refused: any = yAxisOf({ ymin: 0, ymax: 5 }, 'log'); // 0 has no log
+    expect([refused.log, refused.ticks]).toEqual([false, [0, 1, 2, 3, 4, 5]]);
+  });
+
+  it('labels each chart\'s axes and switches its y axis between log and linear', () => {
+    const m = model('job-axes', 5, 0, ranks(1));
+    live.initialize({ model: m });
+    const el = document.createElement('div');
+    live.render({ model: m, el });
+    const records = Array.from({ length: 101 }, (_, i) => [
+      'rank-0', i, 1000 + i, { loss: 10 / (i + 1), acc: i / 100 }
+    ]);
+    m.emit('msg:custom', { type: 'metrics', records, total: records.length });
+    const chart = (name: string) => el.querySelector(`.distrun-chart[data-metric="${name}"]`)!;
+    const texts = (name: string, cls: string) =>
+      Array.from(chart(name).querySelectorAll(cls)).map(n => n.textContent);
+    expect(texts('loss', '.distrun-chart-ytick')).toEqual(['0.1', '1', '10']);
+    expect(texts('loss', '.distrun-chart-xtick')).toEqual(['0', '20', '40', '60', '80', '100']);
+    expect(texts('acc', '.distrun-chart-ytick')).toEqual(['0', '0.2', '0.4', '0.6', '0.8', '1']);
+    expect(chart('loss').querySelectorAll('.distrun-chart-grid')).toHaveLength(3);
+    const scale = (name: string) => chart(name).querySelector('.distrun-chart-scale') as HTMLButtonElement;
+    expect([scale('loss').textContent, scale('acc').textContent]).toEqual(['log', 'linear']);
+    expect(scale('acc').disabled).toBe(true); // a 0 among its values
+    scale('loss').click();
+    expect(scale('loss').textContent).toBe('linear');
+    expect(texts('loss', '.distrun-chart-ytick')).toEqual(['2', '4', '6', '8', '10']);
+    m.emit('msg:custom', { type: 'metrics', records: [['rank-0', 101, 1101, { loss: 0.09, acc: 1 }]],
+      total: 102 });
+    expect(scale('loss').textContent).toBe('linear'); // kept as picked, when new values come
   });
 
   it('draws at most MOST_CHARTS charts, the first by name, and says how many there are', () => {
