@@ -550,11 +550,17 @@ def test_an_agents_look_at_its_tree_reads_its_own_processes_not_the_whole_machin
         ["sh", "-c", "(for i in $(seq 40); do sleep 120 & done; wait) &"], start_new_session=True
     )
     strangers.wait()
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline:  # all born before the first look: none new after
+        group = [p for p in agent._all_pids() if agent._group_of(p) == strangers.pid]
+        if len(group) == 41:  # the subshell and its sleeps
+            break
+        time.sleep(0.02)
     child = subprocess.Popen(["sh", "-c", "sleep 120 & read go; sleep 120 & wait"],
                              stdin=subprocess.PIPE)  # fmt: skip
     tree = agent.Tree(child.pid, "test-look")
+    deadline = time.monotonic() + 10
     try:
-        deadline = time.monotonic() + 10
         while len(tree.seen) < 2 and time.monotonic() < deadline:
             tree.refresh()
             time.sleep(0.02)
