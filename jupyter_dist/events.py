@@ -38,6 +38,9 @@ class ProcessState:
     stopped_by_us: bool = False
     note: str | None = None  # e.g. "lost its SSH connection"
     oom: dict[str, Any] | None = None  # its agent's evidence of an OOM kill (agent.py)
+    # Where it waits in its debugger (diagnose/debug.PausedRank's dicts: one per paused
+    # Python of the process, several under torchrun or mpirun); [] while none is.
+    paused: list[dict[str, Any]] = field(default_factory=list)
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)

@@ -34,7 +34,7 @@ from jupyter_dist.describe import (
     last_state,
     tf_configs,
 )
-from jupyter_dist.diagnose.debug import PausedRank, check_command
+from jupyter_dist.diagnose.debug import PausedRank, by_rank, check_command
 from jupyter_dist.diagnose.meters import mib, summarize
 from jupyter_dist.diagnose.stacks import METHODS as STACK_METHODS
 from jupyter_dist.diagnose.stacks import StackDump
@@ -442,6 +442,11 @@ def cmd_inspect(args: argparse.Namespace, store: JobStore) -> int:
     status = record.status()
     title = f"job {record.job_id} ({plan.job_type}, {effective_state(status)})"
     print_table(inspect_rows(plan, status), INSPECT_COLUMNS, title=title)
+    paused = [PausedRank.from_dict(p) for state in (status.get("processes") or {}).values()
+              for p in state.get("paused") or []]  # fmt: skip
+    if paused and status.get("state") == "running":
+        print(f"\nPaused in the debugger (jupyter distrun debug {record.job_id}):")
+        print("\n".join(p.line_text() for p in sorted(paused, key=by_rank)))
     configs = tf_configs(plan)
     if configs:
         print(configs)

@@ -5,8 +5,10 @@ alone; nothing is left after it."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
+import queue
 import subprocess
 import sys
 import time
@@ -79,6 +81,25 @@ def test_a_breakpoint_pauses_its_rank_and_a_terminal_steps_it_then_the_job_succe
             {"rank": 3, "node": "local1", "file": str(script), "line": 10,
              "function": "<module>", "reason": "breakpoint", "exception": None},
         ]  # fmt: skip
+
+        # The job's status says where each waits (what the views show), step by step.
+        def paused_in_status(expected: dict, timeout: float = 10) -> None:
+            deadline, seen = time.monotonic() + timeout, None
+            while time.monotonic() < deadline:
+                seen = {p["rank"]: [(q["node"], q["line"], q["reason"]) for q in p["paused"]]
+                        for p in record.status()["processes"].values() if p["paused"]}  # fmt: skip
+                if seen == expected:
+                    return
+                time.sleep(0.05)
+            raise AssertionError((seen, expected))
+
+        paused_in_status({1: [("local0", 7, "breakpoint")], 3: [("local1", 10, "breakpoint")]})
+        inspected = run_cli("inspect", job_id, store=store).stdout
+        assert (
+            f"Paused in the debugger (jupyter distrun debug {job_id}):\n"
+            f"rank 1 (local0): {script}:7 in <module> (breakpoint)\n"
+            f"rank 3 (local1): {script}:10 in <module> (breakpoint)\n"
+        ) in inspected, inspected
         listed = run_cli("debug", job_id, store=store)
         assert listed.stdout.splitlines() == [
             f"rank 1 (local0): {script}:7 in <module> (breakpoint)",
@@ -92,6 +113,7 @@ def test_a_breakpoint_pauses_its_rank_and_a_terminal_steps_it_then_the_job_succe
         stepped = do(1, "n")
         assert stepped.stdout == f"> {script}(8)<module>()\n-> if rank == 3:\n", stepped.stdout
         assert do(1, "p x").stdout == "141\n"
+        paused_in_status({1: [("local0", 8, "breakpoint")], 3: [("local1", 10, "breakpoint")]})
         assert do(3, "p x, rank").stdout == "(43, 3)\n"
 
         # What is not paused, and what is not a command: one line each, the job untouched.
@@ -125,6 +147,7 @@ def test_a_breakpoint_pauses_its_rank_and_a_terminal_steps_it_then_the_job_succe
             going = do(rank, "c")
             assert going.returncode == 0 and going.stderr == f"rank {rank} runs on\n"
             if rank == 1:  # it was paused where the owner looks first: no more
+                paused_in_status({3: [("local1", 10, "breakpoint")]})
                 again = do(1, "p x")
                 assert again.stderr.strip() == (
                     f"error: rank 1 of job {job_id} is not paused (paused: 3)"
@@ -138,6 +161,10 @@ def test_a_breakpoint_pauses_its_rank_and_a_terminal_steps_it_then_the_job_succe
     said = {key: [line.text for line in record.iter_log(key, "stdout")] for key in
             ("rank-1", "rank-3")}  # fmt: skip
     assert said["rank-1"][-1] == "rank 1 x 141" and said["rank-3"][-1] == "rank 3 x 343"
+    told = [line.text for key in record.log_keys() for stream in ("stdout", "stderr")
+            for line in record.iter_log(key, stream) if "distrun-debug" in line.text]  # fmt: skip
+    assert told == []  # the debugger's word to the launcher is never output
+    assert all(p["paused"] == [] for p in record.status()["processes"].values())
     ended = run_cli("debug", job_id, store=store)
     assert ended.returncode != 0
     assert ended.stderr.strip() == (
@@ -188,21 +215,34 @@ def test_a_paused_rank_on_an_ssh_node_is_listed_and_stepped_through_the_owner(
 
 
 def test_a_breakpoint_in_a_distrun_cell_pauses_and_the_cell_ends_once_continued(kernel_env):
-    """A `%%distrun` cell in a real kernel, each of its 2 ranks at breakpoint(): the cell
-    says where they paused and waits; a terminal lists them, reads `x` on each, continues
-    both; the cell succeeds with what ran after the pause. Then a --post-mortem cell, and a
-    warm session's cell (its earlier cells' variables there; the session lives on)."""
+    """A `%%distrun` cell in a real kernel, each of its 2 ranks at breakpoint(): the cell's
+    live view marks both paused, and where, and the cell waits; a terminal lists them,
+    reads `x` on each, continues both; the cell succeeds with what ran after the pause.
+    Then a --post-mortem cell, and a warm session's cell (its earlier cells' variables
+    there; the session lives on)."""
     from helpers import await_text, running_kernel
 
     from jupyter_dist.store import JobStore
 
     store = JobStore(kernel_env)
     with running_kernel() as (_km, kc):
+        kc.execute_interactive("%config DistrunMagics.view = 'widget'", timeout=30)
         msg_id = kc.execute(
             "%%distrun --nodes 2\nimport os\nx = 40 + int(os.environ['RANK'])\n"
             "breakpoint()\nx += 10\nprint('x is', x)\n"
         )
-        assert await_text(kc, "paused at", 2) == 2
+        # The cell's live view marks both ranks paused (its processes, as the page gets them).
+        deadline, marked = time.monotonic() + 60, {}
+        while len(marked) < 2 and time.monotonic() < deadline:
+            with contextlib.suppress(queue.Empty):
+                message = kc.get_iopub_msg(timeout=1)
+                state = message["content"].get("data", {}).get("state", {})
+                for row in state.get("processes", []) if message["msg_type"] == "comm_msg" else []:
+                    if row.get("paused"):
+                        marked[row["name"]] = row["paused"]
+        assert marked == {
+            f"rank-{rank}": ["paused at script.py:4 in <module> (breakpoint)"] for rank in (0, 1)
+        }, marked
         (record,) = store.jobs()
         found = paused_ranks(store, record.job_id, 2)
         assert [(p["rank"], p["line"], p["function"]) for p in found] == [
@@ -215,6 +255,7 @@ def test_a_breakpoint_in_a_distrun_cell_pauses_and_the_cell_ends_once_continued(
             assert done.stdout == f"{40 + rank}\n", done.stderr
             run_cli("debug", record.job_id, "--rank", str(rank), "--do", "c", store=store)
         assert _reply(kc, msg_id)["status"] == "ok"
+        kc.execute_interactive("%config DistrunMagics.view = 'auto'", timeout=30)  # text here
 
         # --post-mortem in a cell (its runner prints the error itself): paused in f, then
         # `q`, and the cell fails with the error.

@@ -23,6 +23,7 @@ from typing import Any
 
 from jupyter_dist import node_side
 from jupyter_dist.errors import DistrunError
+from jupyter_dist.node_side.debugger import MARK as DEBUG_MARK
 from jupyter_dist.nodes import Node
 
 DEBUGGER_SOURCE = node_side.source("debugger.py")  # run as it is on the nodes
@@ -65,12 +66,42 @@ class PausedRank:
         return f"{who} ({self.node}): {self.file}:{self.line} in {self.function} ({why})"
 
 
+def paused_text(paused: dict[str, Any]) -> str:
+    """A paused rank (a PausedRank's dict) where the views say it: `paused at bp.py:7 in
+    main (breakpoint)`, the file by its name alone."""
+    where = f"{str(paused.get('file', '?')).rsplit('/', 1)[-1]}:{paused.get('line', '?')}"
+    why = paused.get("reason", "?")
+    if paused.get("exception"):
+        why = f"{why}: {paused['exception']}"
+    return f"paused at {where} in {paused.get('function', '?')} ({why})"
+
+
 def check_command(command: str) -> str:
     """The pdb command as sent (stripped); DistrunError for one that is empty or more than
     one line."""
     if not command.strip() or "\n" in command.strip():
         raise DistrunError("a pdb command is one line of text, such as 'p x', 'n' or 'c'")
     return command.strip()
+
+
+def pause_event(message: str, node: str) -> PausedRank | int | None:
+    """A line a rank's debugger told the launcher (node_side/debugger.py's MARK, on the
+    rank's stdout, on node `node`): where it paused (a PausedRank), the pid of one that runs
+    on, or None for a line that is neither (damaged: never raises)."""
+    try:
+        told = json.loads(message[len(DEBUG_MARK) :])
+        if "running" in told:
+            return int(told["running"])
+        found = told["paused"]
+        return PausedRank(
+            rank=found.get("rank") if isinstance(found.get("rank"), int) else None,
+            node=node, pid=int(found["pid"]), file=str(found.get("file", "?")),
+            line=int(found.get("line", 0)), function=str(found.get("function", "?")),
+            reason=str(found.get("reason", "?")), since=float(found.get("since", 0.0)),
+            exception=found.get("exception") if isinstance(found.get("exception"), str) else None,
+        )  # fmt: skip
+    except (ValueError, KeyError, TypeError, AttributeError):
+        return None
 
 
 def paused_ranks(
@@ -118,8 +149,13 @@ def paused_ranks(
                 since=float(found.get("since", 0.0)),
                 exception=str(found["exception"]) if found.get("exception") else None,
             ))  # fmt: skip
-    paused.sort(key=lambda p: (p.rank is None, p.rank if p.rank is not None else p.pid))
+    paused.sort(key=by_rank)
     return paused, problems
+
+
+def by_rank(paused: PausedRank) -> tuple[bool, int]:
+    """The order paused processes are listed in: by rank, those without one last (by pid)."""
+    return paused.rank is None, paused.rank if paused.rank is not None else paused.pid
 
 
 def send(

@@ -16,7 +16,11 @@ In a rank, a pause:
 - writes `MACHINE-PID.json` beside it while pdb waits for a command: {"pid", "rank",
   "node_rank", "host", "file", "line", "function", "reason", "since", "exception"} (the
   front lists these), and takes it away when the rank runs on;
-- says so on the rank's stderr, in one line.
+- says so on the rank's stderr, in one line;
+- tells the launcher, on the rank's stdout, in a line it takes out of the output (as
+  report()'s): `MARK {"paused": RECORD}` at each stop (a step included), and
+  `MARK {"running": PID}` when the rank runs on (run/job.py marks the rank paused where
+  the views show it).
 
 On a node, run as `python -c SOURCE ...` (diagnose/debug.py does, through the backend):
 
@@ -37,6 +41,7 @@ import sys
 import time
 
 PROMPT = "(Pdb) "
+MARK = "\x1edistrun-debug "  # a line to the launcher, among the rank's output
 DEBUG_FOLDER = "debug"
 SETTLE_S = 0.3  # after a pause record goes, how long a prompt may still come (a quick `n`)
 
@@ -166,11 +171,15 @@ class _Console:
         with os.fdopen(fd, "w") as handle:
             json.dump(record, handle)
         os.replace(temporary, self.record_path)  # a reader sees all of it or none
+        _tell({"paused": record})
         return record
 
     def running(self):
-        with contextlib.suppress(OSError):
+        try:
             os.unlink(self.record_path)
+        except OSError:
+            return  # was not paused
+        _tell({"running": self.pid})
 
     def close(self):
         if os.getpid() != self.pid:
@@ -182,6 +191,19 @@ class _Console:
             os.unlink(self.socket_path)
         except OSError:
             pass
+
+
+def _tell(message):
+    """One line to the launcher on stdout's descriptor (a redirected sys.stdout must not
+    swallow it; a line the rank left open is taken as output up to the mark)."""
+    data = (MARK + json.dumps(message) + "\n").encode()
+    with contextlib.suppress(Exception):  # what the rank printed before it paused, first
+        sys.stdout.flush()
+    try:
+        while data:
+            data = data[os.write(1, data) :]
+    except OSError:
+        pass  # stdout is gone: so is whoever would read it
 
 
 _debugger = []  # this process's one pdb, made at its first pause

@@ -22,9 +22,11 @@ from dataclasses import dataclass
 
 from jupyter_dist.backends.base import Backend, ProcessHandle
 from jupyter_dist.diagnose.debug import (
+    DEBUG_MARK,
     NotPaused,
     PausedRank,
     check_command,
+    pause_event,
     paused_ranks,
     send,
 )
@@ -114,8 +116,9 @@ class Job(Listened):
         # failed: the job is stopped, failed, saying so, and not started again.
         self.store_problem: str | None = None
         self.metrics = MetricsSink(record, store_failed=self._store_failed)
+        told = [(DEBUG_MARK, self._on_debugger), *([messages] if messages else [])]
         self._output = OutputPipeline(
-            record, self._evidence, self._emit_lines, messages, self.metrics,
+            record, self._evidence, self._emit_lines, told, self.metrics,
             store_failed=self._store_failed,
         )  # fmt: skip
         self.processes = _process_states(plan)
@@ -305,6 +308,29 @@ class Job(Listened):
                                        self._job_dirs())  # fmt: skip
         self._paused_at.update({p.rank: p for p in found if p.rank is not None})
         return found, problems
+
+    def _on_debugger(self, proc: ProcessPlan, message: str) -> None:
+        """A rank's debugger paused (at a breakpoint, a step, an error) or let it run on:
+        its process's state says where it waits (status.json, the views); where a rank
+        paused is where a command goes first."""
+        event = pause_event(message, proc.node)
+        if event is None:
+            return
+        with self._state_lock:
+            state = self.processes.get(proc.name)
+            if state is None:
+                return
+            pid = event if isinstance(event, int) else event.pid
+            paused = [p for p in state.paused if p.get("pid") != pid]
+            if isinstance(event, PausedRank):
+                paused.append(event.to_dict())
+                if event.rank is not None:
+                    self._paused_at[event.rank] = event
+            if paused == state.paused:
+                return
+            state.paused = paused
+        self._emit_process(state)
+        self._write_status()
 
     def debug_send(self, rank: int, command: str, timeout: float = 30.0) -> dict:
         """`command` to paused rank `rank`'s pdb: {"answer", "paused"} (diagnose/debug.py).
@@ -524,6 +550,7 @@ class Job(Listened):
         with self._state_lock:
             state = self.processes[proc.name]
             state.exit_code, state.signal, state.ended = exit_code, sig, time.time()
+            state.paused = []  # killed while paused: no word came that it ran on
             state.note = handle.exit_note
             state.oom = handle.oom
             failed = code != 0

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import contextlib
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import IO
 
 from jupyter_dist.backends.base import ProcessHandle
@@ -33,7 +33,7 @@ class OutputPipeline:
         record: JobRecord,
         evidence: StderrEvidence,
         emit: Callable[[list[OutputLine]], None],
-        messages: tuple[str, Callable[[ProcessPlan, str], None]] | None = None,
+        messages: Sequence[tuple[str, Callable[[ProcessPlan, str], None]]] = (),
         metrics: MetricsSink | None = None,
         store_failed: Callable[[OSError], None] = lambda _exc: None,
     ) -> None:
@@ -44,9 +44,10 @@ class OutputPipeline:
         # What the ranks report (report() lines, taken out of the output) and what trainers
         # print (kept as output too): run/metrics.py.
         self.metrics = metrics
-        # (mark, handler): a line holding `mark` is a message to the launcher (a session's
-        # rank reporting a cell), not output; the text before it still is.
-        self.messages = messages
+        # (mark, handler) pairs: a line holding a `mark` is a message to the launcher (a
+        # session's rank reporting a cell, a rank's debugger pausing), not output; the text
+        # before it still is.
+        self.messages = tuple(messages)
 
     def read(self, proc: ProcessPlan, handle: ProcessHandle, stream: str) -> None:
         """Every line of `proc`'s `stream` until it ends (or breaks: the process watcher
@@ -98,20 +99,21 @@ class OutputPipeline:
 
     def _deliver(self, proc, stream, texts: list[str], attribute, logs) -> None:
         messages = []
-        if self.messages and any(self.messages[0] in t for t in texts):
-            mark, kept = self.messages[0], []
-            for text in texts:
-                before, found, message = text.partition(mark)
-                if found:
-                    messages.append(mark + message)
-                    if not before:
-                        continue
-                kept.append(before)
-            texts = kept
+        for mark, handler in self.messages:
+            if any(mark in t for t in texts):
+                kept = []
+                for text in texts:
+                    before, found, message = text.partition(mark)
+                    if found:
+                        messages.append((handler, mark + message))
+                        if not before:
+                            continue
+                    kept.append(before)
+                texts = kept
         if texts:
             self._store_and_emit(proc, stream, texts, attribute, logs)
-        for message in messages:  # after the lines before it are stored and shown
-            self.messages[1](proc, message)
+        for handler, message in messages:  # after the lines before it are stored and shown
+            handler(proc, message)
 
     def _store_and_emit(self, proc, stream, texts: list[str], attribute, logs) -> None:
         now = time.time()

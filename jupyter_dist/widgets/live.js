@@ -129,8 +129,11 @@ export function stateCounts(processes) {
   const counts = {};
   for (const p of processes) counts[p.state] = (counts[p.state] || 0) + 1;
   const states = Object.keys(counts);
-  if (states.length === 1 && processes.length > 1) return `all ${states[0]}`;
-  return states.sort((a, b) => rankOf(a) - rankOf(b)).map((s) => `${counts[s]} ${s}`).join(" · ");
+  const paused = processes.filter((p) => p.paused?.length).length;
+  const said = paused ? ` · ${paused} paused in the debugger` : "";
+  if (states.length === 1 && processes.length > 1) return `all ${states[0]}${said}`;
+  return states.sort((a, b) => rankOf(a) - rankOf(b)).map((s) => `${counts[s]} ${s}`).join(" · ") +
+    said;
 }
 
 function rankOf(state) {
@@ -587,13 +590,15 @@ function render({ model, el }) {
     const label = (key) => held.labels[key] || states[key]?.process?.label || key;
     const chip = (key, text) => {
       const state = states[key]?.state || "pending";
+      const paused = states[key]?.process?.paused || [];  // where its debugger waits
       const button = element("button", `distrun-chip distrun-rank distrun-state-${state}` +
-        (key === active ? " distrun-active" : ""), text);
+        (key === active ? " distrun-active" : "") + (paused.length ? " distrun-paused" : ""), text);
       button.setAttribute("role", "tab");
       button.setAttribute("aria-selected", key === active ? "true" : "false");
       button.dataset.key = key;
       button.dataset.state = state;
-      button.dataset.base = `${label(key)}: ${state}` + (key in buffers ? "" : " (no output yet)");
+      button.dataset.base = `${label(key)}: ${state}` + (key in buffers ? "" : " (no output yet)") +
+        paused.map((p) => `; ${p}`).join("");
       button.title = button.dataset.base;
       button.onclick = () => select(key);
       button.appendChild(element("span", "distrun-cpu-bar"));

@@ -27,6 +27,7 @@ import anywidget
 from traitlets import Dict, Float, Int, List, Unicode
 
 from jupyter_dist.describe import attempt_caption, plan_rows
+from jupyter_dist.diagnose.debug import paused_text
 from jupyter_dist.diagnose.stall import describe_stall
 from jupyter_dist.events import Attempt, JobListener, JobResult, OutputLine, ProcessState
 from jupyter_dist.plan.parity import describe, parity_notes
@@ -283,6 +284,7 @@ class LiveView(anywidget.AnyWidget):
             "name": state.name, "label": state.label, "node": state.node, "host": state.host,
             "state": state.state, "exit": state.signal or state.exit_code,
             "keys": self._keys.get(state.name, [state.name]),
+            "paused": [paused_text(p) for p in state.paused],  # where its debugger waits
         }  # fmt: skip
 
 

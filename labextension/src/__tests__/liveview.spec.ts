@@ -233,6 +233,25 @@ describe('live view at scale and state', () => {
     );
   });
 
+  it('marks a rank paused in its debugger on its chip, and counts the paused', () => {
+    const processes = ranks(3);
+    processes[1].paused = ['paused at bp.py:7 in <module> (breakpoint)'];
+    expect(stateCounts(processes)).toBe('all running · 1 paused in the debugger');
+    const m = model('job-paused', 5, 0, processes);
+    live.initialize({ model: m });
+    const el = document.createElement('div');
+    live.render({ model: m, el });
+    const chip = (key: string) => el.querySelector(`.distrun-rank[data-key="${key}"]`) as HTMLElement;
+    expect(chip('rank-1').classList.contains('distrun-paused')).toBe(true);
+    expect(chip('rank-1').title).toContain(
+      'rank 1: running (no output yet); paused at bp.py:7 in <module> (breakpoint)'
+    );
+    expect(chip('rank-0').classList.contains('distrun-paused')).toBe(false);
+    (m as any).traits.processes = ranks(3); // it ran on
+    m.emit('change:processes');
+    expect(chip('rank-1').classList.contains('distrun-paused')).toBe(false);
+  });
+
   it('counts the elapsed time on while the job runs, and stops when it ends', () => {
     jest.useFakeTimers();
     try {
