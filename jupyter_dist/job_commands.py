@@ -207,7 +207,13 @@ def add_parsers(sub: argparse._SubParsersAction, common: argparse.ArgumentParser
         help="the paused ranks as a JSON array: rank, node, file, line, function, reason, "
         "exception",
     )  # fmt: skip
-    debug.add_argument("--rank", type=int, metavar="R", help="the paused rank --do talks to")
+    debug.add_argument(
+        "--rank", type=int, metavar="R", help="the rank --do talks to, or --interrupt pauses"
+    )
+    debug.add_argument(
+        "--interrupt", action="store_true",
+        help="pause --rank R where it runs (a rank that hangs, or loops), as breakpoint() would",
+    )  # fmt: skip
     debug.add_argument(
         "--do", metavar="COMMAND",
         help="one pdb command for --rank ('p x', 'n', 'where', 'c'): prints pdb's answer",
@@ -523,6 +529,19 @@ def cmd_stacks(args: argparse.Namespace, store: JobStore) -> int:
 
 def cmd_debug(args: argparse.Namespace, store: JobStore) -> int:
     record = store.get(args.job)
+    if args.interrupt:
+        if args.rank is None or args.do is not None or args.list or args.json:
+            raise DistrunError("--interrupt pauses one rank: give --rank R, and nothing else")
+        request = {"action": "interrupt", "rank": args.rank, "timeout": min(args.timeout, 5.0)}
+        answer = request_debug(record, request, args.timeout + 15)
+        if answer.get("paused"):
+            print(visible(PausedRank.from_dict(answer["paused"]).line_text()))
+        else:
+            print(f"rank {args.rank} was asked to pause; it will once its main thread runs "
+                  "Python again (it is in native code now: a collective, a lock?); "
+                  f"`jupyter distrun debug {record.job_id}` lists it then",
+                  file=sys.stderr)  # fmt: skip
+        return EXIT_OK
     if args.do is not None:
         if args.rank is None:
             raise DistrunError("--do needs --rank R: the paused rank the command goes to")
@@ -538,7 +557,7 @@ def cmd_debug(args: argparse.Namespace, store: JobStore) -> int:
             print(f"rank {args.rank} runs on", file=sys.stderr)
         return EXIT_OK
     if args.rank is not None:
-        raise DistrunError("--rank goes with --do (--do 'p x' --rank R)")
+        raise DistrunError("--rank goes with --do (--do 'p x' --rank R) or --interrupt")
     answer = request_debug(record, {"action": "list"}, args.timeout)
     paused = [PausedRank.from_dict(found) for found in answer.get("paused", [])]
     for problem in answer.get("problems", []):

@@ -9,6 +9,7 @@ import contextlib
 import json
 import os
 import queue
+import re
 import subprocess
 import sys
 import time
@@ -438,3 +439,78 @@ def test_the_magic_lists_and_steps_the_paused_ranks_of_a_detached_cell(kernel_en
         said, reply = run(kc, "%distrun debug")
         assert reply["status"] == "error"
         assert f"job {record.job_id} is succeeded; only a running job's ranks pause" in said
+
+
+LOOPING = """\
+import os, time
+rank = int(os.environ["RANK"])
+print("started", flush=True)
+i, done = 0, False
+if rank == 0:
+    time.sleep(6)  # in native code when it is asked
+while rank == 1 and not done:
+    i += 1
+print(f"rank {rank} looped {i > 0}", flush=True)
+"""
+
+
+def test_interrupt_pauses_a_running_rank_where_it_is(tmp_path, store):
+    """`debug --interrupt --rank R`: rank 1, looping in Python, pauses at once where it
+    is (listed with the reason `interrupt`), its variables read and changed, and it runs
+    on with `c`; rank 0, asleep in native code, is asked, and the CLI says it pauses once
+    back in Python: it is listed then. Wrong ranks and options are one line each; the job
+    succeeds."""
+    script = tmp_path / "loop.py"
+    script.write_text(LOOPING)
+    spec = tmp_path / "job.yml"
+    spec.write_text(f"command: python {script}\n"
+                    "distribution: {type: pytorch, process_count_per_instance: 2}\n")  # fmt: skip
+    proc, job_id = start_cli_run(spec, store, ranks=2)
+    try:
+        asleep = run_cli("debug", job_id, "--interrupt", "--rank", "0", "--timeout", "1",
+                         store=store)  # fmt: skip
+        assert asleep.returncode == 0 and asleep.stdout == "", asleep
+        assert asleep.stderr.startswith("rank 0 was asked to pause; it will once its main "
+                                        "thread runs Python again"), asleep.stderr  # fmt: skip
+        looping = run_cli("debug", job_id, "--interrupt", "--rank", "1", store=store)
+        assert looping.returncode == 0, looping.stderr
+        assert re.fullmatch(rf"rank 1 \(local0\): {re.escape(str(script))}:[78] in <module> "
+                            r"\(interrupt\)\n", looping.stdout), looping.stdout  # fmt: skip
+
+        def do(rank: int, command: str):
+            return run_cli("debug", job_id, "--rank", str(rank), "--do", command, store=store)
+
+        assert do(1, "p i > 0, done").stdout == "(True, False)\n"
+        assert do(1, "!done = True").returncode == 0
+        found = paused_ranks(store, job_id, 2)  # rank 0 too, once its sleep ended
+        assert [(p["rank"], p["reason"]) for p in found] == [(0, "interrupt"), (1, "interrupt")]
+        assert found[0]["line"] == 7, found  # the line after its sleep
+        refused = {
+            "no such rank": run_cli("debug", job_id, "--interrupt", "--rank", "5", store=store),
+            "no rank": run_cli("debug", job_id, "--interrupt", store=store),
+        }
+        for case, done in refused.items():
+            assert done.returncode != 0 and len(done.stderr.strip().splitlines()) == 1, case
+            assert "Traceback" not in done.stderr, case
+        assert refused["no such rank"].stderr.strip() == (
+            f"error: job {job_id} has ranks 0 to 1, not 5"
+        )
+        for rank in (0, 1):
+            assert do(rank, "c").stderr == f"rank {rank} runs on\n"
+        assert proc.wait(60) == 0
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    said = {r: [line.text for line in store.get(job_id).iter_log(f"rank-{r}", "stdout")]
+            for r in (0, 1)}  # fmt: skip
+    assert said[0][-1] == "rank 0 looped False" and said[1][-1] == "rank 1 looped True", said
+
+
+def test_the_rank_and_the_helper_agree_on_the_signal_that_pauses():
+    """The stack hook registers PAUSE_SIGNAL in every rank; the node helper sends its own
+    copy (each is shipped alone, standard library only): the same signal, beside the
+    stack dump's and apart from it."""
+    from jupyter_dist.node_side import debugger, stack_hook
+
+    assert debugger.PAUSE_SIGNAL == stack_hook.PAUSE_SIGNAL != stack_hook.STACK_SIGNAL

@@ -183,6 +183,36 @@ def send(
     return {"answer": str(answer.get("answer", "")), "paused": bool(answer.get("paused"))}
 
 
+def interrupt(
+    run_on_node: RunOnNode, node: Node, job_dir: str, job_id: str, rank: int, timeout: float = 5.0
+) -> PausedRank | None:
+    """Pause rank `rank` where it runs, on `node`: where it paused, or None where it was
+    signalled but had not paused within `timeout` (its main thread in native code: it
+    pauses once back in Python). NotPaused where no process of that rank on the node can
+    be paused; DistrunError in one line where the node cannot be asked."""
+    argv = [*_python(node), DEBUGGER_SOURCE, "interrupt", job_dir, job_id, str(rank),
+            str(timeout)]  # fmt: skip
+    try:
+        code, out, err = run_on_node(node, argv, timeout + 10)
+    except Exception as exc:
+        raise DistrunError(f"rank {rank}: cannot reach {node.name}: {exc}") from None
+    if code == NOT_PAUSED_EXIT:
+        raise NotPaused((err.strip().splitlines() or ["no such rank"])[-1])
+    if code != 0:
+        reason = (err.strip().splitlines() or [f"exit code {code}"])[-1]
+        raise DistrunError(f"rank {rank}: could not be paused on {node.name}: {reason}")
+    try:
+        found = json.loads(out)["paused"]
+    except (json.JSONDecodeError, KeyError, TypeError):
+        raise DistrunError(f"rank {rank}: unreadable answer {out[:80]!r}") from None
+    if found is None:
+        return None
+    event = pause_event(DEBUG_MARK + json.dumps({"paused": found}), node.name)
+    if not isinstance(event, PausedRank):
+        raise DistrunError(f"rank {rank}: unreadable pause record {out[:80]!r}")
+    return event
+
+
 def _python(node: Node) -> list[str]:
     """The node's Python for a helper of the standard library alone: isolated, without
     site's start (a user's site-packages can take longer to import than the command)."""

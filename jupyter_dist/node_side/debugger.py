@@ -28,7 +28,11 @@ On a node, run as `python -c SOURCE ...` (diagnose/debug.py does, through the ba
 - `do JOB_DIR PID COMMAND [TIMEOUT]`: one pdb command to that paused process; prints
   {"answer": TEXT, "paused": BOOL} once pdb asks for the next command (`paused`), or once
   the process runs on (a `c`, an `n` over a long line); exit 3 with one line on stderr when
-  the process is not paused.
+  the process is not paused;
+- `interrupt JOB_DIR JOB_ID RANK [TIMEOUT]`: pause that rank where it is (PAUSE_SIGNAL,
+  which the stack hook catches); prints {"paused": RECORD}, or {"paused": null} when it did
+  not pause within TIMEOUT (its main thread is in native code: it pauses once back in
+  Python); exit 3 with one line on stderr when no process of that rank here catches it.
 """
 
 import atexit
@@ -36,6 +40,7 @@ import contextlib
 import json
 import os
 import select
+import signal
 import socket
 import sys
 import time
@@ -295,9 +300,10 @@ def _format_exception_only(error):
     return traceback.format_exception_only(type(error), error)
 
 
-def set_trace(*args, frame=None, header=None, **kwargs):
-    """PYTHONBREAKPOINT's target: pause the caller (or `frame`) in the remote pdb. Outside a
-    job's folder, plain pdb, as Python would have done."""
+def set_trace(*args, frame=None, header=None, reason="breakpoint", **kwargs):
+    """PYTHONBREAKPOINT's target: pause the caller (or `frame`) in the remote pdb, saying
+    why (`reason`: the stack hook's PAUSE_SIGNAL handler says "interrupt"). Outside a job's
+    folder, plain pdb, as Python would have done."""
     frame = frame or sys._getframe(1)
     job_dir = os.environ.get("DISTRUN_JOB_DIR")
     if not job_dir:
@@ -307,7 +313,7 @@ def set_trace(*args, frame=None, header=None, **kwargs):
     debugger, _console = _debugger_here(job_dir)
     if header is not None:
         debugger.message(header)
-    debugger.reason, debugger.announce = "breakpoint", True
+    debugger.reason, debugger.announce = reason, True
     debugger.set_trace(frame)
 
 
@@ -378,6 +384,64 @@ def do(job_dir, pid, command, timeout=30.0):
     return {"answer": answer.decode(errors="replace"), "paused": False}
 
 
+# What the stack hook (stack_hook.py, the ranks' sitecustomize) pauses a rank on.
+PAUSE_SIGNAL = signal.SIGRTMIN + 7 if hasattr(signal, "SIGRTMIN") else None
+_RANK_VARS = ("RANK", "OMPI_COMM_WORLD_RANK", "PMI_RANK")
+
+
+def _environ(pid):
+    try:
+        with open(f"/proc/{pid}/environ", "rb") as handle:
+            pairs = handle.read().split(b"\0")
+    except OSError:
+        return {}
+    return dict(p.decode(errors="replace").split("=", 1) for p in pairs if b"=" in p)
+
+
+def _status(pid):
+    """(parent pid, the signals it catches as a mask) of a live process, or None."""
+    try:
+        with open(f"/proc/{pid}/status") as handle:
+            fields = dict(line.split(":", 1) for line in handle if ":" in line)
+        return int(fields["PPid"]), int(fields["SigCgt"], 16)
+    except (OSError, KeyError, ValueError):
+        return None
+
+
+def interrupt(job_dir, job_id, rank, timeout=5.0):
+    """Pause rank `rank` of job `job_id` on this machine where it is: PAUSE_SIGNAL to its
+    Python that caught it (the topmost: its forked workers carry its rank too); then its
+    pause record once it paused, or None if it did not within `timeout` (its main thread
+    is in native code: it pauses once back in Python). LookupError when no process of
+    that rank here catches the signal (not here, not started with the job's hook)."""
+    if PAUSE_SIGNAL is None:
+        raise LookupError("this system has no real-time signals to pause a rank with")
+    ours = {}
+    for name in os.listdir("/proc"):
+        if not name.isdigit():
+            continue
+        env = _environ(int(name))
+        if env.get("DISTRUN_JOB_ID") != job_id:
+            continue
+        if next((env[v] for v in _RANK_VARS if v in env), None) != str(rank):
+            continue
+        found = _status(int(name))
+        if found and found[1] >> (int(PAUSE_SIGNAL) - 1) & 1:
+            ours[int(name)] = found[0]
+    top = [pid for pid, parent in ours.items() if parent not in ours]
+    if not top:
+        raise LookupError(f"no process of rank {rank} here can be paused")
+    pid = min(top)
+    os.kill(pid, PAUSE_SIGNAL)
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        record = next((r for r in list_paused(job_dir) if r.get("pid") == pid), None)
+        if record is not None:
+            return record
+        time.sleep(0.02)
+    return None
+
+
 def main():
     args = sys.argv[1:]
     if args[:1] == ["list"] and len(args) == 2:
@@ -391,7 +455,18 @@ def main():
             sys.stderr.write(f"{exc}\n")
             sys.exit(3)
         return
-    sys.exit("usage: debugger.py list JOB_DIR | do JOB_DIR PID COMMAND [TIMEOUT]")
+    if args[:1] == ["interrupt"] and len(args) in (4, 5):
+        timeout = float(args[4]) if len(args) == 5 else 5.0
+        try:
+            print(json.dumps({"paused": interrupt(args[1], args[2], int(args[3]), timeout)}))
+        except (LookupError, OSError) as exc:
+            sys.stderr.write(f"{exc}\n")
+            sys.exit(3)
+        return
+    sys.exit(
+        "usage: debugger.py list JOB_DIR | do JOB_DIR PID COMMAND [TIMEOUT] | "
+        "interrupt JOB_DIR JOB_ID RANK [TIMEOUT]"
+    )
 
 
 if __name__ == "__main__":

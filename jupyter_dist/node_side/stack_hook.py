@@ -22,8 +22,10 @@ import signal
 import socket
 import sys
 
-# A real-time signal, which nothing else in a training job uses.
+# Real-time signals, which nothing else in a training job uses: a stack dump, and a pause
+# in the debugger (`jupyter distrun debug JOB --interrupt --rank R`; debugger.py sends it).
 STACK_SIGNAL = signal.SIGRTMIN + 6 if hasattr(signal, "SIGRTMIN") else signal.SIGUSR2
+PAUSE_SIGNAL = signal.SIGRTMIN + 7 if hasattr(signal, "SIGRTMIN") else None
 _dump_files = []  # kept open: faulthandler writes to the descriptor
 
 
@@ -117,6 +119,27 @@ def _pdb_set_trace(*, header=None):
     distrun_debug.set_trace(frame=sys._getframe(1), header=header)
 
 
+def pause_on_signal():
+    """PAUSE_SIGNAL pauses the main thread in the remote pdb where it is (debugger.py), at
+    its next Python line: a rank busy in a Python loop at once, one waiting in native code
+    (a collective, a lock) once that returns. A handler the program set is left alone."""
+    if PAUSE_SIGNAL is None or signal.getsignal(PAUSE_SIGNAL) != signal.SIG_DFL:
+        return
+
+    def pause(_signum, frame):
+        try:
+            import distrun_debug
+
+            distrun_debug.set_trace(frame=frame, reason="interrupt")
+        except Exception:  # the debugger failing must not end the rank
+            pass
+
+    try:
+        signal.signal(PAUSE_SIGNAL, pause)
+    except (OSError, ValueError):  # not the main thread; no such signal here
+        return
+
+
 def pause_on_uncaught_exceptions():
     """--post-mortem: an uncaught exception of the main thread pauses where it was raised
     (debugger.py), then Python prints it and exits with it as it would have."""
@@ -140,6 +163,7 @@ if __name__ == "sitecustomize":
         enable_stack_dumps()
         if os.environ.get("PYTHONBREAKPOINT") == "distrun_debug.set_trace":
             sys.meta_path.insert(0, PdbSetTrace())
+            pause_on_signal()
         if os.environ.get("DISTRUN_POST_MORTEM"):
             pause_on_uncaught_exceptions()
     run_hidden_sitecustomize()

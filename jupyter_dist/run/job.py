@@ -26,6 +26,7 @@ from jupyter_dist.diagnose.debug import (
     NotPaused,
     PausedRank,
     check_command,
+    interrupt,
     pause_event,
     paused_ranks,
     send,
@@ -332,6 +333,40 @@ class Job(Listened):
         self._emit_process(state)
         self._write_status()
 
+    def debug_interrupt(self, rank: int, timeout: float = 5.0) -> PausedRank | None:
+        """Pause rank `rank` where it runs (diagnose/debug.interrupt): where it paused, or
+        None where it was signalled but had not paused within `timeout`. DistrunError in
+        one line where the job has no such rank running, or it cannot be paused."""
+        if self.state != "running":
+            raise DistrunError(
+                f"job {self.job_id} is {self.state}; only a running job's ranks pause"
+            )
+        if not 0 <= rank < self.plan.world_size:
+            raise DistrunError(
+                f"job {self.job_id} has ranks 0 to {self.plan.world_size - 1}, not {rank}"
+            )
+        # The node of its own process, where it has one; else (torchrun's, mpirun's
+        # workers) each node that runs some of the job's ranks.
+        own = [p.node for p in self.plan.processes if p.rank == rank]
+        names = own or list(dict.fromkeys(p.node for p in self.plan.processes))
+        job_dirs, problems = self._job_dirs(), []
+        for name in names:
+            if name not in job_dirs:
+                continue
+            try:
+                paused = interrupt(self._backend.run_on_node, self._nodes[name],
+                                   job_dirs[name], self.job_id, rank, timeout)  # fmt: skip
+            except NotPaused as exc:
+                problems.append(f"{name}: {exc}")
+                continue
+            if paused is not None:
+                self._paused_at[rank] = paused
+            return paused
+        raise DistrunError(
+            f"rank {rank} of job {self.job_id} cannot be paused: "
+            + ("; ".join(problems) or "no node runs it")
+        )
+
     def debug_send(self, rank: int, command: str, timeout: float = 30.0) -> dict:
         """`command` to paused rank `rank`'s pdb: {"answer", "paused"} (diagnose/debug.py).
         DistrunError in one line where that rank is not paused, or the command is empty."""
@@ -367,12 +402,16 @@ class Job(Listened):
     def _debug_for_request(self, request: dict) -> None:
         """Answer another process's debugger request (run/requests.request_debug)."""
         try:
-            if request.get("action") == "send":
+            if request.get("action") in ("send", "interrupt"):
                 rank = request.get("rank")
                 if not isinstance(rank, int) or isinstance(rank, bool):
                     raise DistrunError(f"a rank is a number, not {rank!r}")
+            if request.get("action") == "send":
                 answer = self.debug_send(rank, str(request.get("command", "")),
                                          float(request.get("timeout") or 30.0))  # fmt: skip
+            elif request.get("action") == "interrupt":
+                paused = self.debug_interrupt(rank, float(request.get("timeout") or 5.0))
+                answer = {"paused": paused.to_dict() if paused else None}
             else:
                 found, problems = self.paused()
                 answer = {"paused": [p.to_dict() for p in found], "problems": problems}
