@@ -165,21 +165,9 @@ def send(
     """`command` to the paused process; {"answer": pdb's text, "paused": still paused}.
     DistrunError in one line where it is not paused or its node cannot be asked."""
     who = f"rank {paused.rank}" if paused.rank is not None else f"pid {paused.pid}"
-    argv = [*_python(node), DEBUGGER_SOURCE, "do", job_dir, str(paused.pid), command,
-            str(timeout)]  # fmt: skip
-    try:
-        code, out, err = run_on_node(node, argv, timeout + 10)
-    except Exception as exc:
-        raise DistrunError(f"{who}: cannot reach {node.name}: {exc}") from None
-    if code == NOT_PAUSED_EXIT:
-        raise NotPaused(f"{who} is not paused (any more)")
-    if code != 0:
-        reason = (err.strip().splitlines() or [f"exit code {code}"])[-1]
-        raise DistrunError(f"{who}: the command could not be sent: {reason}")
-    try:
-        answer = json.loads(out)
-    except json.JSONDecodeError:
-        raise DistrunError(f"{who}: unreadable answer {out[:80]!r}") from None
+    answer = _ask_helper(run_on_node, node, who, ["do", job_dir, str(paused.pid), command],
+                         timeout, "the command could not be sent",
+                         not_paused=f"{who} is not paused (any more)")  # fmt: skip
     return {"answer": str(answer.get("answer", "")), "paused": bool(answer.get("paused"))}
 
 
@@ -190,27 +178,41 @@ def interrupt(
     signalled but had not paused within `timeout` (its main thread in native code: it
     pauses once back in Python). NotPaused where no process of that rank on the node can
     be paused; DistrunError in one line where the node cannot be asked."""
-    argv = [*_python(node), DEBUGGER_SOURCE, "interrupt", job_dir, job_id, str(rank),
-            str(timeout)]  # fmt: skip
+    who = f"rank {rank}"
+    answer = _ask_helper(run_on_node, node, who, ["interrupt", job_dir, job_id, str(rank)],
+                         timeout, f"could not be paused on {node.name}")  # fmt: skip
+    if answer.get("paused") is None:
+        return None
+    event = pause_event(DEBUG_MARK + json.dumps({"paused": answer["paused"]}), node.name)
+    if not isinstance(event, PausedRank):
+        raise DistrunError(f"{who}: unreadable pause record {answer['paused']!r:.80}")
+    return event
+
+
+def _ask_helper(
+    run_on_node: RunOnNode, node: Node, who: str, words: list[str], timeout: float,
+    failed: str, not_paused: str | None = None,
+) -> dict[str, Any]:  # fmt: skip
+    """Run the node helper (node_side/debugger.py) with `words` and `timeout`: its JSON
+    answer. NotPaused where it says the process is not paused (`not_paused`, else its own
+    line); else DistrunError in one line, `who` first (`failed`: what went wrong)."""
+    argv = [*_python(node), DEBUGGER_SOURCE, *words, str(timeout)]
     try:
         code, out, err = run_on_node(node, argv, timeout + 10)
     except Exception as exc:
-        raise DistrunError(f"rank {rank}: cannot reach {node.name}: {exc}") from None
+        raise DistrunError(f"{who}: cannot reach {node.name}: {exc}") from None
+    said = (err.strip().splitlines() or [f"exit code {code}"])[-1]
     if code == NOT_PAUSED_EXIT:
-        raise NotPaused((err.strip().splitlines() or ["no such rank"])[-1])
+        raise NotPaused(not_paused or said)
     if code != 0:
-        reason = (err.strip().splitlines() or [f"exit code {code}"])[-1]
-        raise DistrunError(f"rank {rank}: could not be paused on {node.name}: {reason}")
+        raise DistrunError(f"{who}: {failed}: {said}")
     try:
-        found = json.loads(out)["paused"]
-    except (json.JSONDecodeError, KeyError, TypeError):
-        raise DistrunError(f"rank {rank}: unreadable answer {out[:80]!r}") from None
-    if found is None:
-        return None
-    event = pause_event(DEBUG_MARK + json.dumps({"paused": found}), node.name)
-    if not isinstance(event, PausedRank):
-        raise DistrunError(f"rank {rank}: unreadable pause record {out[:80]!r}")
-    return event
+        answer = json.loads(out)
+    except json.JSONDecodeError:
+        answer = None
+    if not isinstance(answer, dict):
+        raise DistrunError(f"{who}: unreadable answer {out[:80]!r}")
+    return answer
 
 
 def _python(node: Node) -> list[str]:
