@@ -25,6 +25,7 @@ from jupyter_dist.describe import (
 from jupyter_dist.errors import DistrunError
 from jupyter_dist.events import JobResult
 from jupyter_dist.export import FORMATS, ExportTarget, export, write
+from jupyter_dist.export.session import SPEC_FORMAT
 from jupyter_dist.job_commands import (
     EXIT_FAILED,
     EXIT_INTERRUPTED,
@@ -53,8 +54,15 @@ def _parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     sub.required = True
 
-    def spec_options(p: argparse.ArgumentParser) -> None:
-        p.add_argument("spec", metavar="SPEC.yml", help="job spec (an Azure ML command job works)")
+    def spec_options(p: argparse.ArgumentParser, session: bool = False) -> None:
+        if session:
+            p.add_argument("spec", metavar="SPEC.yml|SESSION", help="job spec (an Azure ML "
+                           "command job works), or a warm session's job id or name: its "
+                           "cells that worked, as one job")  # fmt: skip
+        else:
+            p.add_argument(
+                "spec", metavar="SPEC.yml", help="job spec (an Azure ML command job works)"
+            )
         add_to(p, CLI_SPEC, declared_options())
 
     plan = sub.add_parser(
@@ -67,7 +75,7 @@ def _parser() -> argparse.ArgumentParser:
         "export", parents=[common],
         help=f"write the job for another scheduler ({', '.join(FORMATS)}); runs nothing",
     )  # fmt: skip
-    spec_options(export)
+    spec_options(export, session=True)
     export_options(export)
 
     run = sub.add_parser(
@@ -86,9 +94,16 @@ def export_options(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--to",
         required=True,
-        choices=tuple(FORMATS),
+        choices=(*FORMATS, SPEC_FORMAT),
         metavar="FORMAT",
-        help=f"what to write: {', '.join(FORMATS)}",
+        help=f"what to write: {', '.join(FORMATS)}; for a session, also {SPEC_FORMAT} "
+        "(our job spec, for jupyter distrun run)",
+    )
+    p.add_argument(
+        "--cells",
+        metavar="CELLS",
+        help="for a session: the cells to export, by the numbers the live view shows "
+        "(e.g. 1,3-5; default: every cell that ended well on every rank)",
     )
     p.add_argument(
         "-o",
@@ -142,6 +157,18 @@ def _load(args: argparse.Namespace) -> JobSpec:
 
 
 def cmd_export(args: argparse.Namespace, store: JobStore) -> int:
+    if not Path(args.spec).exists() and not args.spec.endswith((".yml", ".yaml")):
+        # A warm session's history, by its job id or name: as %distrun session export.
+        given = [flag for flag, value in (("--nodes", args.nodes),
+                 ("--procs-per-node", args.procs_per_node)) if value is not None]  # fmt: skip
+        if given:
+            raise DistrunError(f"{given[0]} applies to a spec file; a session's export has "
+                               "the session's own nodes and ranks")  # fmt: skip
+        return job_commands.export_session_now(args, store, args.spec)
+    if args.to == SPEC_FORMAT or args.cells:
+        flag = "--to yaml" if args.to == SPEC_FORMAT else "--cells"
+        raise DistrunError(f"{flag} applies to a session's export (a session's job id or "
+                           f"name), not to a spec file such as {args.spec}")  # fmt: skip
     spec = _load(args)
     target = ExportTarget.at(
         args.output, stem=Path(args.spec).stem, image=args.image, python=args.python,

@@ -735,6 +735,51 @@ COMMANDS = {
 Command = Callable[[argparse.Namespace, JobStore], int]
 
 
+def export_session_now(args: argparse.Namespace, store: JobStore, which: str) -> int:
+    """Write the session `which` names (a job id or name) as a job (export/session.py), as
+    `jupyter distrun export SESSION` and `%distrun session export` do: `args.to`,
+    `args.output`, `args.cells` and the export formats' options. Says on stderr what it
+    wrote, each cell left out and how to run it."""
+    from jupyter_dist.export.session import export_session
+    from jupyter_dist.run.session_history import find_session
+
+    record = find_session(store, which)
+    options = {key: getattr(args, key, None) for key in ("image", "accelerator", "code_in_image")}
+    if getattr(args, "python", "python") != "python":
+        options["python"] = args.python
+    written, said = export_session(record, args.to, args.output, args.cells, **options)
+    print(f"wrote {', '.join(str(path) for path in written)}", file=sys.stderr)
+    for line in said:
+        print(line, file=sys.stderr)
+    return EXIT_OK
+
+
+def session_export_parser(prog: str) -> argparse.ArgumentParser:
+    """`%distrun session export [NAME|JOB] [--cells C] [--to FORMAT] [-o PATH]`."""
+    from jupyter_dist.export import FORMATS
+    from jupyter_dist.export.session import SPEC_FORMAT
+
+    parser = argparse.ArgumentParser(prog=prog, add_help=True)
+    parser.add_argument("session", nargs="?", help="the session's name or job id (default: "
+                        "this kernel's open or last session)")  # fmt: skip
+    parser.add_argument("--cells", metavar="CELLS",
+                        help="the cells to export, by the numbers the live view shows "
+                        "(e.g. 1,3-5; default: every cell that ended well)")  # fmt: skip
+    parser.add_argument("--to", default=SPEC_FORMAT, choices=(SPEC_FORMAT, *FORMATS),
+                        metavar="FORMAT", help=f"what to write: {SPEC_FORMAT} (a job spec for "
+                        f"jupyter distrun run; the default), {', '.join(FORMATS)}")  # fmt: skip
+    parser.add_argument(
+        "-o",
+        "--export-to",
+        dest="output",
+        metavar="FILE|DIR",
+        help="where: a file, or a folder (ending in /); default: this folder",
+    )
+    for flag in ("--image", "--accelerator", "--code-in-image"):
+        parser.add_argument(flag, metavar="VALUE", help="as for an export (see --to)")
+    return parser
+
+
 def run_command(args: argparse.Namespace, commands: Mapping[str, Command] = COMMANDS) -> int:
     """Run the parsed command `args.command` (one of `commands`) on the store `args.store`
     names (else the default one): its exit code, with a DistrunError printed as one line

@@ -218,8 +218,9 @@ class DistrunMagics(Magics):
         running job or session), `%distrun cancel JOB`, `%distrun attach [JOB]` (follow a
         job from anywhere; an interrupt detaches), `%distrun nodes`,
         `%distrun run SPEC.yml`, `%distrun form`, `%distrun dask start|stop`,
-        `%distrun session start|stop|attach` (warm ranks; `--detach`: they outlive the
-        kernel, and `attach` reaches them from a new one).
+        `%distrun session start|stop|attach|export` (warm ranks; `--detach`: they outlive
+        the kernel, and `attach` reaches them from a new one; `export`: the cells that
+        worked, as one job).
 
         `--export FORMAT` writes the cell and its options for another scheduler (sbatch,
         kubeflow, jobset, skypilot, azureml) instead of running it.
@@ -324,6 +325,7 @@ class DistrunMagics(Magics):
     # -- warm sessions (run/session.py) ---------------------------------------------------
 
     sessions: ClassVar[dict[str, Session]] = {}  # this kernel's, by name, the latest last
+    last_session_job_id: ClassVar[str | None] = None  # the latest, stopped or not: an export's
 
     def _open_session(self) -> Session | None:
         """The session a bare %%distrun runs in: the latest that is still alive."""
@@ -344,11 +346,15 @@ class DistrunMagics(Magics):
         if action == "attach" and len(rest) <= 1:
             self._attach_session(rest[0] if rest else None)
             return
+        if action == "export":
+            self._export_session(rest)
+            return
         if action != "stop" or len(rest) > 1:
             raise _user_error(
                 "%distrun session: use `%distrun session start [OPTIONS]`, `%distrun session "
-                "stop [NAME]`, `%distrun session attach [NAME]` or `%distrun session` (what "
-                "is open)"
+                "stop [NAME]`, `%distrun session attach [NAME]`, `%distrun session export "
+                "[NAME] [--cells C] [--to FORMAT] [-o PATH]` or `%distrun session` (what is "
+                "open)"
             )
         alive = {name: s for name, s in self.sessions.items() if s.alive}
         if rest and rest[0] not in alive:
@@ -386,7 +392,7 @@ class DistrunMagics(Magics):
         session = Session.start(spec, name=name, inventory=inventory, listeners=[printer])
         printer.flush()
         self.sessions[name] = session
-        DistrunMagics.last_job_id = session.job.job_id
+        DistrunMagics.last_job_id = DistrunMagics.last_session_job_id = session.job.job_id
         print(f"Session {name} ready in {time.monotonic() - started:.1f} s (job "
               f"{session.job.job_id}): {session.job.summary}; a bare %%distrun cell runs "
               "in it.", flush=True)  # fmt: skip
@@ -402,7 +408,7 @@ class DistrunMagics(Magics):
         detached = detach(spec, store=store, cwd=os.getcwd(), nodes_file=nodes_file,
                           session=name)  # fmt: skip
         session = self.sessions[name] = RemoteSession(store.get(detached.job_id))
-        DistrunMagics.last_job_id = detached.job_id
+        DistrunMagics.last_job_id = DistrunMagics.last_session_job_id = detached.job_id
         print(f"Session {name} ready in {time.monotonic() - started:.1f} s (job "
               f"{detached.job_id}): {detached.summary}; a bare %%distrun cell runs in it. "
               f"Detached: its ranks outlive this kernel; from a new one, %distrun session "
@@ -415,10 +421,28 @@ class DistrunMagics(Magics):
         session = RemoteSession.find(JobStore(), which)
         self.sessions.pop(session.name, None)
         self.sessions[session.name] = session  # the latest: bare cells run in it
-        DistrunMagics.last_job_id = session.record.job_id
+        DistrunMagics.last_job_id = DistrunMagics.last_session_job_id = session.record.job_id
         print(f"Session {session.name} attached (job {session.record.job_id}): "
               f"{session.job.summary}, {session.cells_run} cells run; a bare %%distrun cell "
               "runs in it.")  # fmt: skip
+
+    def _export_session(self, words: list[str]) -> None:
+        """`%distrun session export [NAME|JOB] [--cells C] [--to FORMAT] [-o PATH]`: the
+        session's cells that worked as one job (this kernel's latest session without NAME)."""
+        from jupyter_dist import job_commands
+
+        parser = job_commands.session_export_parser("%distrun session export")
+        try:
+            args = parser.parse_args(words)
+        except SystemExit as exc:  # argparse: --help (0), or a bad option, said above (2)
+            if exc.code in (0, None):
+                return
+            raise _user_error("%distrun session export: bad arguments (see above)") from None
+        which = args.session or self.last_session_job_id
+        if which is None:
+            raise _user_error("%distrun session export: no session has run in this kernel; "
+                              "give a session's name or job id")  # fmt: skip
+        job_commands.export_session_now(args, JobStore(), which)
 
     def _print_sessions(self) -> None:
         alive = [s for s in self.sessions.values() if s.alive]

@@ -16,6 +16,7 @@ job fails with its root cause, every other rank stopped): `SessionEnded` says wh
 
 from __future__ import annotations
 
+import contextlib
 import json
 import shlex
 import threading
@@ -32,10 +33,11 @@ from jupyter_dist.node_side.session_worker import MARK
 from jupyter_dist.plan.model import ProcessPlan
 from jupyter_dist.run.interrupts import interrupts_deferred
 from jupyter_dist.run.job import Job
+from jupyter_dist.run.session_history import SESSION_WORKER, CellRun, record_cell
 from jupyter_dist.spec import JobSpec, spec_from_dict
 from jupyter_dist.store import cell_marker
 
-WORKER = "session_worker.py"
+WORKER = SESSION_WORKER
 CELL_RUNNER = "cell_runner.py"  # the worker saves --out values with its code
 READY_TIMEOUT_S = 300.0  # importing torch on a busy node can take a while
 INTERRUPT_GRACE_S = 10.0  # how long an interrupted rank has to come back from its cell
@@ -165,7 +167,10 @@ class Session:
         if problem is not None:  # refused here: each rank would raise the same SyntaxError
             raise SpecError(f"session {self.name}: {problem}")
         cell = self._cells = self.next_cell
-        names = [p.name for p in self.chosen(ranks)]
+        chosen = self.chosen(ranks)
+        names = [p.name for p in chosen]
+        some = [p.rank for p in chosen] if len(chosen) < len(self.ranks) else None
+        run = CellRun(cell, code, time.time(), some, pushed=push is not None, session=self.name)
         result = CellResult(cell, {p.name: p.label for p in self.job.plan.processes})
         message = {"cell": cell, "code": code, "push": push, "out": out or []}
         request = (json.dumps(message) + "\n").encode()
@@ -185,6 +190,8 @@ class Session:
                     self.job.feed(name, request)
             self._wait(all_reported, None, on_tick)
         except KeyboardInterrupt:
+            run.interrupted = True
+            self._remember(run)
             self.interrupt_cell()
             try:
                 self._wait(all_reported, INTERRUPT_GRACE_S, on_tick)
@@ -202,7 +209,17 @@ class Session:
             self._running_cell, self._running_names = None, []
         result.reports = dict(self._reports.pop(cell))
         self._flushed.pop(cell, None)
+        run.ok = result.ok
+        run.failed = None if result.ok else result.describe().splitlines()[0]
+        self._remember(run)
         return result
+
+    def _remember(self, run: CellRun) -> None:
+        """The cell in the session's history (run/session_history.py): what an export of
+        the session keeps or leaves out. A store that cannot be written costs the history
+        alone; the job says so where it matters (its own writes)."""
+        with contextlib.suppress(OSError):
+            record_cell(self.job.record, run)
 
     def interrupt_cell(self) -> None:
         """SIGINT to the ranks still running the current cell: a rank whose cell has
