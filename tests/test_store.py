@@ -74,10 +74,10 @@ def test_a_store_that_cannot_be_a_folder_is_one_line(tmp_path):
 @pytest.mark.slow
 def test_every_feature_keeps_the_store_private(kernel_env):
     """Jobs of every kind and feature on local nodes, whose job folders are the store's: a
-    cell with -o, a session with -i/-o, stacks of a hung job through the startup hook
-    (pyhook/, stacks/), an MPI job (its hostfile), a Dask job, a job that started again
-    (its plan rewritten, its logs marked), a detached session, a job with outputs (a
-    folder with a subfolder, a file). Then nothing in the whole
+    cell with -o, a session with -i/-o (its history of cells), stacks of a hung job through
+    the startup hook (pyhook/, stacks/), an MPI job (its hostfile), a Dask job, a job that
+    started again (its plan rewritten, its logs marked), a detached session, a job with
+    outputs (a folder with a subfolder, a file). Then nothing in the whole
     store is open to the group or others (pyhook/ and stacks/ were 0755 with 0644 files).
     (A paused rank's debug/ files, there only while it is paused, are walked by
     tests/test_debug.py meanwhile.)"""
@@ -161,6 +161,7 @@ def test_every_feature_keeps_the_store_private(kernel_env):
         "torchrun-1",
         "supervisor.log",
         "session.json",
+        "cells.jsonl",  # a session's history (run/session_history.py)
         "metrics.jsonl",
         "outputs",
         "part",
