@@ -135,3 +135,24 @@ def test_a_session_is_exported_from_a_terminal_by_its_name(kernel_env, tmp_path)
     ):  # fmt: skip
         refused = run_cli("export", *args, "--to", "yaml", env=home)
         assert refused.returncode != 0 and refused.stderr.strip() == said, refused.stderr
+
+
+def test_an_interrupted_cell_is_left_out_and_named(kernel_env, tmp_path):
+    """A cell interrupted in a session (Ctrl-C in the notebook) is named in the export's
+    header, `interrupted`, and left out; the cells around it are kept."""
+    from helpers import await_text, interrupt_and_reply, running_kernel
+
+    with running_kernel() as (km, kc):
+        for code in ("%distrun session start --nodes 1 --procs-per-node 2 --name cut",
+                     "%%distrun\nx = 1"):  # fmt: skip
+            assert kc.execute_interactive(code, timeout=120)["content"]["status"] == "ok"
+        msg_id = kc.execute("%%distrun\nimport time\nprint('sleeping', flush=True)\n"
+                            "time.sleep(300)\n")  # fmt: skip
+        assert await_text(kc, "sleeping", 2) == 2
+        assert interrupt_and_reply(km, kc, msg_id)["content"]["ename"] == "KeyboardInterrupt"
+        for code in ("%%distrun\ny = x + 1", f"%distrun session export -o {tmp_path}/",
+                     "%distrun session stop"):  # fmt: skip
+            assert kc.execute_interactive(code, timeout=120)["content"]["status"] == "ok"
+    script = yaml.safe_load((tmp_path / "cut-export.yml").read_text())["script"]
+    assert re.search(r"^#   cell 2, run [\d-]+ [\d:]+: left out: interrupted$", script, re.M)
+    assert [int(n) for n in re.findall(r"^# -- cell (\d+)", script, re.M)] == [1, 3], script
