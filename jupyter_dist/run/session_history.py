@@ -144,7 +144,7 @@ def session_job(record: JobRecord, picked: str | None = None) -> SessionJob:
         elif not run.ok:
             left_out[run.cell] = f"failed: {run.failed or 'on some rank'}"
         elif run.pushed:
-            keep = ",".join(str(r.cell) for r in runs if r.cell != run.cell and r.ok)
+            keep = ",".join(str(r.cell) for r in runs if r.ok and not r.pushed)
             raise SpecError(
                 f"cell {run.cell} was given values from the notebook (-i), which a job cannot "
                 f"have; leave it out with --cells (e.g. --cells {keep or '1'})"
@@ -165,18 +165,17 @@ def session_job(record: JobRecord, picked: str | None = None) -> SessionJob:
 def _script(name: str, job_id: str, runs: list[CellRun], kept: list[CellRun],
             left_out: dict[int, str]) -> str:  # fmt: skip
     """The kept cells in the order they ran, under a header naming where each came from."""
-    when = lambda t: time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(t))  # noqa: E731
     lines = [
-        f"# From session {name} (job {job_id}), exported {when(time.time())} by jupyter-dist:",
+        f"# From session {name} (job {job_id}), exported {_when(time.time())} by jupyter-dist:",
         "# the cells that ended well on every rank, in the order they ran.",
     ]
     for run in runs:
         said = "kept" if run.cell not in left_out else f"left out: {left_out[run.cell]}"
-        lines.append(f"#   cell {run.cell}, run {when(run.time)}: {said}")
+        lines.append(f"#   cell {run.cell}, run {_when(run.time)}: {said}")
     if any(run.ranks is not None for run in kept):
         lines += ["", "import os as _distrun_os"]
     for run in kept:
-        lines += ["", f"# -- cell {run.cell}, run {when(run.time)}"]
+        lines += ["", f"# -- cell {run.cell}, run {_when(run.time)}"]
         if run.ranks is None:
             lines.append(run.code.rstrip("\n"))
         else:  # as the session ran it: on these ranks only, in the script's globals
@@ -186,3 +185,7 @@ def _script(name: str, job_id: str, runs: list[CellRun], kept: list[CellRun],
                 f"    exec(compile({run.code!r}, 'cell {run.cell}', 'exec'))",
             ]
     return "\n".join(lines) + "\n"
+
+
+def _when(seconds: float) -> str:
+    return time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(seconds))
