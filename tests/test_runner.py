@@ -536,47 +536,59 @@ def test_a_stop_signal_while_processes_start_is_held_then_given_to_its_handler()
         signal.signal(signal.SIGTERM, old)
 
 
-def test_an_agents_look_at_its_tree_reads_its_own_processes_not_the_whole_machine(monkeypatch):
+# Run in a process of its own, as the agent is: a Tree takes its own process's children for
+# its tree's (the agent's orphans), and would take pytest's (test clusters' daemons) here.
+LOOK = """
+import json, os, signal, subprocess, time
+from jupyter_dist.node_side import agent
+strangers = subprocess.Popen(  # not ours: orphans of a shell that ended
+    ["sh", "-c", "(for i in $(seq 40); do sleep 120 & done; wait) &"], start_new_session=True)
+strangers.wait()
+deadline = time.monotonic() + 10
+while time.monotonic() < deadline:  # all born before the first look
+    group = [p for p in agent._all_pids() if agent._group_of(p) == strangers.pid]
+    if len(group) == 41:  # the subshell and its sleeps
+        break
+    time.sleep(0.02)
+child = subprocess.Popen(["sh", "-c", "sleep 120 & read go; sleep 120 & wait"],
+                         stdin=subprocess.PIPE)
+tree, found = agent.Tree(child.pid, "test-look"), {"strangers": group}
+try:
+    deadline = time.monotonic() + 10
+    while len(tree.seen) < 2 and time.monotonic() < deadline:
+        tree.refresh()
+        time.sleep(0.02)
+    found["first"] = sorted(tree.seen)  # the shell and its first sleep
+    real, reads = agent._parent_of, []
+    agent._parent_of = lambda pid: reads.append(pid) or real(pid)
+    tree.refresh()
+    found["reads"] = reads
+    child.stdin.write(b"go\\n")
+    child.stdin.flush()
+    while len(tree.seen) < 3 and time.monotonic() < deadline:
+        tree.refresh()
+        time.sleep(0.02)
+    found["after"] = sorted(tree.seen)  # the second sleep, born after
+finally:
+    tree.kill()
+    child.wait()
+    os.killpg(strangers.pid, signal.SIGKILL)
+print(json.dumps(found))
+"""
+
+
+def test_an_agents_look_at_its_tree_reads_its_own_processes_not_the_whole_machine():
     """The agent looks at its process tree twice a second: each look read every process's
     parent in /proc, and 64 ranks' agents on a 2-core node took more CPU than the ranks (a
-    64-rank job: 54 s, 27 s after). A later look reads the tree's own and what is new; a
-    grandchild born since is still found, and one started before it too."""
-    import signal
+    64-rank job: 54 s, 27 s after). A later look reads the tree's own again, never the 40
+    strangers it saw before; a grandchild born since is still found."""
     import subprocess
 
-    from jupyter_dist.node_side import agent
-
-    strangers = subprocess.Popen(  # not ours: orphans of a shell that ended
-        ["sh", "-c", "(for i in $(seq 40); do sleep 120 & done; wait) &"], start_new_session=True
-    )
-    strangers.wait()
-    deadline = time.monotonic() + 10
-    while time.monotonic() < deadline:  # all born before the first look: none new after
-        group = [p for p in agent._all_pids() if agent._group_of(p) == strangers.pid]
-        if len(group) == 41:  # the subshell and its sleeps
-            break
-        time.sleep(0.02)
-    child = subprocess.Popen(["sh", "-c", "sleep 120 & read go; sleep 120 & wait"],
-                             stdin=subprocess.PIPE)  # fmt: skip
-    tree = agent.Tree(child.pid, "test-look")
-    deadline = time.monotonic() + 10
-    try:
-        while len(tree.seen) < 2 and time.monotonic() < deadline:
-            tree.refresh()
-            time.sleep(0.02)
-        assert len(tree.seen) == 2, tree.seen  # the shell and its first sleep
-        assert len(agent._all_pids()) > 40  # the strangers are there to be read, or not
-        real, reads = agent._parent_of, []
-        monkeypatch.setattr(agent, "_parent_of", lambda pid: reads.append(pid) or real(pid))
-        tree.refresh()
-        assert tree.seen <= set(reads) and len(reads) < 10, (reads, tree.seen)
-        child.stdin.write(b"go\n")
-        child.stdin.flush()
-        while len(tree.seen) < 3 and time.monotonic() < deadline:
-            tree.refresh()
-            time.sleep(0.02)
-        assert len(tree.seen) == 3, tree.seen  # the second sleep, born after
-    finally:
-        tree.kill()
-        child.wait()
-        os.killpg(strangers.pid, signal.SIGKILL)
+    done = subprocess.run([sys.executable, "-c", LOOK], capture_output=True, text=True,
+                          timeout=60)  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    found = json.loads(done.stdout)
+    assert len(found["strangers"]) == 41 and len(found["first"]) == 2, found
+    assert set(found["first"]) <= set(found["reads"]), found
+    assert not set(found["strangers"]) & set(found["reads"]), found  # known: not read again
+    assert len(found["after"]) == 3, found
