@@ -58,6 +58,20 @@ class PausedRank:
     def from_dict(cls, data: dict[str, Any]) -> PausedRank:
         return cls(**{name: data.get(name) for name in cls.__dataclass_fields__})
 
+    @classmethod
+    def from_record(cls, found: dict[str, Any], node: str) -> PausedRank:
+        """A rank's pause record as node_side/debugger.py writes it (its file, its word to
+        the launcher, the helper's answers), on node `node`. ValueError, KeyError or
+        TypeError for a record without a pid, or with values of the wrong kind."""
+        rank = found.get("rank")
+        return cls(
+            rank=rank if isinstance(rank, int) and not isinstance(rank, bool) else None,
+            node=node, pid=int(found["pid"]), file=str(found.get("file", "?")),
+            line=int(found.get("line", 0)), function=str(found.get("function", "?")),
+            reason=str(found.get("reason", "breakpoint")), since=float(found.get("since", 0.0)),
+            exception=str(found["exception"]) if found.get("exception") else None,
+        )  # fmt: skip
+
     def line_text(self) -> str:
         """One line: `rank 1 (node-1): bp.py:3 in main (breakpoint)`, or `(post-mortem:
         ValueError: bad)`."""
@@ -92,14 +106,7 @@ def pause_event(message: str, node: str) -> PausedRank | int | None:
         told = json.loads(message[len(DEBUG_MARK) :])
         if "running" in told:
             return int(told["running"])
-        found = told["paused"]
-        return PausedRank(
-            rank=found.get("rank") if isinstance(found.get("rank"), int) else None,
-            node=node, pid=int(found["pid"]), file=str(found.get("file", "?")),
-            line=int(found.get("line", 0)), function=str(found.get("function", "?")),
-            reason=str(found.get("reason", "?")), since=float(found.get("since", 0.0)),
-            exception=found.get("exception") if isinstance(found.get("exception"), str) else None,
-        )  # fmt: skip
+        return PausedRank.from_record(told["paused"], node)
     except (ValueError, KeyError, TypeError, AttributeError):
         return None
 
@@ -141,14 +148,7 @@ def paused_ranks(
             if (on.host, found.get("pid")) in seen:
                 continue  # nodes that share a folder and a machine see it twice
             seen.add((on.host, found.get("pid")))
-            paused.append(PausedRank(
-                rank=found.get("rank"), node=on.name, pid=int(found["pid"]),
-                file=str(found.get("file", "?")), line=int(found.get("line", 0)),
-                function=str(found.get("function", "?")),
-                reason=str(found.get("reason", "breakpoint")),
-                since=float(found.get("since", 0.0)),
-                exception=str(found["exception"]) if found.get("exception") else None,
-            ))  # fmt: skip
+            paused.append(PausedRank.from_record(found, on.name))
     paused.sort(key=by_rank)
     return paused, problems
 
@@ -183,10 +183,10 @@ def interrupt(
                          timeout, f"could not be paused on {node.name}")  # fmt: skip
     if answer.get("paused") is None:
         return None
-    event = pause_event(DEBUG_MARK + json.dumps({"paused": answer["paused"]}), node.name)
-    if not isinstance(event, PausedRank):
-        raise DistrunError(f"{who}: unreadable pause record {answer['paused']!r:.80}")
-    return event
+    try:
+        return PausedRank.from_record(answer["paused"], node.name)
+    except (ValueError, KeyError, TypeError, AttributeError):
+        raise DistrunError(f"{who}: unreadable pause record {answer['paused']!r:.80}") from None
 
 
 def _ask_helper(

@@ -298,13 +298,17 @@ class Job(Listened):
             )
             self.record.save_stacks(failed.to_dict())
 
-    def paused(self) -> tuple[list[PausedRank], list[str]]:
-        """The ranks waiting in their debugger (diagnose/debug.py), and one line per node
-        that could not be asked; DistrunError once the job ended."""
+    def _refuse_unless_running(self) -> None:
+        """The debugger reaches a running job's ranks only: DistrunError in one line else."""
         if self.state != "running":
             raise DistrunError(
                 f"job {self.job_id} is {self.state}; only a running job's ranks pause"
             )
+
+    def paused(self) -> tuple[list[PausedRank], list[str]]:
+        """The ranks waiting in their debugger (diagnose/debug.py), and one line per node
+        that could not be asked; DistrunError once the job ended."""
+        self._refuse_unless_running()
         found, problems = paused_ranks(self._backend.run_on_node, list(self._nodes.values()),
                                        self._job_dirs())  # fmt: skip
         self._paused_at.update({p.rank: p for p in found if p.rank is not None})
@@ -337,10 +341,7 @@ class Job(Listened):
         """Pause rank `rank` where it runs (diagnose/debug.interrupt): where it paused, or
         None where it was signalled but had not paused within `timeout`. DistrunError in
         one line where the job has no such rank running, or it cannot be paused."""
-        if self.state != "running":
-            raise DistrunError(
-                f"job {self.job_id} is {self.state}; only a running job's ranks pause"
-            )
+        self._refuse_unless_running()
         if not 0 <= rank < self.plan.world_size:
             raise DistrunError(
                 f"job {self.job_id} has ranks 0 to {self.plan.world_size - 1}, not {rank}"
