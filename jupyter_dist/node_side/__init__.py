@@ -8,6 +8,9 @@ Python 3.8+, no import of jupyter_dist (a node may have none).
   folder (shipped as `distrun_debug.py`, PYTHONBREAKPOINT's target); and, run on a node,
   lists the paused ranks and sends one a command.
 - netcheck.py: the network check before launch: listens, connects, reads interfaces.
+- pool.py: a node's pool, which imported the job's `preload` modules once and forks its
+  Python ranks (shipped as `distrun_pool.py`; the agent starts it and puts its `python`
+  first on PATH).
 - ports.py: free ports on a node, and why a given port is taken.
 - report.py: `report(step=..., **values)`, a rank's metrics (shipped as `distrun.py` beside
   the stack hook, so `from distrun import report` works in every rank).
@@ -26,8 +29,8 @@ from pathlib import Path
 
 FOLDER = Path(__file__).parent
 NAMES = (
-    "agent.py", "cell_runner.py", "dask_wait.py", "debugger.py", "netcheck.py", "ports.py",
-    "report.py", "session_worker.py", "stack_hook.py", "stacks.py",
+    "agent.py", "cell_runner.py", "dask_wait.py", "debugger.py", "netcheck.py", "pool.py",
+    "ports.py", "report.py", "session_worker.py", "stack_hook.py", "stacks.py",
 )  # fmt: skip
 
 

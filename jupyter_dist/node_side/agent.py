@@ -77,6 +77,8 @@ PATH_FIRST_VAR = "DISTRUN_PATH_FIRST"
 # The job's startup hook (stack_hook.py as sitecustomize.py), in this folder of the job's:
 # where the plan ships it, the agent puts it first on PYTHONPATH.
 HOOK_FOLDER = "pyhook"
+# node_side/pool.py, in that folder where the job preloads modules (DISTRUN_PRELOAD).
+POOL_MODULE = "distrun_pool"
 
 
 def _stat_fields(pid):
@@ -424,8 +426,11 @@ class Cgroup:
 class Tree:
     """The child and everything it started, remembered while the links still exist."""
 
-    def __init__(self, root, token, cgroup=None):
+    def __init__(self, root, token, cgroup=None, forked=None):
         self.root = root
+        # The ranks a node's pool forked for this agent (pool.py's front names them): not
+        # our descendants, yet ours.
+        self.forked = forked or (lambda: [])
         self.marker = f"{TOKEN_VAR}={token}".encode()
         self.cgroup = cgroup  # the tree's own cgroup, where the machine allows one
         self.seen = {root}
@@ -452,6 +457,7 @@ class Tree:
             self.termed.intersection_update([*parents, self.root])
             self.seen.update(pid for pid in inside if pid != me)
             self.seen.update(pid for pid, parent in parents.items() if parent == me)
+            self.seen.update(pid for pid in self.forked() if pid in parents)
             grew = True
             while grew:
                 grew = False
@@ -757,6 +763,9 @@ class Agent:
             # take the source's 0600), as everything in the job's folder is.
             with contextlib.suppress(OSError):
                 os.makedirs(os.path.join(hook, "__pycache__"), mode=0o700, exist_ok=True)
+        pool = _pool_of(hook, env)
+        if pool is not None:  # its `python` first: forks from the node's pool
+            env["PATH"] = os.pathsep.join([pool.prepared, env["PATH"]])
         # Check first, then say "started", then start: once the child runs, its output
         # shares our stderr, so the handshake line must already be out.
         if self.cwd and not os.path.isdir(self.cwd):
@@ -785,7 +794,8 @@ class Agent:
         if cgroup is not None and self.child.pid not in cgroup.pids():
             cgroup.remove()  # the move was refused: the subreaper and the links it is
             cgroup = None
-        self.tree = Tree(self.child.pid, token, cgroup)
+        forked = (lambda: pool.forked_for(job_dir, token)) if pool is not None else None
+        self.tree = Tree(self.child.pid, token, cgroup, forked)
         self.oom = OomWatch(cgroup.folder if cgroup else None)
         return True
 
@@ -882,6 +892,30 @@ class Agent:
         _make_private(os.environ.get("DISTRUN_JOB_DIR"), WRITTEN_WITH_UMASK)
         _clear_pauses(os.environ.get("DISTRUN_JOB_DIR"))
         return 128 - code if code < 0 else code
+
+
+def _pool_of(hook, env):
+    """The job's pool module (pool.py, shipped where the job preloads modules), with the
+    node's pool started and the job's `python` shims written (`.prepared`: their folder);
+    None where the job preloads nothing, or no pool can be had here (its ranks start cold,
+    and the reason is said once on stderr)."""
+    if not hook or not env.get("DISTRUN_PRELOAD"):
+        return None
+    path = os.path.join(hook, POOL_MODULE + ".py")
+    if not os.path.isfile(path):
+        return None
+    try:
+        import importlib.util
+
+        spec = importlib.util.spec_from_file_location(POOL_MODULE, path)
+        module = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(module)
+        module.prepared = module.prepare(env, sys.executable)
+    except Exception as exc:  # a pool is a speed-up: never the job's failure
+        sys.stderr.write(f"distrun agent: no pool for {env['DISTRUN_PRELOAD']} here ({exc}); "
+                         "this rank starts without it\n")  # fmt: skip
+        return None
+    return module if module.prepared else None
 
 
 # What processes write into the job's folder with the umask they were given (torchrun's

@@ -15,7 +15,8 @@ Standard library only, Python 3.8+: run on a node as `python -c SOURCE JOB_ID [M
 
 `auto` takes py-spy where it is present and faulthandler where py-spy is missing or could not
 read a process. The job's processes are the ones carrying `DISTRUN_JOB_ID=JOB_ID` in their
-environment (the ranks under torchrun and mpirun included), less the node agents.
+environment (the ranks under torchrun and mpirun included, and those a pool forked), less
+the node agents and the fronts of forked ranks (pool.py).
 
 Output: {"host": HOSTNAME, "machine": ID, "py_spy": PATH or null, "processes": [{"pid",
 "ppid", "rank", "local_rank", "node_rank", "command", "method", "threads": [{"name", "main",
@@ -90,6 +91,12 @@ def is_agent(argv):
     return script.startswith("agent") and script.endswith(".py")
 
 
+def is_pool_front(argv):
+    """A job's `python` standing for a rank its node's pool forked (pool.py's front, run
+    from the job's `distrun-pool-bin` folder): the rank itself is looked at, not it."""
+    return any("/distrun-pool-bin/" in word for word in argv[:3])
+
+
 def number(env, *names):
     for name in names:
         value = env.get(name, "")
@@ -110,7 +117,7 @@ def job_processes(job_id):
         if not env or env.get("DISTRUN_JOB_ID") != job_id:
             continue
         argv = command_of(pid)
-        if argv and not is_agent(argv):
+        if argv and not is_agent(argv) and not is_pool_front(argv):
             found.append((pid, env, argv))
     return sorted(found)
 
@@ -264,13 +271,19 @@ SHELLS = ("sh", "bash", "dash", "zsh", "env")
 RUNNERS = ("cell_runner.py", "session_worker.py")  # ours: their frames are left out
 
 
+# The node's pool (pool.py), around a rank it forked: in the folder of whichever job
+# started the pool, so known by its place in a job's folder.
+POOL_FILE = "/pyhook/distrun_pool.py"
+
+
 def without_runner(threads, env):
-    """The stacks less the outermost frames of jupyter-dist's own runner around a cell."""
+    """The stacks less the outermost frames of jupyter-dist's own runner around a cell, and
+    of the pool around a rank it forked."""
     job_dir = env.get("DISTRUN_JOB_DIR")
     ours = {os.path.join(job_dir, name) for name in RUNNERS} if job_dir else set()
     for thread in threads:
         frames = thread["frames"]
-        while frames and frames[-1]["file"] in ours:
+        while frames and (frames[-1]["file"] in ours or frames[-1]["file"].endswith(POOL_FILE)):
             frames.pop()
     return threads
 
