@@ -142,6 +142,7 @@ def _load(args: argparse.Namespace) -> JobSpec:
         "network_check": False if getattr(args, "no_preflight", False) else None,
         "post_mortem": True if getattr(args, "post_mortem", False) else None,
         "name": getattr(args, "name", None),
+        "preload": getattr(args, "preload", None),
     }
     if args.procs_per_node is not None:
         if spec.job_type == "tensorflow":

@@ -23,6 +23,8 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import TextIO, TypeVar
 
 from jupyter_dist.backends import backend_class, declared_options, inventory_backend
+from jupyter_dist.backends.node_pools import ACTIONS as POOL_ACTIONS
+from jupyter_dist.backends.node_pools import pools_on_nodes
 from jupyter_dist.describe import (
     INSPECT_COLUMNS,
     attempt_rows,
@@ -145,6 +147,15 @@ def add_parsers(sub: argparse._SubParsersAction, common: argparse.ArgumentParser
     # its own options (--ray-address).
     for option in (BY_NAME["backend"], *(o for o in declared_options() if o.backend)):
         nodes.add_argument(*option.flags(), **option.argparse_kwargs())
+
+    pool = sub.add_parser(
+        "pool", parents=[common],
+        help="the nodes' pools of pre-imported Python (--preload): list them, or stop them",
+    )  # fmt: skip
+    pool.add_argument("action", choices=POOL_ACTIONS, help="list: each node's pools; stop: "
+                      "end them (a pool with ranks running ends after its last)")  # fmt: skip
+    pool.add_argument("node", nargs="*", help="only these nodes (default: every node)")
+    pool.add_argument(*nodes_file.flags(), **nodes_file.argparse_kwargs())
 
     jobs = sub.add_parser("jobs", parents=[common], help="list jobs in the store, newest first")
     jobs.add_argument("--json", action="store_true", help="a JSON list of every job's status")
@@ -373,6 +384,36 @@ def cmd_nodes(args: argparse.Namespace, store: JobStore) -> int:
     ]  # fmt: skip
     print_table(rows, list(rows[0]), title=f"nodes in {inventory.source}")
     return EXIT_OK if all(r["status"] == "ok" for r in rows) else EXIT_FAILED
+
+
+def cmd_pool(args: argparse.Namespace, store: JobStore) -> int:
+    """`pool list|stop [NODE ...]`: each node's pools, as a table, or stopped."""
+    answers = pools_on_nodes(load_inventory(args.nodes_file), args.action, args.node or None)
+    rows = [
+        {
+            "node": answer.node, "modules": ",".join(pool["modules"]), "pid": str(pool["pid"]),
+            "ranks": str(pool["ranks"]),
+            "memory": "" if pool["rss"] is None else mib(pool["rss"]),
+            "idle": f"{pool['idle']:.0f} s of {pool['idle_limit']:.0f} s"
+            if pool.get("idle_limit") else f"{pool['idle']:.0f} s",
+            "started": f"{pool['age']:.0f} s ago",
+        }
+        for answer in answers
+        for pool in answer.pools
+    ]  # fmt: skip
+    for answer in answers:
+        if answer.problem:
+            print(f"{answer.node}: {answer.problem}", file=sys.stderr)
+    if rows:
+        title = (
+            "pools stopped (each ends after its running ranks)"
+            if args.action == "stop"
+            else "pools of pre-imported Python (--preload)"
+        )
+        print_table(rows, list(rows[0]), title=title)
+    else:
+        print("no pool on any node" if args.action == "list" else "no pool to stop")
+    return EXIT_FAILED if any(answer.problem for answer in answers) else EXIT_OK
 
 
 def _cluster_nodes(args: argparse.Namespace) -> int:
@@ -728,7 +769,7 @@ def print_metrics(records: list[dict], notes: list[str]) -> None:
 COMMANDS = {
     "nodes": cmd_nodes, "jobs": cmd_jobs, "logs": cmd_logs, "inspect": cmd_inspect,
     "cancel": cmd_cancel, "stacks": cmd_stacks, "attach": cmd_attach, "metrics": cmd_metrics,
-    "debug": cmd_debug,
+    "debug": cmd_debug, "pool": cmd_pool,
 }  # fmt: skip
 
 

@@ -50,7 +50,7 @@ from jupyter_dist.store import JobStore
 
 LINE_COMMANDS = (
     "jobs", "logs", "inspect", "stacks", "cancel", "attach", "metrics", "debug", "nodes", "run",
-    "form", "dask", "session",
+    "form", "dask", "session", "pool",
 )  # fmt: skip
 # JOB defaults to this kernel's latest job
 JOB_COMMANDS = ("logs", "inspect", "stacks", "cancel", "attach", "metrics", "debug")

@@ -164,6 +164,10 @@ OPTIONS: tuple[Option, ...] = (
            "distrun debug`, then exits with its error once you continue or quit (or once "
            "nobody attached for debug.wait seconds, 300 by default)", kind="flag",
            fronts=_RUN),
+    Option("preload", "modules each node's pool imports once (e.g. torch,transformers): the "
+           "job's Python ranks start forked from it, with those already imported; the pool "
+           "stays for later jobs until idle 10 minutes (`jupyter distrun pool stop` ends it)",
+           metavar="MODULES"),
     Option("detach", "keep the job running when this kernel or terminal goes: return once "
            "every rank runs; follow it with attach, stop it with cancel", kind="flag",
            fronts=_RUN),
@@ -222,6 +226,7 @@ class LaunchOptions:
     restart_delay: int | None = None
     no_preflight: bool = False
     post_mortem: bool = False
+    preload: str | None = None
     detach: bool = False  # who owns the job (run/supervisor.py), not what the spec says
     backend: str | None = None  # the spec's backend section, with the backends' options:
     backend_options: dict[Option, Any] = field(default_factory=dict)  # declared by backends
@@ -277,6 +282,8 @@ class LaunchOptions:
             data["network_check"] = False
         if self.post_mortem:
             data["debug"] = {"post_mortem": True}
+        if self.preload:
+            data["preload"] = self.preload
         return spec_from_dict(data, base_dir=base_dir, source=source)
 
     def check_applies(self) -> None:

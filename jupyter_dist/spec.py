@@ -46,6 +46,8 @@ SCRIPT_RUNNER_NAME = "cell_runner.py"  # shipped beside every inline script; run
 
 _EXPRESSION = re.compile(r"\$\{\{\s*(.*?)\s*\}\}")
 _REFERENCE = re.compile(r"(inputs|outputs)\.([A-Za-z_][A-Za-z0-9_\-]*)\Z")
+_MODULE_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*\Z")
+MAX_PRELOAD = 32  # modules a job may preload
 _OUTPUT_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_\-]{0,99}\Z")  # a file name on every node
 OUTPUTS_FOLDER = "outputs"  # in the job's folder on each node: where outputs without a path go
 
@@ -183,6 +185,36 @@ class DebugSection(StrictSection):
     wait: count(1, MAX_SECONDS) | None = None
 
 
+DEFAULT_POOL_IDLE_S = 600  # how long a node's pool with no rank waits for the next job
+
+
+class PreloadSection(StrictSection):
+    """Ours: the nodes' pools (node_side/pool.py, docs/pool.md). `modules`: what each node's
+    pool imports once; the job's Python ranks start forked from it. `idle`: how long a pool
+    with no rank waits for a later job before it ends (default DEFAULT_POOL_IDLE_S). Written
+    as a list (`preload: [torch, numpy]`) or as the CLI writes it ("torch,numpy"), it is the
+    modules."""
+
+    modules: list[str]
+    idle: count(1, MAX_SECONDS) | None = None
+
+    @field_validator("modules", mode="before")
+    @classmethod
+    def _module_names(cls, value: Any) -> Any:
+        if isinstance(value, str):
+            value = [v.strip() for v in value.split(",") if v.strip()]
+        if not isinstance(value, list) or not value or not all(isinstance(v, str) for v in value):
+            raise fail("preload", "expected a list of module names, e.g. [torch, numpy]")
+        for name in value:
+            if not _MODULE_NAME.match(name):
+                shown = name if len(name) <= 40 else name[:40] + "..."
+                raise fail("preload", "{name!r} is not a module name (e.g. torch, "
+                           "transformers, my_pkg.models)", name=shown)  # fmt: skip
+        if len(value) > MAX_PRELOAD:
+            raise fail("preload", "{n} modules; at most {cap}", n=len(value), cap=MAX_PRELOAD)
+        return list(dict.fromkeys(value))
+
+
 class BackendSection(StrictSection):
     """Ours: where the job runs (`--backend`), with the backend's own options. Slurm's:
     when no allocation holds the notebook, the one jupyter-dist asks for. Any other
@@ -318,6 +350,8 @@ class JobSpec(StrictSection):
     # has the interfaces the job names (diagnose/network.py); false skips it.
     network_check: Annotated[bool, Strict()] = True
     debug: DebugSection | None = None
+    # Ours: what each node's pool imports once, to fork the job's Python ranks from.
+    preload: PreloadSection | None = None
     # Azure-only: accepted and kept, never acted on.
     type: Any = None
     display_name: Any = None
@@ -414,6 +448,11 @@ class JobSpec(StrictSection):
     @classmethod
     def _env_names(cls, value: Any) -> Any:
         return environment_variables(value)
+
+    @field_validator("preload", mode="before")
+    @classmethod
+    def _preload_modules(cls, value: Any) -> Any:
+        return {"modules": value} if isinstance(value, str | list) else value
 
     @field_validator("nodes", mode="before")
     @classmethod
@@ -532,6 +571,13 @@ class JobSpec(StrictSection):
     def display_name_or_default(self) -> str:
         return str(self.name or self.display_name or self.job_type)
 
+    def preload_env(self) -> dict[str, str]:
+        """What tells each node's agent to fork the ranks from a pool (node_side/pool.py)."""
+        if self.preload is None:
+            return {}
+        idle = self.preload.idle or DEFAULT_POOL_IDLE_S
+        return {"DISTRUN_PRELOAD": ",".join(self.preload.modules), "DISTRUN_POOL_IDLE": str(idle)}
+
     def post_mortem_wait(self) -> int | None:
         """Seconds a failed rank waits in its debugger; None: it exits at once."""
         if self.debug is None or not self.debug.post_mortem:
@@ -547,8 +593,8 @@ class JobSpec(StrictSection):
     def with_overrides(self, **changes: Any) -> JobSpec:
         """A copy with some keys changed, validated again (the same errors as the YAML).
 
-        Keys: `instance_count`, `nodes`, `network_check`, `name`, those of `limits:` (LIMIT_KEYS),
-        `post_mortem` (of `debug:`),
+        Keys: `instance_count`, `nodes`, `network_check`, `name`, `preload` (its modules),
+        those of `limits:` (LIMIT_KEYS), `post_mortem` (of `debug:`),
         `backend` (a mapping merged into the backend section), and any key of the
         distribution section.
         """
@@ -561,6 +607,8 @@ class JobSpec(StrictSection):
                 data["resources"] = {**data.get("resources", {}), "instance_count": value}
             elif key in ("nodes", "network_check", "name"):
                 data[key] = value
+            elif key == "preload":  # the modules: the section's other keys stay
+                data["preload"] = {**(data.get("preload") or {}), "modules": value}
             elif key in LIMIT_KEYS:
                 data["limits"] = {**data.get("limits", {}), key: value}
             elif key == "post_mortem":

@@ -15,7 +15,7 @@ from jupyter_dist.diagnose import network
 from jupyter_dist.diagnose.stall import DEFAULT_STALL_TIMEOUT_S
 from jupyter_dist.errors import NodeError, SpecError
 from jupyter_dist.events import JobListener, JobResult
-from jupyter_dist.node_side.agent import HOOK_FOLDER
+from jupyter_dist.node_side.agent import HOOK_FOLDER, POOL_MODULE
 from jupyter_dist.nodes import Inventory, Node
 from jupyter_dist.plan import LaunchPlan, plan, port_requests
 from jupyter_dist.run.claims import PortClaims, ReleaseClaims, Wanted
@@ -30,6 +30,8 @@ STACK_HOOK_FILE = f"{HOOK_FOLDER}/sitecustomize.py"
 REPORT_FILE = f"{HOOK_FOLDER}/distrun.py"
 # And node_side/debugger.py, what PYTHONBREAKPOINT names in every rank (the agent sets it).
 DEBUGGER_FILE = f"{HOOK_FOLDER}/distrun_debug.py"
+# And node_side/pool.py, where the job preloads modules: the agent starts the node's pool.
+POOL_FILE = f"{HOOK_FOLDER}/{POOL_MODULE}.py"
 
 
 def _gpus_as_default(spec: JobSpec, nodes: list[Node]) -> JobSpec:
@@ -100,6 +102,7 @@ def _plan_attempt(
         **(extra_files or {}), STACK_HOOK_FILE: node_side.source("stack_hook.py"),
         REPORT_FILE: node_side.source("report.py"),
         DEBUGGER_FILE: node_side.source("debugger.py"),
+        **({POOL_FILE: node_side.source("pool.py")} if spec.preload else {}),
     }  # fmt: skip
     launch_plan = plan(spec, nodes, job_id, ports, files, chosen.mpi_launch, restart_count)
     if spec.network_check:  # gloo's interface where a hostname would mislead it

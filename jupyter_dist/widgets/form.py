@@ -50,7 +50,7 @@ _CAPTIONS = {
     "code": "code folder", "env": "environment", "slurm_job": "allocation",
     "detach": "keep running when the notebook closes",
     "no_preflight": "skip the network check",
-    "post_mortem": "pause a failed rank for the debugger",
+    "post_mortem": "pause a failed rank for the debugger", "preload": "preload modules",
 }  # fmt: skip
 _PLACEHOLDERS = {
     "env": "NAME=VALUE, one a line", "code": "folder shipped to every node (optional)",
@@ -58,13 +58,14 @@ _PLACEHOLDERS = {
     "partition": "the cluster's default", "time": "e.g. 01:00:00 (the partition's default)",
     "account": "your default account", "qos": "the default QOS",
     "constraint": "node features, e.g. a100",
+    "preload": "e.g. torch,transformers (ranks fork from a pool)",
 }  # fmt: skip
 # Where each declared option sits: the first column, the second, and the Slurm box.
 _DISTRIBUTION = ("type", "nodes", "procs_per_node", "launcher")
 _TENSORFLOW = ("worker_count", "ps_count", "chief", "evaluator")
 _DASK = ("threads", "scheduler_port", "dashboard_port")
 _JOB = ("name", "timeout", "stall_timeout", "on_stall", "grace_period", "max_restarts",
-        "restart_delay", "no_preflight", "post_mortem", "code", "env")  # fmt: skip
+        "restart_delay", "no_preflight", "post_mortem", "preload", "code", "env")  # fmt: skip
 
 
 def _control(option: Option, style: dict) -> w.Widget:

@@ -1,0 +1,58 @@
+"""The nodes' pools (node_side/pool.py): listed and stopped by running pool.py on each node
+(as `python -c SOURCE list|stop`), for any backend that can run a short command on a node.
+Local nodes are this machine: one look serves them all."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+
+from jupyter_dist import node_side
+from jupyter_dist.backends import Backend, inventory_backend
+from jupyter_dist.backends.node_ports import on_every_node
+from jupyter_dist.errors import NodeError
+from jupyter_dist.nodes import Inventory, local_nodes
+
+POOL_SOURCE = node_side.source("pool.py")  # run as it is on the nodes
+ACTIONS = ("list", "stop")
+
+
+@dataclass(frozen=True)
+class NodePools:
+    """One node's answer: its pools (pool.py's `list_pools` rows), or why none came."""
+
+    node: str
+    pools: list[dict]
+    problem: str | None = None
+
+
+def pools_on_nodes(
+    inventory: Inventory, action: str, names: list[str] | None = None
+) -> list[NodePools]:
+    """`action` ("list" or "stop") on every node of `inventory` (or those `names` picks; the
+    local machine where it has none), all at once; never raises for a node that fails."""
+    if action not in ACTIONS:
+        raise ValueError(f"no pool action {action!r}; they are {', '.join(ACTIONS)}")
+    backend: Backend = inventory_backend(inventory)
+    if inventory.is_local:
+        if names:
+            raise NodeError("no node inventory: jobs run on local nodes, whose pools are this "
+                            "machine's (leave out the node names)")  # fmt: skip
+        nodes = local_nodes(1, workdir="")
+    else:
+        nodes = inventory.select(len(names or inventory.nodes), names, workdir="")
+
+    def on_node(node) -> NodePools:
+        name = "this machine" if inventory.is_local else node.name
+        try:
+            code, out, err = backend.run_on_node(node, [node.python, "-c", POOL_SOURCE, action], 30)
+        except NodeError as exc:
+            return NodePools(name, [], str(exc))
+        if code != 0:
+            return NodePools(name, [], (err.strip() or f"exit {code}").splitlines()[-1])
+        try:
+            return NodePools(name, json.loads(out))
+        except ValueError:
+            return NodePools(name, [], f"unreadable answer: {out[:200]!r}")
+
+    return on_every_node(nodes, on_node)
