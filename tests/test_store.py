@@ -77,7 +77,8 @@ def test_every_feature_keeps_the_store_private(kernel_env):
     cell with -o, a session with -i/-o (its history of cells), stacks of a hung job through
     the startup hook (pyhook/, stacks/), an MPI job (its hostfile), a Dask job, a job that
     started again (its plan rewritten, its logs marked), a detached session, a job with
-    outputs (a folder with a subfolder, a file). Then nothing in the whole
+    outputs (a folder with a subfolder, a file), a job forked from a pool (its shims, the
+    script it ships, its list of forked ranks) and the pools' own folder. Then nothing in the whole
     store is open to the group or others (pyhook/ and stacks/ were 0755 with 0644 files).
     (A paused rank's debug/ files, there only while it is paused, are walked by
     tests/test_debug.py meanwhile.)"""
@@ -101,7 +102,10 @@ def test_every_feature_keeps_the_store_private(kernel_env):
             "%distrun session start --detach --nodes 1 --name kept",  # its session/ folder
             "%%distrun\nprint('in a detached session')",
             "%distrun session stop kept",
+            "%%distrun --nodes 2 --preload json\nprint('forked')",  # pyhook/distrun_pool.py,
+            "%distrun pool stop",  # distrun-pool-bin/, pool-forks/ (and the pool's folder)
         )
+        assert "forked" in str(nb.cells[13].outputs) and "json" in str(nb.cells[14].outputs)
         assert nb.cells[7].outputs[0]["text"] == "42\n"  # the cluster served its client
         store = JobStore(kernel_env)
         hang = parse_spec(json.dumps({
@@ -148,9 +152,9 @@ def test_every_feature_keeps_the_store_private(kernel_env):
         os.umask(old)
     from jupyter_dist.run.requests import wait_until_ended
 
-    assert [wait_until_ended(record, 60) for record in store.jobs()].count("succeeded") >= 9
+    assert [wait_until_ended(record, 60) for record in store.jobs()].count("succeeded") >= 10
     jobs = [record.path for record in store.jobs()]
-    assert len(jobs) == 11, jobs
+    assert len(jobs) == 12, jobs
     made = {p.name for job in jobs for p in job.rglob("*")}
     assert {
         "pyhook",
@@ -166,9 +170,14 @@ def test_every_feature_keeps_the_store_private(kernel_env):
         "outputs",
         "part",
         "summary",
+        "distrun_pool.py",
+        "distrun-pool-bin",  # a job forked from a pool (node_side/pool.py)
     } <= made, made
     assert any(name.startswith("cell-") for name in made) and "hostfile" in " ".join(made)
     assert not_private(store.root) == []
+    from jupyter_dist.node_side.pool import pools_folder
+
+    assert not_private(Path(pools_folder())) == []  # its socket, lock and description
 
 
 def test_a_damaged_job_shows_as_damaged_and_the_others_list(store):

@@ -1,0 +1,363 @@
+"""A node's pool (node_side/pool.py, `--preload`): real ranks of real torch.distributed
+(gloo) forked from a Python that imported torch once, compared with the same job started
+cold; what is left when a rank, the job or the pool is killed; a pool whose module changed,
+an idle one, `jupyter distrun pool list|stop`; the pools' folder private."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import shlex
+import shutil
+import signal
+import stat
+import tempfile
+import time
+from pathlib import Path
+
+import pytest
+from helpers import job_processes, not_private, run_cli
+
+from jupyter_dist.node_side import pool as pool_module
+from jupyter_dist.run.launch import launch, run
+from jupyter_dist.spec import parse_spec
+from jupyter_dist.store import JobStore
+
+pytestmark = pytest.mark.torch
+PROBE = Path(__file__).parent / "scripts" / "pool_probe.py"
+
+
+@pytest.fixture
+def tmpdir_for_pools():
+    """The jobs' TMPDIR, where their pools live: the test's own (short: a socket's path
+    must be), every pool in it killed at the end."""
+    folder = Path(tempfile.mkdtemp(prefix="dp", dir="/tmp"))
+    yield folder
+    for info in folder.glob("distrun-pools-*/*.json"):
+        with contextlib.suppress(OSError, ValueError, KeyError):
+            os.kill(json.loads(info.read_text())["pid"], signal.SIGKILL)
+    shutil.rmtree(folder, ignore_errors=True)
+
+
+def _spec(command: str, tmpdir: Path, preload: str | dict | None = "torch,numpy", nodes: int = 2,
+          per_node: int = 2, env: dict | None = None, extra: dict | None = None):  # fmt: skip
+    data = {
+        "command": command, "resources": {"instance_count": nodes},
+        "distribution": {"type": "pytorch", "process_count_per_instance": per_node},
+        "environment_variables": {"OMP_NUM_THREADS": "1", "TMPDIR": str(tmpdir), **(env or {})},
+        **({"preload": preload} if preload else {}), **(extra or {}),
+    }  # fmt: skip
+    return parse_spec(json.dumps(data))
+
+
+def _results(store: JobStore, job_id: str) -> dict[int, dict]:
+    record = store.get(job_id)
+    found = {}
+    for key in record.log_keys():
+        for line in record.iter_log(key, "stdout"):
+            if line.text.startswith("RESULT "):
+                report = json.loads(line.text.removeprefix("RESULT "))
+                found[report["rank"]] = report
+    return found
+
+
+def _pools(tmpdir: Path) -> list[dict]:
+    """`jupyter distrun pool list`'s rows, read where the jobs' TMPDIR puts the pools."""
+    env = {**os.environ, "TMPDIR": str(tmpdir)}
+    listed = run_cli("pool", "list", env=env)
+    assert listed.returncode == 0, listed.stderr
+    folder = tmpdir / f"distrun-pools-{os.getuid()}"
+    return [json.loads(p.read_text()) for p in sorted(folder.glob("*.json"))], listed.stdout
+
+
+def _alive(pid: int) -> bool:
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except OSError:
+        return False
+    return fields[0] != "Z"
+
+
+def _ends(pid: int, within: float = 15) -> bool:
+    deadline = time.monotonic() + within
+    while _alive(pid) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    return not _alive(pid)
+
+
+@pytest.mark.slow
+def test_ddp_forked_from_a_pool_is_what_a_cold_start_is(store, tmpdir_for_pools, tmp_path):
+    """The same 4-rank DDP job, cold and then twice forked from the nodes' pool of torch and
+    numpy: each rank's all_reduce, RANK (in os.environ and in /proc/PID/environ), argv,
+    __name__, __file__, cwd, sys.path[0], torch's threads, command line, the job's startup
+    hook and breakpoint hook and `report()` are what a cold start gives; `random`'s, numpy's
+    and torch's seeds differ between ranks; the forked ranks found torch imported and are the
+    pool's children, both jobs' from one pool. Nothing of the jobs is left; the pool is,
+    carrying no job's id, until `pool stop`."""
+    code = tmp_path / "code"
+    code.mkdir()
+    shutil.copy(PROBE, code / "probe.py")
+    extra = {"code": str(code)}
+    cold = run(_spec("python probe.py --flag x", tmpdir_for_pools, None, extra=extra), store=store)
+    assert cold.ok, cold.describe()
+    warm = [
+        run(_spec("python probe.py --flag x", tmpdir_for_pools, extra=extra), store=store)
+        for _ in range(2)
+    ]
+    assert all(result.ok for result in warm), [r.describe() for r in warm]
+    before = _results(store, cold.job_id)
+    assert sorted(before) == [0, 1, 2, 3]
+    pools, listed = _pools(tmpdir_for_pools)
+    assert len(pools) == 1 and pools[0]["modules"] == ["torch", "numpy"]
+    assert "torch,numpy" in listed and str(pools[0]["pid"]) in listed
+    pool_pid = pools[0]["pid"]
+    same = ("allreduce", "argv", "name", "cwd", "path0", "threads", "proc_rank", "cmdline",
+            "hook", "breakpoint", "main_file", "stdout_line_buffered", "stdin")  # fmt: skip
+    for result in warm:
+        after = _results(store, result.job_id)
+        assert sorted(after) == [0, 1, 2, 3]
+        for rank in range(4):
+            assert {k: after[rank][k] for k in same} == {k: before[rank][k] for k in same}
+            assert after[rank]["proc_rank"] == str(rank) and after[rank]["allreduce"] == 10
+            assert after[rank]["proc_job"] == result.job_id
+            assert after[rank]["torch_before"] and not before[rank]["torch_before"]
+            assert after[rank]["ppid"] == pool_pid
+        for seeded in ("random", "numpy", "torch_rand"):  # each rank's own, as when cold
+            assert len({json.dumps(after[r][seeded]) for r in range(4)}) == 4, seeded
+            assert len({json.dumps(before[r][seeded]) for r in range(4)}) == 4, seeded
+        assert job_processes(result.job_id) == []
+        metrics = store.get(result.job_id).path / "metrics.jsonl"
+        assert metrics.exists() and len(metrics.read_text().splitlines()) == 4  # report()
+    assert before[0]["argv"] == ["probe.py", "--flag", "x"] and before[0]["threads"] == 1
+    assert before[0]["cmdline"] == ["probe.py", "--flag", "x"]
+    environ = Path(f"/proc/{pool_pid}/environ").read_bytes()
+    assert b"DISTRUN_JOB_ID=" not in environ and b"\0RANK=" not in environ
+    stopped = run_cli("pool", "stop", env={**os.environ, "TMPDIR": str(tmpdir_for_pools)})
+    assert stopped.returncode == 0 and str(pool_pid) in stopped.stdout, stopped.stderr
+    assert _ends(pool_pid)
+    assert _pools(tmpdir_for_pools)[0] == []
+
+
+@pytest.mark.slow
+def test_a_killed_rank_a_cancelled_job_and_a_killed_pool_leave_nothing(store, tmpdir_for_pools):
+    """A forked rank that SIGKILLs itself fails the job as a cold one does (named by the
+    signal); a running job's forked ranks show their stacks (the job's startup hook ran in
+    each), and once cancelled get one SIGTERM each and their grace period;
+    a pool SIGKILLed under a running job takes its ranks with it. Nothing is left of any."""
+    killed = run(_spec(
+        "python -c 'import os, signal, torch\nif os.environ[\"RANK\"] == \"1\": "
+        "os.kill(os.getpid(), signal.SIGKILL)\nimport time; time.sleep(300)'",
+        tmpdir_for_pools, "torch",
+    ), store=store, grace_period=2)  # fmt: skip
+    assert not killed.ok
+    by_rank = {p.rank: p for p in killed.processes}
+    assert by_rank[1].signal == "SIGKILL" and not by_rank[1].stopped_by_us
+    assert job_processes(killed.job_id) == []
+    (pool,) = _pools(tmpdir_for_pools)[0]
+
+    handler = (
+        "import signal, sys, time, torch\n"
+        "def term(*_):\n    print('TERM', flush=True)\n    time.sleep(0.5)\n    sys.exit(0)\n"
+        "signal.signal(signal.SIGTERM, term)\nprint('started', flush=True)\ntime.sleep(300)\n"
+    )
+    job = launch(_spec(f"python -c {shlex.quote(handler)}", tmpdir_for_pools, "torch"),
+                 store=store, grace_period=10)  # fmt: skip
+    _wait_for_lines(job, "started", 4)
+    forked = [pid for pid in job_processes(job.job_id) if _parent(pid) == pool["pid"]]
+    assert len(forked) == 4  # the ranks, forked from the pool, found by their job's id
+    dump = job.stacks(method="faulthandler")  # through the job's startup hook, in each
+    assert sorted(p.rank for p in dump.processes) == [0, 1, 2, 3], dump.format()
+    assert sorted(p.pid for p in dump.processes) == sorted(forked)  # not their fronts
+    assert len(dump.groups()) == 1  # the four in the same place
+    text = dump.format()  # the rank's own frames: the time.sleep(300) line, no pool's
+    assert "<string>:8 in <module>" in text and "distrun_pool" not in text, text
+    assert dump.problems == []
+    job.cancel()
+    result = job.wait(60)
+    assert result is not None and result.state == "cancelled"
+    assert _count_lines(job, "TERM") == 4  # once each: not from the agent and the front both
+    assert all(p.state in ("stopped", "succeeded") for p in result.processes)
+    assert job_processes(job.job_id) == []
+
+    job = launch(_spec(f"python -c {shlex.quote(handler)}", tmpdir_for_pools, "torch"),
+                 store=store, grace_period=2)  # fmt: skip
+    _wait_for_lines(job, "started", 4)
+    os.kill(pool["pid"], signal.SIGKILL)
+    result = job.wait(60)
+    assert result is not None and not result.ok
+    assert job_processes(job.job_id) == []
+    assert _pools(tmpdir_for_pools)[0] == []  # its files went with it (at the next look)
+
+
+def _parent(pid: int) -> int | None:
+    try:
+        return int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[1])
+    except (OSError, ValueError):
+        return None
+
+
+def _count_lines(job, text: str) -> int:
+    record = job.record
+    return sum(line.text == text for key in record.log_keys()
+               for line in record.iter_log(key, "stdout"))  # fmt: skip
+
+
+def _wait_for_lines(job, text: str, count: int, timeout: float = 90) -> None:
+    deadline = time.monotonic() + timeout
+    while _count_lines(job, text) < count:
+        assert time.monotonic() < deadline, f"fewer than {count} {text!r} lines"
+        time.sleep(0.1)
+
+
+@pytest.mark.slow
+def test_a_pool_whose_module_changed_is_replaced_and_an_idle_one_ends(store, tmpdir_for_pools,
+                                                                     tmp_path):  # fmt: skip
+    """A module the pool preloaded changes on disk (a new version installed): the next
+    job's ranks get the new one (the stale pool takes no more ranks and ends), and the job
+    after that a new pool. A pool idle for DISTRUN_POOL_IDLE seconds ends by itself. The
+    pools' folder is the user's alone: 0700, its files 0600; the jobs' folders stay private."""
+    lib = tmp_path / "lib"
+    lib.mkdir()
+    (lib / "mymod.py").write_text("VALUE = 1\n")
+    command = "python -c 'import os, mymod; print(\"VALUE\", mymod.VALUE, os.getppid())'"
+    env = {"PYTHONPATH": str(lib)}
+
+    def values(result) -> set[tuple[str, int]]:
+        record = store.get(result.job_id)
+        return {(line.text.split()[1], int(line.text.split()[2]))
+                for key in record.log_keys() for line in record.iter_log(key, "stdout")
+                if line.text.startswith("VALUE")}  # fmt: skip
+
+    first = run(_spec(command, tmpdir_for_pools, "mymod", 1, 2, env), store=store)
+    assert first.ok, first.describe()
+    (old,) = _pools(tmpdir_for_pools)[0]
+    assert values(first) == {("1", old["pid"])}
+    (lib / "mymod.py").write_text("VALUE = 2  # a new version\n")
+    later = time.time() + 5
+    os.utime(lib / "mymod.py", (later, later))
+    second = run(_spec(command, tmpdir_for_pools, "mymod", 1, 2, env), store=store)
+    assert second.ok, second.describe()
+    assert {value for value, _ in values(second)} == {"2"}
+    assert old["pid"] not in {parent for _, parent in values(second)}
+    assert _ends(old["pid"])
+    third = run(_spec(command, tmpdir_for_pools, "mymod", 1, 2, env), store=store)
+    assert third.ok, third.describe()
+    (new,) = _pools(tmpdir_for_pools)[0]
+    assert new["pid"] != old["pid"] and values(third) == {("2", new["pid"])}
+
+    folder = tmpdir_for_pools / f"distrun-pools-{os.getuid()}"
+    assert stat.S_IMODE(folder.stat().st_mode) == 0o700
+    assert not_private(folder) == []  # the socket, its lock and its description: 0600
+    for result in (first, second, third):
+        job_folder = store.get(result.job_id).path
+        assert not_private(job_folder) == []  # the shims (0700) and the pool's script
+    stopped = run_cli("pool", "stop", env={**os.environ, "TMPDIR": str(tmpdir_for_pools)})
+    assert stopped.returncode == 0 and _ends(new["pid"])
+
+    idle = run(_spec(command, tmpdir_for_pools, {"modules": ["mymod"], "idle": 1}, 1, 1, env),
+               store=store)  # fmt: skip
+    assert idle.ok, idle.describe()
+    ((_, pool_pid),) = values(idle)  # the pool it forked from, which others would have kept
+    assert _ends(pool_pid, within=20)
+
+
+@pytest.mark.slow
+def test_ranks_on_ssh_nodes_fork_from_each_nodes_own_pool(ssh_nodes, store, tmp_path,
+                                                          tmpdir_for_pools):  # fmt: skip
+    """Over SSH (real sshd nodes in network namespaces of their own, sharing this machine's
+    /tmp): each node's agent starts that node's pool, in that node's namespace, and the
+    next job's ranks fork from the same two; DDP meets across the nodes; nothing of the
+    jobs is left on either node."""
+    code = tmp_path / "code"
+    code.mkdir()
+    shutil.copy(PROBE, code / "probe.py")
+    inventory = ssh_nodes.load_inventory(tmp_path)
+    parents = []
+    for _ in range(2):
+        spec = _spec("python probe.py", tmpdir_for_pools, "torch", extra={"code": str(code)})
+        result = run(spec, store=store, inventory=inventory)
+        assert result.ok, result.describe()
+        results = _results(store, result.job_id)
+        assert sorted(results) == [0, 1, 2, 3]
+        for rank, report in results.items():
+            assert report["host"] == f"node{rank // 2}" and report["allreduce"] == 10
+            assert report["torch_before"] and report["cmdline"] == ["probe.py"]
+        parents.append([results[rank]["ppid"] for rank in range(4)])
+        assert ssh_nodes.job_processes(result.job_id) == []
+    first, second = parents
+    assert first[0] == first[1] != first[2] == first[3]  # one pool per node
+    assert second == first  # and the same two again
+
+
+ENDINGS = {
+    "a file left open": "f = open('out.txt', 'w')\nf.write('x' * 100000)\nprint('wrote')",
+    "sys.exit(3) after atexit": "import atexit, sys\natexit.register(print, 'atexit ran')\n"
+                                "sys.exit(3)",
+    "SystemExit with words": "raise SystemExit('gave up: no data')",
+    "an uncaught error": "import torch\ndef load():\n    raise ValueError('boom')\nload()",
+    "a KeyboardInterrupt": "raise KeyboardInterrupt",
+    "a thread left running": "import threading, time\nthreading.Thread(target=lambda: "
+                             "(time.sleep(1), print('joined'))).start()",
+}  # fmt: skip
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("ending", list(ENDINGS))
+def test_a_forked_rank_ends_as_a_cold_one_does(ending, store, tmpdir_for_pools, tmp_path):
+    """However the rank's code ends, the forked rank's exit code or signal, its lines (a
+    traceback of its own frames only) and the files it left open are what the cold one's
+    are: it leaves without the interpreter's teardown (torch's costs about a second), but
+    after what a normal exit does first."""
+    seen = []
+    for preload in (None, "torch"):
+        folder = tmp_path / (preload or "cold")
+        folder.mkdir()
+        spec = _spec(f"python -c {shlex.quote(ENDINGS[ending])}", tmpdir_for_pools, preload,
+                     1, 1, extra={"code": str(folder)})  # fmt: skip
+        result = run(spec, store=store)
+        (proc,) = result.processes
+        record = store.get(result.job_id)
+        lines = {stream: [line.text for line in record.iter_log(proc.name, stream)]
+                 for stream in ("stdout", "stderr")}  # fmt: skip
+        written = (folder / "out.txt").read_text() if (folder / "out.txt").exists() else None
+        seen.append((proc.exit_code, proc.signal, lines, written and len(written)))
+    cold, forked = seen
+    assert forked == cold
+    expected = {"a file left open": (0, None), "sys.exit(3) after atexit": (3, None),
+                "SystemExit with words": (1, None), "an uncaught error": (1, None),
+                "a KeyboardInterrupt": (130, "SIGINT"),
+                "a thread left running": (0, None)}[ending]  # fmt: skip
+    assert cold[:2] == expected, cold
+
+
+def test_a_front_reads_its_command_line_as_python_does(tmp_path):
+    """What goes to the pool (a script, -m, -c, with -u and -B) and what starts cold."""
+    script = tmp_path / "train.py"
+    script.write_text("")
+    parse = pool_module.parse_command
+    assert parse([str(script), "--lr", "1"]) == ("script", str(script), ["--lr", "1"], False)
+    assert parse(["-u", "-m", "pkg.main", "-x"]) == ("module", "pkg.main", ["-x"], True)
+    assert parse(["-B", "-c", "print(1)", "a"]) == ("code", "print(1)", ["a"], False)
+    for cold in (["-X", "dev", str(script)], [str(tmp_path)], ["missing.py"], ["-m"], [],
+                 ["-i", str(script)], ["-"]):  # fmt: skip
+        assert parse(cold) is None, cold
+
+
+@pytest.mark.parametrize(
+    ("preload", "error"),
+    [
+        ("torch,1numpy", "'1numpy' is not a module name"),
+        ("torch;rm -rf", "is not a module name"),
+        (",".join(f"m{i}" for i in range(40)), "40 modules; at most 32"),
+        ({"torch": 1}, "preload: unknown key 'torch'; valid keys: modules, idle"),
+        ({"modules": ["torch"], "idle": 0}, "preload.idle: 0 is not valid"),
+    ],
+)
+def test_a_wrong_preload_is_one_line_naming_it(preload, error, tmp_path):
+    spec = tmp_path / "job.yml"
+    spec.write_text(json.dumps({"command": "python x.py", "preload": preload}))
+    done = run_cli("plan", str(spec))
+    assert done.returncode != 0
+    assert error in done.stderr and "Traceback" not in done.stderr
+    assert len(done.stderr.strip().splitlines()) == 1, done.stderr
