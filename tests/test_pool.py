@@ -17,12 +17,11 @@ import time
 from pathlib import Path
 
 import pytest
-from helpers import job_processes, not_private, run_cli
+from helpers import job_processes, not_private, result_reports, run_cli
 
 from jupyter_dist.node_side import pool as pool_module
 from jupyter_dist.run.launch import launch, run
 from jupyter_dist.spec import parse_spec
-from jupyter_dist.store import JobStore
 
 pytestmark = pytest.mark.torch
 PROBE = Path(__file__).parent / "scripts" / "pool_probe.py"
@@ -49,17 +48,6 @@ def _spec(command: str, tmpdir: Path, preload: str | dict | None = "torch,numpy"
         **({"preload": preload} if preload else {}), **(extra or {}),
     }  # fmt: skip
     return parse_spec(json.dumps(data))
-
-
-def _results(store: JobStore, job_id: str) -> dict[int, dict]:
-    record = store.get(job_id)
-    found = {}
-    for key in record.log_keys():
-        for line in record.iter_log(key, "stdout"):
-            if line.text.startswith("RESULT "):
-                report = json.loads(line.text.removeprefix("RESULT "))
-                found[report["rank"]] = report
-    return found
 
 
 def _pools(tmpdir: Path) -> list[dict]:
@@ -106,7 +94,7 @@ def test_ddp_forked_from_a_pool_is_what_a_cold_start_is(store, tmpdir_for_pools,
         for _ in range(2)
     ]
     assert all(result.ok for result in warm), [r.describe() for r in warm]
-    before = _results(store, cold.job_id)
+    before = result_reports(store, cold.job_id)
     assert sorted(before) == [0, 1, 2, 3]
     pools, listed = _pools(tmpdir_for_pools)
     assert len(pools) == 1 and pools[0]["modules"] == ["torch", "numpy"]
@@ -115,7 +103,7 @@ def test_ddp_forked_from_a_pool_is_what_a_cold_start_is(store, tmpdir_for_pools,
     same = ("allreduce", "argv", "name", "cwd", "path0", "threads", "proc_rank", "cmdline",
             "hook", "breakpoint", "main_file", "stdout_line_buffered", "stdin")  # fmt: skip
     for result in warm:
-        after = _results(store, result.job_id)
+        after = result_reports(store, result.job_id)
         assert sorted(after) == [0, 1, 2, 3]
         for rank in range(4):
             assert {k: after[rank][k] for k in same} == {k: before[rank][k] for k in same}
@@ -278,7 +266,7 @@ def test_ranks_on_ssh_nodes_fork_from_each_nodes_own_pool(ssh_nodes, store, tmp_
         spec = _spec("python probe.py", tmpdir_for_pools, "torch", extra={"code": str(code)})
         result = run(spec, store=store, inventory=inventory)
         assert result.ok, result.describe()
-        results = _results(store, result.job_id)
+        results = result_reports(store, result.job_id)
         assert sorted(results) == [0, 1, 2, 3]
         for rank, report in results.items():
             assert report["host"] == f"node{rank // 2}" and report["allreduce"] == 10
