@@ -24,7 +24,7 @@ from typing import TextIO, TypeVar
 
 from jupyter_dist.backends import backend_class, declared_options, inventory_backend
 from jupyter_dist.backends.node_pools import ACTIONS as POOL_ACTIONS
-from jupyter_dist.backends.node_pools import pools_on_nodes
+from jupyter_dist.backends.node_pools import NodePools, pools_on_nodes
 from jupyter_dist.describe import (
     INSPECT_COLUMNS,
     attempt_rows,
@@ -366,6 +366,7 @@ def cmd_nodes(args: argparse.Namespace, store: JobStore) -> int:
         gpus = this_machines_gpus()
         has = "" if gpus is None else f", {gpus} GPU{'s' * (gpus != 1)}"
         print(f"no node inventory: jobs run on local nodes (this machine{has})", file=sys.stderr)
+        _print_pools(pools_on_nodes(inventory, "list"))
         return EXIT_OK
     backend = inventory_backend(inventory)
     if args.trust:
@@ -383,12 +384,25 @@ def cmd_nodes(args: argparse.Namespace, store: JobStore) -> int:
         for h in backend.health(list(inventory.nodes))
     ]  # fmt: skip
     print_table(rows, list(rows[0]), title=f"nodes in {inventory.source}")
+    reached = [row["node"] for row in rows if row["status"] == "ok"]
+    if reached:  # and their pools, where they have any
+        _print_pools(pools_on_nodes(inventory, "list", reached))
     return EXIT_OK if all(r["status"] == "ok" for r in rows) else EXIT_FAILED
 
 
 def cmd_pool(args: argparse.Namespace, store: JobStore) -> int:
     """`pool list|stop [NODE ...]`: each node's pools, as a table, or stopped."""
     answers = pools_on_nodes(load_inventory(args.nodes_file), args.action, args.node or None)
+    for answer in answers:
+        if answer.problem:
+            print(f"{answer.node}: {answer.problem}", file=sys.stderr)
+    if not _print_pools(answers, args.action):
+        print("no pool on any node" if args.action == "list" else "no pool to stop")
+    return EXIT_FAILED if any(answer.problem for answer in answers) else EXIT_OK
+
+
+def _print_pools(answers: list[NodePools], action: str = "list") -> bool:
+    """The pools the nodes answered with, as a table; whether there were any."""
     rows = [
         {
             "node": answer.node, "modules": ",".join(pool["modules"]), "pid": str(pool["pid"]),
@@ -401,19 +415,14 @@ def cmd_pool(args: argparse.Namespace, store: JobStore) -> int:
         for answer in answers
         for pool in answer.pools
     ]  # fmt: skip
-    for answer in answers:
-        if answer.problem:
-            print(f"{answer.node}: {answer.problem}", file=sys.stderr)
     if rows:
         title = (
             "pools stopped (each ends after its running ranks)"
-            if args.action == "stop"
+            if action == "stop"
             else "pools of pre-imported Python (--preload)"
         )
         print_table(rows, list(rows[0]), title=title)
-    else:
-        print("no pool on any node" if args.action == "list" else "no pool to stop")
-    return EXIT_FAILED if any(answer.problem for answer in answers) else EXIT_OK
+    return bool(rows)
 
 
 def _cluster_nodes(args: argparse.Namespace) -> int:

@@ -39,12 +39,14 @@ def tmpdir_for_pools():
     shutil.rmtree(folder, ignore_errors=True)
 
 
-def _spec(command: str, tmpdir: Path, preload: str | dict | None = "torch,numpy", nodes: int = 2,
-          per_node: int = 2, env: dict | None = None, extra: dict | None = None):  # fmt: skip
+def _spec(command: str, tmpdir: Path | None, preload: str | dict | None = "torch,numpy",
+          nodes: int = 2, per_node: int = 2, env: dict | None = None,
+          extra: dict | None = None):  # fmt: skip
     data = {
         "command": command, "resources": {"instance_count": nodes},
         "distribution": {"type": "pytorch", "process_count_per_instance": per_node},
-        "environment_variables": {"OMP_NUM_THREADS": "1", "TMPDIR": str(tmpdir), **(env or {})},
+        "environment_variables": {"OMP_NUM_THREADS": "1", **(env or {}),
+                                  **({"TMPDIR": str(tmpdir)} if tmpdir else {})},
         **({"preload": preload} if preload else {}), **(extra or {}),
     }  # fmt: skip
     return parse_spec(json.dumps(data))
@@ -82,7 +84,7 @@ def test_ddp_forked_from_a_pool_is_what_a_cold_start_is(store, tmpdir_for_pools,
     hook and breakpoint hook and `report()` are what a cold start gives; `random`'s, numpy's
     and torch's seeds differ between ranks; the forked ranks found torch imported and are the
     pool's children, both jobs' from one pool. Nothing of the jobs is left; the pool is,
-    carrying no job's id, until `pool stop`."""
+    carrying no job's id, shown by `nodes` and `pool list`, until `pool stop`."""
     code = tmp_path / "code"
     code.mkdir()
     shutil.copy(PROBE, code / "probe.py")
@@ -121,7 +123,10 @@ def test_ddp_forked_from_a_pool_is_what_a_cold_start_is(store, tmpdir_for_pools,
     assert before[0]["cmdline"] == ["probe.py", "--flag", "x"]
     environ = Path(f"/proc/{pool_pid}/environ").read_bytes()
     assert b"DISTRUN_JOB_ID=" not in environ and b"\0RANK=" not in environ
-    stopped = run_cli("pool", "stop", env={**os.environ, "TMPDIR": str(tmpdir_for_pools)})
+    env = {**os.environ, "TMPDIR": str(tmpdir_for_pools)}
+    nodes = run_cli("nodes", env=env)  # the local machine's pools, beside its line
+    assert nodes.returncode == 0 and str(pool_pid) in nodes.stdout, nodes.stdout
+    stopped = run_cli("pool", "stop", env=env)
     assert stopped.returncode == 0 and str(pool_pid) in stopped.stdout, stopped.stderr
     assert _ends(pool_pid)
     assert _pools(tmpdir_for_pools)[0] == []
@@ -251,31 +256,42 @@ def test_a_pool_whose_module_changed_is_replaced_and_an_idle_one_ends(store, tmp
 
 
 @pytest.mark.slow
-def test_ranks_on_ssh_nodes_fork_from_each_nodes_own_pool(ssh_nodes, store, tmp_path,
-                                                          tmpdir_for_pools):  # fmt: skip
+def test_ranks_on_ssh_nodes_fork_from_each_nodes_own_pool(ssh_nodes, store, tmp_path):
     """Over SSH (real sshd nodes in network namespaces of their own, sharing this machine's
     /tmp): each node's agent starts that node's pool, in that node's namespace, and the
     next job's ranks fork from the same two; DDP meets across the nodes; nothing of the
-    jobs is left on either node."""
+    jobs is left on either node; `nodes` shows each node's pool, and `pool stop` ends
+    both."""
     code = tmp_path / "code"
     code.mkdir()
     shutil.copy(PROBE, code / "probe.py")
     inventory = ssh_nodes.load_inventory(tmp_path)
+    nodes_file = str(tmp_path / "nodes.yml")
     parents = []
-    for _ in range(2):
-        spec = _spec("python probe.py", tmpdir_for_pools, "torch", extra={"code": str(code)})
-        result = run(spec, store=store, inventory=inventory)
-        assert result.ok, result.describe()
-        results = result_reports(store, result.job_id)
-        assert sorted(results) == [0, 1, 2, 3]
-        for rank, report in results.items():
-            assert report["host"] == f"node{rank // 2}" and report["allreduce"] == 10
-            assert report["torch_before"] and report["cmdline"] == ["probe.py"]
-        parents.append([results[rank]["ppid"] for rank in range(4)])
-        assert ssh_nodes.job_processes(result.job_id) == []
-    first, second = parents
-    assert first[0] == first[1] != first[2] == first[3]  # one pool per node
-    assert second == first  # and the same two again
+    try:
+        for _ in range(2):
+            spec = _spec("python probe.py", None, "torch", extra={"code": str(code)})
+            result = run(spec, store=store, inventory=inventory)
+            assert result.ok, result.describe()
+            results = result_reports(store, result.job_id)
+            assert sorted(results) == [0, 1, 2, 3]
+            for rank, report in results.items():
+                assert report["host"] == f"node{rank // 2}" and report["allreduce"] == 10
+                assert report["torch_before"] and report["cmdline"] == ["probe.py"]
+            parents.append([results[rank]["ppid"] for rank in range(4)])
+            assert ssh_nodes.job_processes(result.job_id) == []
+        first, second = parents
+        assert first[0] == first[1] != first[2] == first[3]  # one pool per node
+        assert second == first  # and the same two again
+        nodes = run_cli("nodes", "--nodes-file", nodes_file)
+        assert nodes.returncode == 0, nodes.stderr
+        for node, pid in (("node0", first[0]), ("node1", first[2])):  # each node's own
+            assert any(node in row and str(pid) in row and "torch" in row
+                       for row in nodes.stdout.splitlines()), nodes.stdout  # fmt: skip
+    finally:
+        stopped = run_cli("pool", "stop", "--nodes-file", nodes_file)
+    assert stopped.returncode == 0, stopped.stderr
+    assert _ends(first[0]) and _ends(first[2])
 
 
 ENDINGS = {
