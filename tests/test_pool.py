@@ -294,6 +294,34 @@ def test_ranks_on_ssh_nodes_fork_from_each_nodes_own_pool(ssh_nodes, store, tmp_
     assert _ends(first[0]) and _ends(first[2])
 
 
+@pytest.mark.slow
+def test_a_cell_and_a_warm_sessions_ranks_fork_from_the_pool(kernel_env, tmpdir_for_pools):
+    """Through a real kernel: a `%%distrun --preload torch` cell's ranks and a warm
+    session's (`%distrun session start --preload torch`) are forked from the one pool,
+    which `%distrun pool list` shows and `%distrun pool stop` ends."""
+    from helpers import execute_notebook
+
+    probe = "import os, sys\nprint('forked', 'torch' in sys.modules, os.getppid())"
+    env = f"--env TMPDIR={tmpdir_for_pools}"
+    nb = execute_notebook(
+        f"%%distrun --nodes 2 --preload torch {env}\n{probe}",
+        f"%distrun session start --nodes 1 --procs-per-node 2 --preload torch {env}",
+        f"%%distrun\n{probe}",
+        "%distrun session stop",
+        f"import os\nos.environ['TMPDIR'] = {str(tmpdir_for_pools)!r}",
+        "%distrun pool list",
+        "%distrun pool stop",
+    )
+    lines = [line for index in (1, 3) for output in nb.cells[index].outputs
+             for line in output.get("text", "").splitlines() if "forked" in line]  # fmt: skip
+    assert len(lines) == 4, lines
+    assert {line.split("forked ", 1)[1].split()[0] for line in lines} == {"True"}
+    (pool_pid,) = {line.split()[-1] for line in lines}  # one pool served both
+    listed = str(nb.cells[6].outputs)  # (cell 0 loads the extension)
+    assert pool_pid in listed and "torch" in listed
+    assert _ends(int(pool_pid))
+
+
 ENDINGS = {
     "a file left open": "f = open('out.txt', 'w')\nf.write('x' * 100000)\nprint('wrote')",
     "sys.exit(3) after atexit": "import atexit, sys\natexit.register(print, 'atexit ran')\n"
