@@ -54,8 +54,11 @@ kernel's OOM killer ended processes under a memory limit over the tree while it 
 cgroup's, or one of the agent's cgroups: a container, a Slurm job), a line before it says
 so: `HANDSHAKE oom {"cgroup": FOLDER, "kills": N, "limit": BYTES, "peak": BYTES}`.
 
-It is meant to grow into a per-node agent that keeps a warm, pre-imported Python and forks
-ranks from it; the launcher's side of the protocol (handshake, stdin commands) stays the same.
+Where the job preloads modules (`DISTRUN_PRELOAD`, and pool.py shipped in the hook's
+folder), the agent first starts the node's pool of them unless one runs (outside its tree:
+the pool outlives the job) and puts the job's `python` front first on PATH: a Python rank
+is then forked from the pool, and the front names it in the job's folder, so the tree holds
+it as its own (pool.py). The launcher's side of the protocol is the same either way.
 """
 
 import base64
