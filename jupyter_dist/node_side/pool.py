@@ -62,6 +62,7 @@ ARGV_ROOM = 4096  # bytes of command line a rank may have
 FORKS_FOLDER = "pool-forks"  # in the job's folder: TOKEN -> the pids forked for that agent
 SHIM_FOLDER = "distrun-pool-bin"  # in the job's folder: `python` and `python3`
 TOKEN_VAR = "DISTRUN_AGENT_TOKEN"  # as agent.py names it
+START_LOCK = "start.lock"  # in the pools' folder: held while an agent starts a pool
 START_S = 30.0  # how long a front waits for a pool that is starting (it imports first)
 # What a front passes on to its rank: what the agent sends its child alone (SIGINT: a warm
 # session's interrupt), and what a user may send a rank's process.
@@ -797,7 +798,9 @@ def prepare(env, python):
     hook = os.path.dirname(os.path.abspath(__file__))
     key = pool_key(python, modules, _pythonpath(env, hook))
     path = socket_path(key)
-    lock = os.open(os.path.join(pools_folder(), f"{key}.lock"), os.O_WRONLY | os.O_CREAT, 0o600)
+    # One lock for the folder, not one per pool (those would pile up, one per key ever
+    # used): a start holds it only until the new pool listens, before it imports.
+    lock = os.open(os.path.join(pools_folder(), START_LOCK), os.O_WRONLY | os.O_CREAT, 0o600)
     with os.fdopen(lock, "w") as lock:  # one agent of the node starts it; the others wait
         fcntl.flock(lock, fcntl.LOCK_EX)
         if not _answers(path):
