@@ -11,14 +11,16 @@ folder as `$DISTRUN_JOB_DIR/pyhook/distrun_pool.py` when the job names modules t
   for each request. A pool is keyed by its Python, its modules and its PYTHONPATH; it ends
   itself once idle for `DISTRUN_POOL_IDLE` seconds (IDLE_S by default) with no rank
   running, at `stop`, and once a module it imported changed on disk (a `pip install`):
-  then it answers "stale", takes no new rank and ends after its last.
+  then it answers "stale", takes no new rank and ends after its last. (Its key also holds
+  the network and mount namespaces and pool.py's own text: `pool_key`.)
 - **the front** (`front`): what `python` and `python3` are for the job's commands (the agent
   puts shims that call it first on PATH). It reads its command line like Python does; a
   script, `-m module` or `-c code` (with `-u`, `-B`) goes to the pool with its environment,
   working folder, and its stdin, stdout and stderr; anything else, or no pool, runs the
   real Python in its place (`exec`), as if the front were not there. While the forked rank
-  runs, the front stands for it: it passes on the signals it gets (SIGTERM, SIGINT, ...),
-  and exits as the rank did (its code, or the same signal).
+  runs, the front stands for it: it passes on the signals it gets (SIGINT, SIGHUP, ...; not
+  SIGTERM, which the agent's tree sends the rank itself), and exits as the rank did (its
+  code, or the same signal).
 - **the agent's part** (`prepare`): starts the job's pool where none runs (outside the
   job's process tree: it outlives the job) and writes the shims.
 
@@ -26,7 +28,8 @@ A forked rank is what a started one would be: before any of its code runs it has
 session, stdin/stdout/stderr, environment (also what /proc/PID/environ shows: the pool
 starts with room for it), command line, working folder, `sys.argv`, `sys.path`, fresh
 `__main__`, default signal handlers, the job's startup hook (sitecustomize on its
-PYTHONPATH), a fresh numpy seed and torch's thread count from OMP_NUM_THREADS. It dies with
+PYTHONPATH), fresh numpy and torch seeds and torch's thread count from OMP_NUM_THREADS. It
+leaves without the interpreter's teardown (`_leave`). It dies with
 the pool (PR_SET_PDEATHSIG) and with its front (the pool kills it when the front's
 connection drops). The front moves it into its own cgroup before it runs, and names it in
 `$DISTRUN_JOB_DIR/pool-forks/TOKEN` for the agent, whose tree it joins: stopping, usage
@@ -131,10 +134,11 @@ def socket_path(key):
     return os.path.join(pools_folder(), f"{key}.sock")
 
 
-def _write_private(path, text):
-    """`text` into `path` whole (a reader never sees half), 0600."""
+def _write_private(path, text, mode=0o600):
+    """`text` into `path` whole (a reader never sees half, and several writers at once
+    leave one whole file), with `mode`: 0600, or 0700 for a program."""
     partial = f"{path}.{os.getpid()}"
-    fd = os.open(partial, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    fd = os.open(partial, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, mode)
     with os.fdopen(fd, "w") as handle:
         handle.write(text)
     os.replace(partial, path)
@@ -166,10 +170,19 @@ def _proc_block(first_field):
     return int(fields[first_field - 3]), int(fields[first_field - 2])
 
 
+def _nul_block(words):
+    """`words` as the kernel keeps a command line or an environment: each NUL-ended."""
+    return b"".join(w.encode(errors="surrogateescape") + b"\0" for w in words)
+
+
+def _env_words(env):
+    return [f"{name}={value}" for name, value in env.items()]
+
+
 def _rewrite_block(first_field, words):
     """Make /proc/self/cmdline or /proc/self/environ say `words`, in the room the process
     started with; False when they do not fit."""
-    data = b"".join(w.encode(errors="surrogateescape") + b"\0" for w in words)
+    data = _nul_block(words)
     start, end = _proc_block(first_field)
     if len(data) > end - start:
         return False
@@ -178,13 +191,19 @@ def _rewrite_block(first_field, words):
 
 
 class _Rank:
-    """What a forked child does once it is the rank (see `_become`)."""
+    """What a forked child runs once it is the rank (see `_become`): the request, and the
+    rank's sys.path made as a cold start makes it, from the pool's (`base_path`, less the
+    pool's PYTHONPATH `pool_pythonpath`) and the rank's PYTHONPATH."""
 
-    def __init__(self, request):
+    def __init__(self, request, base_path, pool_pythonpath):
         self.kind = request["kind"]  # "script", "module" or "code"
         self.target = request["target"]
         self.args = request["args"]
         self.unbuffered = request["unbuffered"]
+        self.base_path = base_path
+        self.pythonpath = _pythonpath(request["env"], None)
+        # What the rank's PYTHONPATH adds (the job's startup hook): its sitecustomize runs.
+        self.hook_paths = [p for p in self.pythonpath if p not in pool_pythonpath]
 
 
 class Pool:
@@ -353,10 +372,9 @@ class Pool:
         if _fingerprint(self.modules) != self.fingerprint:
             self.stop_taking()
             return "stale"
-        env = request["env"]
-        if len(_env_block(env)) > ENV_ROOM:
+        if len(_nul_block(_env_words(request["env"]))) > ENV_ROOM:
             return "environment too large"
-        if sum(len(w) + 1 for w in request["argv"]) > ARGV_ROOM:
+        if len(_nul_block(request["argv"])) > ARGV_ROOM:
             return "command line too long"
         return None
 
@@ -446,7 +464,7 @@ class Pool:
         env = request["env"]
         os.environ.clear()
         os.environ.update(env)
-        _rewrite_block(50, [f"{k}={v}" for k, v in env.items()])
+        _rewrite_block(50, _env_words(env))
         _rewrite_block(48, request["argv"])
         if hasattr(sys, "orig_argv"):
             sys.orig_argv = list(request["argv"])
@@ -465,15 +483,7 @@ class Pool:
         if hasattr(signal, "SIGXFSZ"):
             signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
         signal.pthread_sigmask(signal.SIG_SETMASK, [])
-        rank = _Rank(request)
-        rank.base_path = self.base_path
-        rank.pythonpath = _pythonpath(env, None)
-        rank.hook_paths = [p for p in rank.pythonpath if p not in self.pythonpath]
-        return rank
-
-
-def _env_block(env):
-    return b"".join(f"{k}={v}".encode(errors="surrogateescape") + b"\0" for k, v in env.items())
+        return _Rank(request, self.base_path, self.pythonpath)
 
 
 def _stdio(unbuffered):
@@ -567,8 +577,6 @@ def run_rank(rank):
             main.__loader__ = importlib.machinery.SourceFileLoader("__main__", rank.target)
             exec(code, main.__dict__)
         elif rank.kind == "module":
-            import runpy
-
             runpy._run_module_as_main(rank.target, alter_argv=True)
         else:
             exec(compile(rank.target, "<string>", "exec"), main.__dict__)
@@ -851,13 +859,8 @@ def _write_shims(job_dir, python):
     text = _SHIM.format(python=python, hook=os.path.dirname(os.path.abspath(__file__)))
     for name in ("python", "python3"):
         target = os.path.join(folder, name)
-        if os.path.exists(target):
-            continue
-        partial = f"{target}.{os.getpid()}"
-        fd = os.open(partial, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o700)
-        with os.fdopen(fd, "w") as handle:
-            handle.write(text)
-        os.replace(partial, target)  # several agents of a node write it: whole, once
+        if not os.path.exists(target):  # several agents of a node may write it at once
+            _write_private(target, text, 0o700)
     return folder
 
 
@@ -873,12 +876,11 @@ def stop_pools():
     """Tell every pool of this user here to take no new rank: each ends after its last
     (at once where none runs). The pools told (as `list_pools` shows them)."""
     told = []
-    folder = pools_folder()
     for pool in list_pools():
         conn = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         conn.settimeout(5)
         with contextlib.suppress(OSError, ValueError):
-            conn.connect(os.path.join(folder, pool["key"] + ".sock"))
+            conn.connect(socket_path(pool["key"]))
             conn.sendall(b'{"stop": true}\n')
             if (_read_message(conn) or {}).get("stopped"):
                 told.append(pool)
