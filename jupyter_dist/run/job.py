@@ -109,6 +109,7 @@ class Job(Listened):
         self._listeners: list[JobListener] = []
         self._emit_lock = threading.Lock()
         self._status_lock = threading.Lock()
+        self._status_final = False  # the finished job's status is written: no write after it
         self._state_lock = threading.RLock()
         self._handles: dict[str, ProcessHandle] = {}
         self._readers: dict[str, list[threading.Thread]] = {}
@@ -725,7 +726,7 @@ class Job(Listened):
             replaced=list(self.replaced),
             last_attempt_ran=self._attempt_ran,
         )
-        self._write_status()
+        self._write_status(final=True)
         with self._emit_lock:
             for listener in self._listeners:
                 with contextlib.suppress(Exception):
@@ -875,11 +876,16 @@ class Job(Listened):
                 "outputs_copied": self.outputs_copied,
             }
 
-    def _write_status(self) -> None:
+    def _write_status(self, final: bool = False) -> None:
         # Snapshot and write under one lock: a stale snapshot must never be written last.
+        # Nor any after the job's final one: a thread that saw a rank end may come to write
+        # after the job finished and its owner went on (and rewrite what it found there).
         try:
             with self._status_lock:
+                if self._status_final:
+                    return
                 self.record.write_status(self.status())
+                self._status_final = final
         except OSError as exc:  # outside the lock: the stop it asks for writes the status
             self._store_failed(exc)
 
