@@ -59,6 +59,14 @@ else
     pip install numpy mpi4py -e ".[lab,stacks]"
 fi
 .venv/bin/python -c "import torch, numpy, paramiko, jupyter_dist"  # fail loudly if an install went wrong
+# rfc3987-syntax 1.1, jsonschema's optional checker of the `iri` format (JupyterLab brings it,
+# through jupyter-events' jsonschema[format-nongpl]), builds an Earley grammar as it is
+# imported: 2.8 s of CPU in every Python that imports jsonschema (a Jupyter server, nbclient,
+# and each Ray worker, Ray Client server and Ray driver: Ray imports it as it starts). Nothing
+# here checks IRIs, and jsonschema does without it (python-jsonschema/jsonschema#1392).
+if .venv/bin/python -c "import importlib.util as u; exit(not u.find_spec('rfc3987_syntax'))"; then
+    pip uninstall -y rfc3987-syntax
+fi
 if [[ $want_tests -eq 1 ]]; then
     # Horovod has no wheel on PyPI: built once per machine (a few minutes), then cached.
     scripts/build-horovod.sh

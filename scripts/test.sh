@@ -37,4 +37,4 @@ fi
 scripts/docs.sh
 # The GPU tests (tests/test_gpu.py) need a GPU, which CI's machines lack: run them where one is.
 # --durations: the slowest tests, then each test file's time (tests/conftest.py), in every log.
-exec .venv/bin/python -m pytest "${parallel[@]}" -m "not gpu" --durations=15 "$@"
+exec .venv/bin/python -m pytest "${parallel[@]}" -m "not gpu" --durations=30 "$@"

@@ -95,10 +95,39 @@ def _name_group(item: pytest.Item, group: str) -> None:
 EXCLUSIVE_MARKS = ("browser",)
 
 
+def _machine_cpu() -> tuple[float, float]:
+    """The whole machine's (busy, all) CPU seconds since boot, from /proc/stat ((0, 0)
+    where there is none): a test's share of the cores is the difference over its run."""
+    try:
+        with open("/proc/stat") as stat:
+            ticks = [int(n) for n in stat.readline().split()[1:]]
+    except (OSError, ValueError):
+        return 0.0, 0.0
+    idle = ticks[3] + (ticks[4] if len(ticks) > 4 else 0)  # idle and iowait
+    hertz = os.sysconf("SC_CLK_TCK")
+    return (sum(ticks[:8]) - idle) / hertz, sum(ticks[:8]) / hertz
+
+
+_CPU_AT_START = pytest.StashKey[tuple[float, float]]()
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo):
+    """The teardown's report carries the machine's busy and total CPU seconds over the
+    test's whole run (as a user property: pytest-xdist brings it to the controller)."""
+    outcome = yield
+    start = item.stash.get(_CPU_AT_START, None)
+    if call.when == "teardown" and start is not None and start[1]:
+        busy, total = _machine_cpu()
+        report = outcome.get_result()
+        report.user_properties.append(("machine_cpu_s", (busy - start[0], total - start[1])))
+
+
 @pytest.hookimpl(hookwrapper=True)
 def pytest_runtest_protocol(item: pytest.Item, nextitem: pytest.Item | None):
     """Each test holds the run's lock while it runs (set-up, call, teardown): shared, or
     alone for those with an EXCLUSIVE_MARKS mark. Only under pytest-xdist."""
+    item.stash[_CPU_AT_START] = _machine_cpu()
     if not os.environ.get("PYTEST_XDIST_WORKER"):
         yield
         return
@@ -117,6 +146,7 @@ def pytest_runtest_protocol(item: pytest.Item, nextitem: pytest.Item | None):
 
 _unmarked_slow: list[tuple[str, float]] = []
 _file_seconds: dict[str, float] = {}  # test file -> its tests' set-up, call and teardown
+_file_cpu: dict[str, list[float]] = {}  # test file -> the machine's busy and all CPU seconds
 
 
 def pytest_runtest_logreport(report: pytest.TestReport) -> None:
@@ -126,17 +156,27 @@ def pytest_runtest_logreport(report: pytest.TestReport) -> None:
         _unmarked_slow.append((report.nodeid, report.duration))
     test_file = report.nodeid.split("::", 1)[0]
     _file_seconds[test_file] = _file_seconds.get(test_file, 0.0) + report.duration
+    for name, value in report.user_properties:
+        if name == "machine_cpu_s":
+            cpu = _file_cpu.setdefault(test_file, [0.0, 0.0])
+            cpu[0], cpu[1] = cpu[0] + value[0], cpu[1] + value[1]
 
 
 def pytest_terminal_summary(terminalreporter, exitstatus: int, config: pytest.Config) -> None:
     if config.getoption("durations", None) is not None and _file_seconds:
         # With --durations: each file's time (its tests' set-up, call and teardown, on
-        # whichever worker ran them), slowest first: where a whole run's time goes.
-        terminalreporter.section("time per test file")
+        # whichever worker ran them), slowest first: where a whole run's time goes. Beside
+        # it, how busy the machine's cores were meanwhile (all of them, whatever ran on
+        # them): a file that leaves them idle waits, one that fills them computes.
+        terminalreporter.section("time per test file (cores busy: the machine's share)")
         ranked = sorted(_file_seconds.items(), key=lambda found: -found[1])
         for test_file, seconds in ranked:
-            terminalreporter.write_line(f"{seconds:7.1f} s  {test_file}")
-        terminalreporter.write_line(f"{sum(_file_seconds.values()):7.1f} s  in all")
+            busy, total = _file_cpu.get(test_file, (0.0, 0.0))
+            share = f"{busy / total:4.0%}" if total else "   -"
+            terminalreporter.write_line(f"{seconds:7.1f} s  {share}  {test_file}")
+        busy, total = (sum(cpu[i] for cpu in _file_cpu.values()) for i in (0, 1))
+        share = f"{busy / total:4.0%}" if total else "   -"
+        terminalreporter.write_line(f"{sum(_file_seconds.values()):7.1f} s  {share}  in all")
     if config.getoption("markexpr", "") != QUICK_EXPRESSION or not _unmarked_slow:
         return
     terminalreporter.section("slow tests in the quick loop")
