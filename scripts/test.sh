@@ -21,13 +21,18 @@ fi
 # The lab extension's TypeScript units (Jest); node_modules came with the extension build.
 [[ -d node_modules ]] || npm ci --no-audit --no-fund
 npx --no-install jest --silent
-# DISTRUN_TEST_WORKERS=N runs the tests on N workers at once (pytest-xdist; tests that
-# share a cluster or a module's fixture stay on one worker, tests/conftest.py). One
-# process by default: on 2 cores, 2 workers made the whole run slower, not faster (the
-# tests are jobs of 4 to 64 ranks; see docs/development.md).
+# The tests run on one worker per core, at most 4 unless said (pytest-xdist, --dist
+# loadgroup: tests that share a cluster or a module's fixture stay on one worker,
+# tests/conftest.py). On 2 cores, 2 workers kept the cores 88 % busy, and the whole run
+# took two thirds of one process's time (docs/development.md).
+# DISTRUN_TEST_WORKERS=N says how many; 1 runs them in one process.
+workers=${DISTRUN_TEST_WORKERS:-$(nproc)}
+if [[ -z "${DISTRUN_TEST_WORKERS:-}" && $workers -gt 4 ]]; then
+    workers=4
+fi
 parallel=()
-if [[ "${DISTRUN_TEST_WORKERS:-0}" != 0 ]]; then
-    parallel=(-n "$DISTRUN_TEST_WORKERS" --dist loadgroup)
+if [[ $workers -gt 1 ]]; then
+    parallel=(-n "$workers" --dist loadgroup)
 fi
 if [[ $quick -eq 1 ]]; then
     # The marks come from the fixtures a test uses, and `slow` (tests/conftest.py).

@@ -42,6 +42,7 @@ def test_plan_json_lists_every_process(tmp_path: Path, store):
     assert store.jobs() == []  # planning records nothing and runs nothing
 
 
+@pytest.mark.slow
 def test_the_dry_run_shows_the_exact_command_each_process_starts_with(tmp_path: Path, store):
     spec = _write(
         tmp_path,
@@ -60,6 +61,7 @@ def test_the_dry_run_shows_the_exact_command_each_process_starts_with(tmp_path: 
     assert (code, out) == (0, "hello from 1 of 2\n")
 
 
+@pytest.mark.slow
 def test_plan_table_and_overrides(tmp_path: Path, store):
     spec = _write(
         tmp_path,
@@ -78,6 +80,7 @@ def test_plan_table_and_overrides(tmp_path: Path, store):
     assert "127.0.0.1" in table.stdout
 
 
+@pytest.mark.slow
 def test_run_a_tensorflow_job_prefixes_lines_by_role(tmp_path: Path, store):
     (tmp_path / "show.py").write_text(
         "import json, os; c = json.loads(os.environ['TF_CONFIG']);"
@@ -175,6 +178,7 @@ def test_ctrl_c_stops_every_rank(tmp_path: Path, store):
     assert store.get(job_id).status()["state"] == "cancelled"
 
 
+@pytest.mark.slow
 def test_killing_the_launcher_stops_every_rank(tmp_path: Path, store):
     """SIGKILL gives the launcher no chance to clean up: the node agents must notice."""
     spec = _write(tmp_path, LONG_JOB)
@@ -195,6 +199,7 @@ def test_killing_the_launcher_stops_every_rank(tmp_path: Path, store):
     assert "has no owner any more" in refused.stderr
 
 
+@pytest.mark.slow
 def test_cancel_from_another_process_stops_every_rank(tmp_path: Path, store):
     spec = _write(tmp_path, LONG_JOB)
     proc, job_id = start_cli_run(spec, store, stderr=subprocess.PIPE)
@@ -214,6 +219,7 @@ def test_cancel_from_another_process_stops_every_rank(tmp_path: Path, store):
     assert "already ended: cancelled" in again.stderr
 
 
+@pytest.mark.slow
 def test_inspect_shows_every_process_with_status_and_tf_config(tmp_path: Path, store):
     spec = _write(
         tmp_path,
@@ -317,6 +323,7 @@ def test_hostile_texts_print_as_they_are_in_every_table(tmp_path: Path, store):
     assert [o.output_type for o in cell.outputs] == ["display_data"]
 
 
+@pytest.mark.slow
 def test_with_colour_never_no_escape_sequence_reaches_the_terminal(tmp_path: Path, store):
     """A rank's escape sequences (a window title, colours, a reset, a cursor move) and
     control bytes pass to the terminal only where colours are on; with --color never (or

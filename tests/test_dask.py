@@ -228,6 +228,7 @@ def test_a_cluster_whose_scheduler_dies_closes_its_client(kernel_env):
         kc.stop_channels()
 
 
+@pytest.mark.slow
 def test_magic_errors_are_one_line(kernel_env):
     nb = execute_notebook(
         "%%distrun --type pytorch --threads 2\nprint(1)\n",

@@ -86,6 +86,7 @@ def test_the_parameter_servers_own_variables_and_the_roles(store):
     assert [p.role for p in plan.processes].count("ps") == 4
 
 
+@pytest.mark.slow
 def test_plan_says_how_the_file_was_read_and_inspect_keeps_it(store, tmp_path):
     done = run_cli("plan", str(PROPOSAL / "pytorch_k8s.yml"), store=store)
     assert done.returncode == 0, done.stderr
@@ -258,18 +259,29 @@ def test_the_gpus_of_resources_reach_slurm_and_are_left_out_for_azure(tmp_path):
         # 4 workers in the file: 2 here (a TensorFlow job's count is its worker_count)
         pytest.param("tensorflow_mwms", {"instance_count": 2, "worker_count": 2}, 2,
                      marks=pytest.mark.tensorflow),
-        # `horovodrun -np 16`: the command fixes its ranks, so 4 local nodes of 4 slots each
-        pytest.param("mpi_horovodrun", {}, 16, marks=pytest.mark.horovod),
+        # `horovodrun -np 16` over 4 workers in the file: the command fixes its ranks, so its
+        # counts are changed in its text, `-np 4` over 2 workers (2 slots each, read from it)
+        pytest.param("mpi_horovodrun", {"-np 16": "-np 4", "count: 4": "count: 2"}, 4,
+                     marks=pytest.mark.horovod),
     ],
 )  # fmt: skip
 def test_one_job_of_each_type_of_the_proposal_runs_on_local_nodes(name, changes, ranks, store):
     """As written but for its counts, from examples/proposal/: `python train.py` there
-    runs the example of the job's kind (examples/src/train.py)."""
+    runs the example of the job's kind (examples/src/train.py). The counts are changed as
+    options change them, or, where the command itself fixes them, in the file's text."""
     from helpers import result_reports
 
     from jupyter_dist.run.launch import run
 
-    spec = load_spec(PROPOSAL / f"{name}.yml").with_overrides(**changes)
+    path = PROPOSAL / f"{name}.yml"
+    text = path.read_text()
+    in_text = {written: ours for written, ours in changes.items() if isinstance(ours, str)}
+    for written, ours in in_text.items():
+        assert written in text, written
+        text = text.replace(written, ours)
+    spec = parse_spec(text, base_dir=PROPOSAL, source=str(path))
+    spec = spec.with_overrides(**{k: v for k, v in changes.items() if k not in in_text})
+    assert spec.instance_count * spec.processes_per_node() == ranks
     result = run(spec, store=store)
     assert result.ok, result.describe()
     reports = result_reports(store, result.job_id)

@@ -301,6 +301,7 @@ def _azure_check(path: Path) -> None:
         load_job(source=path)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("kind", sorted(AZURE_EXPRESSIBLE))
 def test_azureml_round_trips_every_job_type_through_our_loader_and_azures(kind, tmp_path):
     (tmp_path / "code").mkdir()
@@ -358,6 +359,7 @@ def test_what_azure_ml_does_itself_is_left_out_and_listed(tmp_path):
     assert load_spec(path).distribution.launcher == "per_process"
 
 
+@pytest.mark.slow
 def test_restarts_go_to_jobsets_failure_policy_and_elsewhere_are_said_to_be_left_out(tmp_path):
     """A JobSet starts the whole job again, as our restarts do: it carries the count. The
     formats that run a job once say so, and Azure's YAML stays loadable by its own loader."""
@@ -759,6 +761,7 @@ def test_the_seeds_example_job_ships_its_code_folder_in_a_configmap_and_runs(fmt
     assert yaml.safe_load(done.stdout or "null") is None  # written, not printed
 
 
+@pytest.mark.slow
 def test_a_code_folder_too_big_for_a_configmap_points_at_the_image_in_one_line(tmp_path):
     job_file = _seed_job(tmp_path)
     (tmp_path / "src" / "vocab.txt").write_text("word\n" * 300_000)  # 1.4 MiB
@@ -911,6 +914,7 @@ def test_skypilots_loader_refuses_a_typo_and_takes_gpus_and_an_image(tmp_path):
     assert refused.returncode != 0 and "num_node" in refused.stderr
 
 
+@pytest.mark.slow
 def test_an_export_holding_secrets_is_written_private_and_says_so(tmp_path):
     """The manifest is the job: it holds the secrets' values (a k8s env, an sbatch export
     line), so it is written 0600 (a script 0700), and the CLI says why; without secrets,

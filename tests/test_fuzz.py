@@ -139,6 +139,7 @@ def _planned_or_refused(text: str, tmp_path) -> None:
         _one_line(exc)
 
 
+@pytest.mark.slow
 @FUZZ
 @given(data=mutated_specs())
 def test_mutated_specs_are_planned_or_refused_in_one_line(data, tmp_path):
@@ -156,6 +157,7 @@ def test_arbitrary_text_is_a_spec_or_one_line(text, tmp_path):
     _planned_or_refused(text, tmp_path)
 
 
+@pytest.mark.slow
 @FUZZ
 @given(entries=st.lists(st.dictionaries(
     st.sampled_from(["name", "host", "port", "user", "key_file", "python", "workdir", "gpus",
@@ -244,6 +246,7 @@ def test_each_case_found_is_one_line_from_the_cli(text, message, tmp_path):
     assert message in done.stderr and "Traceback" not in done.stderr
 
 
+@pytest.mark.slow
 def test_an_endless_file_is_refused_at_once_not_read_whole(tmp_path):
     """`plan /dev/zero` read the whole file before its size check (it never ends): a spec
     is read no further than the cap; a node inventory must be a file."""
@@ -256,6 +259,7 @@ def test_an_endless_file_is_refused_at_once_not_read_whole(tmp_path):
     assert "node inventory /dev/zero (from --nodes-file) is not a file" in nodes.stderr
 
 
+@pytest.mark.slow
 def test_the_kernel_gets_one_line_for_each_bad_line(kernel_env, tmp_path):
     nb = execute_notebook(
         f"%%distrun --save {tmp_path}/missing/folder/job.yml\nprint(1)",

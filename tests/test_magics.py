@@ -18,6 +18,7 @@ from helpers import (
 from nbclient.exceptions import CellExecutionError
 
 
+@pytest.mark.slow
 def test_a_pytorch_job_from_a_cell(kernel_env):
     nb = execute_notebook(
         "%%distrun --nodes 2 --procs-per-node 2 --env GREETING=hi\n"
@@ -69,6 +70,7 @@ def test_a_finished_cell_ends_like_python_without_finalization_crashes(kernel_en
         assert (tmp_path / f"thread-{rank}.txt").read_text() == "x"
 
 
+@pytest.mark.slow
 def test_a_cell_runs_as_python_would_run_it_as_a_script(kernel_env):
     # __file__, argv and a real __main__ module: spawned processes find the cell's functions.
     nb = execute_notebook(
@@ -100,6 +102,7 @@ def test_real_ddp_in_a_cell(kernel_env):
     assert stream_text(nb.cells[1]).count("sum 10.0") == 4
 
 
+@pytest.mark.slow
 def test_a_failing_rank_fails_the_cell_with_the_root_cause(kernel_env):
     with pytest.raises(CellExecutionError) as info:
         execute_notebook(
@@ -120,6 +123,7 @@ def test_a_failing_rank_fails_the_cell_with_the_root_cause(kernel_env):
     assert "cell_runner" not in str(error)
 
 
+@pytest.mark.slow
 def test_dry_run_shows_spec_plan_and_tf_config(kernel_env):
     nb = execute_notebook(
         "%%distrun --type tensorflow --nodes 2 --worker-count 2 --ps-count 1 --chief --dry-run\n"
@@ -227,6 +231,7 @@ def test_logs_in_a_notebook_show_the_last_lines_unless_told(kernel_env):
     assert len(stream_text(nb.cells[3]).split()) == total
 
 
+@pytest.mark.slow
 def test_interrupt_cancels_every_rank_and_the_kernel_lives_on(kernel_env):
     with running_kernel() as (km, kc):
         msg_id = kc.execute("%%distrun --nodes 2 --procs-per-node 2\nimport time\n"
@@ -255,6 +260,7 @@ def test_interrupt_cancels_every_rank_and_the_kernel_lives_on(kernel_env):
         assert after["content"]["status"] == "ok"
 
 
+@pytest.mark.slow
 def test_push_variables_in_and_values_out(kernel_env):
     nb = execute_notebook(
         "import numpy as np\nscale = 3\nweights = np.arange(4.0)\ndouble = lambda x: x * 2",
@@ -272,6 +278,7 @@ def test_push_variables_in_and_values_out(kernel_env):
     assert stream_text(nb.cells[5]) == "{'rank': 0}\n"  # -o alone: rank 0's value
 
 
+@pytest.mark.slow
 def test_push_and_out_errors_name_the_variable(kernel_env):
     nb = execute_notebook(
         "import threading\nlock = threading.Lock()",

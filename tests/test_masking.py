@@ -21,6 +21,7 @@ distribution: {type: pytorch, process_count_per_instance: 2}
 SECRETS = ("hf_abcdef123", "pw-98765")
 
 
+@pytest.mark.slow
 def test_plan_masks_secret_values_in_its_table_commands_and_json(tmp_path, store):
     (tmp_path / "job.yml").write_text(SPEC)
     for extra in ([], ["--json"]):
@@ -30,6 +31,7 @@ def test_plan_masks_secret_values_in_its_table_commands_and_json(tmp_path, store
         assert "visible" in done.stdout and not any(s in done.stdout for s in SECRETS)
 
 
+@pytest.mark.slow
 def test_the_dry_run_masks_them_and_the_job_still_gets_them(tmp_path, kernel_env, store):
     nb = execute_notebook(
         "%%distrun --dry-run --env HF_TOKEN=hf_abcdef123 --env MY_VAR=visible\nprint(1)"

@@ -14,6 +14,7 @@ from jupyter_dist.spec import parse_spec
 pytestmark = pytest.mark.mpi
 
 
+@pytest.mark.slow
 def test_mpi_allreduce_with_azure_variables(store):
     done = run_cli("run", str(EXAMPLES / "mpi_allreduce.yml"), store=store, timeout=120)
     assert done.returncode == 0, done.stdout + done.stderr

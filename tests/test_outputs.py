@@ -33,6 +33,7 @@ def _inspected(store, job_id: str) -> list[str]:
             if line.startswith("Output: ")]  # fmt: skip
 
 
+@pytest.mark.slow
 def test_outputs_on_local_nodes_are_in_the_store_where_inspect_says(store):
     result = run(parse_spec(WRITES), store=store)
     assert result.ok, result.describe()

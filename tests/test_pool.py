@@ -376,6 +376,7 @@ def test_a_front_reads_its_command_line_as_python_does(tmp_path):
         assert parse(cold) is None, cold
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(
     ("preload", "error"),
     [

@@ -177,6 +177,7 @@ def memory_limited_cgroup():
     folder.rmdir()
 
 
+@pytest.mark.slow
 def test_an_oom_kill_gets_a_hint_with_the_limit_it_hit(memory_limited_cgroup, store, tmp_path):
     """A real OOM kill: the job runs in a cgroup limited to 400 MiB, and rank 1 allocates
     until the kernel kills it. The node's agent reads the cgroup's OOM counter."""
@@ -227,6 +228,7 @@ def test_cancel_stops_every_process_and_its_children(store):
     assert store.get(job.job_id).status()["state"] == "cancelled"
 
 
+@pytest.mark.slow
 def test_a_process_ignoring_sigterm_is_killed_after_the_grace_period(store):
     command = "trap '' TERM; echo ready; while true; do sleep 0.1; done"
     collector = Collector()
@@ -280,6 +282,7 @@ def test_ranks_run_in_the_code_folder_with_the_notebook_python(store, tmp_path):
     assert seen == [f"{code} {sys.executable} 0", f"{code} {sys.executable} 1"]
 
 
+@pytest.mark.slow
 def test_a_fast_failure_during_start_up_still_fails_the_job(store):
     """A rank that fails before the last rank has started must not be lost (regression)."""
     for _ in range(5):

@@ -166,6 +166,7 @@ async def test_jobs_job_and_logs_of_real_jobs(jp_fetch, home, tmp_path):
     assert code == 400 and "limit='many' is not valid; give a number 1-20000" in message
 
 
+@pytest.mark.slow
 async def test_cancel_reaches_the_process_that_owns_the_job(jp_fetch, home, tmp_path):
     spec = tmp_path / "long.yml"
     spec.write_text(LONG_JOB)
@@ -208,6 +209,7 @@ async def test_a_detached_job_is_listed_read_and_cancelled_like_any(jp_fetch, ho
     assert state == "cancelled" and job_processes(job_id) == []
 
 
+@pytest.mark.slow
 async def test_stacks_are_read_by_the_jobs_owner_and_kept(jp_fetch, home, tmp_path):
     """The sidebar's and the live view's Stacks button: the owner (a `jupyter distrun run`
     in a terminal) reads every rank and the reply carries the grouped summary."""

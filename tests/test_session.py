@@ -118,6 +118,7 @@ def _session_in(kc) -> str:
     return re.search(r"JOB (\S+)", "".join(said)).group(1)
 
 
+@pytest.mark.slow
 def test_an_interrupt_stops_every_ranks_cell_and_the_session_lives_on(kernel_env):
     with running_kernel() as (km, kc):
         _session_in(kc)
@@ -203,6 +204,7 @@ def test_values_in_and_out_and_a_cell_on_some_ranks(kernel_env):
     assert misplaced.evalue == "--ranks applies to a cell, not to %distrun session start"
 
 
+@pytest.mark.slow
 def test_a_killed_kernel_leaves_no_rank_behind(kernel_env):
     """SIGKILL of the kernel: every rank's agent sees its input end and stops its rank."""
     import signal

@@ -277,6 +277,7 @@ def test_corpus_is_large_enough():
     assert len(MALFORMED) >= 30
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("index", [0, 6, 13, 36, 43])
 def test_cli_exit_code_2_and_one_line_for_bad_specs(index: int, tmp_path: Path):
     text, fragment = MALFORMED[index]
@@ -296,6 +297,7 @@ def test_cli_missing_file(tmp_path: Path):
     assert result.stderr.strip() == f"error: {tmp_path / 'nope.yml'}: no such file"
 
 
+@pytest.mark.slow
 def test_cli_bad_override(tmp_path: Path):
     path = tmp_path / "job.yml"
     path.write_text(

@@ -429,6 +429,7 @@ def _one_node(folder: Path, name: str, port: int) -> Path:
     return path
 
 
+@pytest.mark.slow
 def test_a_port_that_is_not_sshd_is_one_line(store, tmp_path, monkeypatch):
     """A web server's port, or a service that never speaks: one line naming the node and
     the port; paramiko's own traceback of the failure never reaches the terminal."""
@@ -573,6 +574,7 @@ def test_a_dropped_connection_stops_that_nodes_processes(ssh_nodes, store, tmp_p
     assert ssh_nodes.job_processes(job.job_id) == []
 
 
+@pytest.mark.slow
 def test_loopback_fallback_nodes_run_a_job(store, tmp_path):
     """Where network namespaces are not allowed, test nodes are sshd on 127.0.0.x."""
     import sshnodes

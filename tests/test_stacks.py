@@ -159,6 +159,7 @@ def test_a_command_jobs_own_python_answers_the_fallback_too(store, tmp_path):
     assert job_processes(job.job_id) == []
 
 
+@pytest.mark.slow
 def test_a_process_jupyter_dist_did_not_wrap_is_reported_and_left_alive(store, tmp_path):
     """A `python -I` rank ignores PYTHONPATH, so it registered no stack signal: without
     py-spy its stack is reported unreadable (not skipped), and nothing is signalled that

@@ -52,6 +52,7 @@ def test_the_store_is_private_whatever_the_umask(store):
     assert list((job / "stacks").glob("*")) == []
 
 
+@pytest.mark.slow
 def test_a_store_that_cannot_be_a_folder_is_one_line(tmp_path):
     """A file where the store should be, or under it: one line naming the store and what to
     change, from the CLI and from DISTRUN_HOME; nothing is written."""
@@ -180,6 +181,7 @@ def test_every_feature_keeps_the_store_private(kernel_env):
     assert not_private(Path(pools_folder())) == []  # its socket, lock and description
 
 
+@pytest.mark.slow
 def test_a_damaged_job_shows_as_damaged_and_the_others_list(store):
     good = _job(store).job_id
     bad = _job(store).job_id

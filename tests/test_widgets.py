@@ -64,6 +64,7 @@ def test_messages_are_rate_bounded(kernel_env):
     assert per_second_x10 <= 110  # at most about ten messages a second
 
 
+@pytest.mark.slow
 def test_failed_job_shows_the_root_cause_in_the_view(kernel_env):
     nb = execute_notebook(
         "%config DistrunMagics.view = 'widget'",
@@ -107,6 +108,7 @@ def test_front_end_module_parses():
     assert done.returncode == 0, done.stderr
 
 
+@pytest.mark.slow
 def test_form_validates_previews_and_submits_through_the_magics_path(kernel_env):
     nb = execute_notebook(
         "from jupyter_dist.widgets.form import SubmitForm\nf = SubmitForm()\n"
@@ -196,6 +198,7 @@ def test_the_live_view_carries_the_inspector_columns(kernel_env):
     assert len({r["master"] for r in torch_rows}) == 1 and ":" in torch_rows[0]["master"]
 
 
+@pytest.mark.slow
 def test_a_page_loaded_again_gets_the_last_lines_of_every_tab_from_the_store(kernel_env):
     """What the view answers a page that missed lines (the browser side is test_lab's)."""
     nb = execute_notebook(
@@ -231,6 +234,7 @@ def test_a_page_loaded_again_gets_the_last_lines_of_every_tab_from_the_store(ker
         assert [line for line in every if line[2] == "stderr"] == [[key, label, "stderr", "done"]]
 
 
+@pytest.mark.slow
 def test_a_session_cell_has_a_live_view_of_its_own_ranks_and_lines(kernel_env):
     """In a session each cell gets its view: only its ranks, its lines (also read back
     from the store for a reloaded page), each rank's outcome and the errors as the root
@@ -270,6 +274,7 @@ def test_a_session_cell_has_a_live_view_of_its_own_ranks_and_lines(kernel_env):
     assert [line[:4] for line in stored] == [["rank-0", "rank 0", "stdout", "third 0"]]
 
 
+@pytest.mark.slow
 def test_the_form_exports_the_job_it_shows_and_says_what_cannot_be(kernel_env, tmp_path):
     nb = execute_notebook(
         "from jupyter_dist.widgets.form import SubmitForm\nf = SubmitForm()\n"
