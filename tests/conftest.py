@@ -125,8 +125,9 @@ def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo):
 
 @pytest.hookimpl(hookwrapper=True)
 def pytest_runtest_protocol(item: pytest.Item, nextitem: pytest.Item | None):
-    """Each test holds the run's lock while it runs (set-up, call, teardown): shared, or
-    alone for those with an EXCLUSIVE_MARKS mark. Only under pytest-xdist."""
+    """Notes the machine's CPU seconds as a test begins (its report says how busy the cores
+    were). Under pytest-xdist, each test holds the run's lock while it runs (set-up, call,
+    teardown): shared, or alone for those with an EXCLUSIVE_MARKS mark."""
     item.stash[_CPU_AT_START] = _machine_cpu()
     if not os.environ.get("PYTEST_XDIST_WORKER"):
         yield

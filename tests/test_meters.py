@@ -133,7 +133,9 @@ def test_the_live_view_sends_each_ranks_cpu_and_memory(kernel_env, fake_gpus):
     assert len(sent) >= 5  # about one a second
     both = [r for r in sent if "rank-0" in r and "rank-1" in r]
     assert any(
-        r["rank-0"][0] >= 40 and r["rank-1"][0] <= 15 and r["rank-1"][1] >= 500 * 2**20
+        # rank 0 spins, with the share of a core the scheduler gives it (tests run beside
+        # other workers' jobs), rank 1 sleeps
+        r["rank-0"][0] >= 25 and r["rank-1"][0] <= 15 and r["rank-1"][1] >= 500 * 2**20
         for r in both
     ), both
     with_gpu = [r for r in both if len(r["rank-0"]) == 4 and len(r["rank-1"]) == 4]

