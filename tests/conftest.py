@@ -163,6 +163,11 @@ def pytest_runtest_logreport(report: pytest.TestReport) -> None:
             cpu[0], cpu[1] = cpu[0] + value[0], cpu[1] + value[1]
 
 
+def _busy_share(busy: float, total: float) -> str:
+    """The cores' busy share as the table shows it: a percentage, or a dash unmeasured."""
+    return f"{busy / total:4.0%}" if total else "   -"
+
+
 def pytest_terminal_summary(terminalreporter, exitstatus: int, config: pytest.Config) -> None:
     if config.getoption("durations", None) is not None and _file_seconds:
         # With --durations: each file's time (its tests' set-up, call and teardown, on
@@ -172,11 +177,9 @@ def pytest_terminal_summary(terminalreporter, exitstatus: int, config: pytest.Co
         terminalreporter.section("time per test file (cores busy: the machine's share)")
         ranked = sorted(_file_seconds.items(), key=lambda found: -found[1])
         for test_file, seconds in ranked:
-            busy, total = _file_cpu.get(test_file, (0.0, 0.0))
-            share = f"{busy / total:4.0%}" if total else "   -"
+            share = _busy_share(*_file_cpu.get(test_file, (0.0, 0.0)))
             terminalreporter.write_line(f"{seconds:7.1f} s  {share}  {test_file}")
-        busy, total = (sum(cpu[i] for cpu in _file_cpu.values()) for i in (0, 1))
-        share = f"{busy / total:4.0%}" if total else "   -"
+        share = _busy_share(*(sum(cpu[i] for cpu in _file_cpu.values()) for i in (0, 1)))
         terminalreporter.write_line(f"{sum(_file_seconds.values()):7.1f} s  {share}  in all")
     if config.getoption("markexpr", "") != QUICK_EXPRESSION or not _unmarked_slow:
         return
