@@ -25,9 +25,9 @@ npx --no-install jest --silent
 # that share a cluster or a module's fixture stay on one worker, tests/conftest.py); 1 runs
 # them in one process. The quick loop takes one worker per core (at most 4) by default. The
 # whole run takes one process by default until parallel whole runs have been green three
-# times in a row (on 2 cores, 2 workers took pytest from about 59 to 43 minutes; one test
-# whose threshold assumed a spinning rank gets half a core failed once, and was fixed):
-# docs/development.md.
+# times in a row (on 2 cores, a fresh clone's pytest took 43 minutes on 2 workers, against
+# 70 in one process before this stop's Ray fix; one test whose threshold assumed a spinning
+# rank gets half a core failed once, and was fixed): docs/development.md.
 workers=1
 if [[ $quick -eq 1 ]]; then
     workers=$(nproc)
