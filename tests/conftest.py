@@ -234,9 +234,12 @@ def debian_ssh_nodes(tmp_path):
     assert leftovers == [], f"processes left on the nodes: {leftovers}"
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="module")
 def ray_cluster(tmp_path_factory):
-    """A real Ray cluster: a head and a worker, each in a network namespace of its own."""
+    """A real Ray cluster: a head and a worker, each in a network namespace of its own. Its
+    tests are one module's (and one worker's group): it goes when they are done, since an
+    idle Ray cluster keeps about 8 % of a core busy (its raylets, log monitors, idle
+    workers), taken from every test after it."""
     import raynodes
 
     cluster = raynodes.start(2, tmp_path_factory.mktemp("raynodes"))
