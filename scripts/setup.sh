@@ -51,12 +51,31 @@ pip install --upgrade pip
 # local CPU wheel of it get that instead. numpy beside it, or torch warns on every rank.
 .venv/bin/python -c "import torch" 2>/dev/null || pip install "torch==2.13.0"
 # Building the package builds the lab extension (npm install, tsc, jupyter-builder) into
-# jupyter_dist/labextension when it is not there yet. The `lab` extra is JupyterLab and a
+# jupyter_dist/labextension when it is not there yet: a fresh clone takes this machine's
+# copy of the same sources' build instead, when there is one (scripts/machine-cache.sh;
+# npm's install is most of two minutes on 2 cores). The `lab` extra is JupyterLab and a
 # kernel: what the demo notebook and your own notebooks need.
+source scripts/machine-cache.sh
+lab_sources=(package.json package-lock.json tsconfig.json install.json
+             $(find labextension/src style -type f -not -path "*/__tests__/*" | LC_ALL=C sort))
+lab_key=$(cache_key "${lab_sources[@]}")
+node_key=$(cache_key package.json package-lock.json)
+# Only what this run builds is kept: a clone's older build may be of other sources.
+lab_built=0 node_installed=0
+[[ -d node_modules ]] || node_installed=1
+if [[ ! -f jupyter_dist/labextension/static/style.js ]]; then
+    cache_restore labextension "$lab_key" jupyter_dist/labextension || lab_built=1
+fi
 if [[ $want_tests -eq 1 ]]; then
     pip install numpy mpi4py -e ".[lab,test,tensorflow,dask,docs]"
 else
     pip install numpy mpi4py -e ".[lab,stacks]"
+fi
+if [[ $lab_built -eq 1 && -f jupyter_dist/labextension/static/style.js ]]; then
+    cache_save labextension "$lab_key" jupyter_dist/labextension
+fi
+if [[ $node_installed -eq 1 && -d node_modules ]]; then  # the build's (Jest needs it: test.sh)
+    cache_save node_modules "$node_key" node_modules
 fi
 .venv/bin/python -c "import torch, numpy, paramiko, jupyter_dist"  # fail loudly if an install went wrong
 # rfc3987-syntax 1.1, jsonschema's optional checker of the `iri` format (JupyterLab brings it,
@@ -71,14 +90,25 @@ if [[ $want_tests -eq 1 ]]; then
     # Horovod has no wheel on PyPI: built once per machine (a few minutes), then cached.
     scripts/build-horovod.sh
     # SkyPilot's own loader checks the exported task files (tests/test_export.py). It lives in
-    # a venv of its own: its pins (click, uvicorn, ...) are not JupyterLab's.
-    [[ -x .venv-skypilot/bin/python ]] || "$PYTHON" -m venv .venv-skypilot
-    .venv-skypilot/bin/python -c "import sky" 2>/dev/null || {
-        log=$(mktemp)
-        .venv-skypilot/bin/python -m pip --disable-pip-version-check -q install "skypilot>=0.10" \
-            >"$log" 2>&1 || { grep -v "^WARNING: Location" "$log"; exit 1; }
-        rm -f "$log"
-    }
+    # a venv of its own: its pins (click, uvicorn, ...) are not JupyterLab's. Made once per
+    # machine, Python and SkyPilot's version (two minutes on 2 cores), in the machine's cache
+    # (scripts/machine-cache.sh), and linked here.
+    if ! .venv-skypilot/bin/python -c "import sky" 2>/dev/null; then
+        skypilot="skypilot>=0.10"
+        sky_python=$("$PYTHON" -c 'import sys; print(sys.version.split()[0])')
+        sky_venv=$(cache_path venvs "$(echo "$skypilot" | tr -dc '0-9a-z.')-python$sky_python")
+        if ! "$sky_venv/bin/python" -c "import sky" 2>/dev/null; then
+            rm -rf "$sky_venv"
+            mkdir -p "$(dirname "$sky_venv")"
+            "$PYTHON" -m venv "$sky_venv"
+            log=$(mktemp)
+            "$sky_venv/bin/python" -m pip --disable-pip-version-check -q install "$skypilot" \
+                >"$log" 2>&1 || { grep -v "^WARNING: Location" "$log"; rm -rf "$sky_venv"; exit 1; }
+            rm -f "$log"
+        fi
+        rm -rf .venv-skypilot
+        ln -s "$sky_venv" .venv-skypilot
+    fi
 fi
 # The lab extension and the server extension must both be installed and enabled.
 lab_extensions=$(.venv/bin/jupyter labextension list 2>&1) || {
