@@ -31,7 +31,9 @@ cache_restore() {
     [[ -d "$cached" ]] || return 1
     rm -rf "$3"
     # A copy, not links: whatever writes into the clone's folder never changes the cache.
-    cp -a "$cached" "$3"
+    # Its times are now's, not the cache's: a copy older than the clone's sources would be
+    # taken as stale, and built again (hatch-jupyter-builder compares them).
+    cp -R --preserve=mode,links "$cached" "$3"
 }
 
 cache_save() {
