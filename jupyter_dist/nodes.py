@@ -52,6 +52,7 @@ class Node:
     workdir: str = ""  # scratch folder for job files; "~" is resolved on the node
     cwd: str | None = None  # where processes run when the spec has no `code`
     gpus: int | None = None
+    cpus: int | None = None  # the cores its processes may use (local nodes: this machine's)
     # The node sees this machine's files at the same paths (local nodes; a cluster's shared
     # filesystem): code runs in place, nothing is shipped.
     shares_files: bool = False
@@ -72,6 +73,7 @@ def local_nodes(count: int, workdir: Path | str, cwd: Path | str | None = None) 
             workdir=str(workdir),
             cwd=str(cwd or os.getcwd()),
             gpus=this_machines_gpus(),
+            cpus=len(os.sched_getaffinity(0)),
             shares_files=True,
         )
         for i in range(count)

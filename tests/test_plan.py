@@ -253,6 +253,31 @@ def test_mpi_local_nodes_share_one_host_line(tmp_path):
 
 
 @pytest.mark.parametrize(
+    ("cpus", "spec_env", "told"),
+    [(2, "", "1"), (4, "", None), (8, "", None), (2, "OMPI_MCA_mpi_yield_when_idle: '0'", "0")],
+)
+def test_mpi_ranks_yield_where_a_host_has_more_ranks_than_cores(cpus, spec_env, told, tmp_path):
+    """4 ranks on local nodes (one machine): told to yield when waiting where it has fewer
+    cores, as Open MPI does itself for a host it knows is oversubscribed; never where the
+    cores are not known (inventory nodes), and never over the spec's own value."""
+    from dataclasses import replace
+
+    spec = parse_spec(
+        "command: x\nresources: {instance_count: 2}\n"
+        f"environment_variables: {{{spec_env}}}\n"
+        "distribution: {type: mpi, process_count_per_instance: 2}"
+    )
+    nodes = [replace(n, cpus=cpus) for n in Inventory().select(2, None, workdir=tmp_path)]
+    (proc,) = plan(spec, nodes, "job1", {"master": 1234}).processes
+    assert proc.env.get("OMPI_MCA_mpi_yield_when_idle") == told
+    # Local nodes know this machine's cores; the inventory's are not known.
+    assert Inventory().select(1, None, workdir=tmp_path)[0].cpus == len(os.sched_getaffinity(0))
+    inventory = _plan("command: x\nresources: {instance_count: 2}\n"
+                      "distribution: {type: mpi, process_count_per_instance: 64}")  # fmt: skip
+    assert "OMPI_MCA_mpi_yield_when_idle" not in inventory.processes[0].env
+
+
+@pytest.mark.parametrize(
     ("command", "launcher", "world"),
     [
         ("horovodrun -np 3 --hostfile $AZUREML_MPI_HOSTFILE python hvd.py", "horovodrun", 3),
