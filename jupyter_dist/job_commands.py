@@ -55,6 +55,7 @@ from jupyter_dist.options import BY_NAME
 from jupyter_dist.run.metrics import read_metrics, readable, summarize_metrics
 from jupyter_dist.run.outputs import output_notes
 from jupyter_dist.run.requests import (
+    copying_outputs,
     effective_state,
     request_cancel,
     request_debug,
@@ -544,7 +545,7 @@ def cmd_inspect(args: argparse.Namespace, store: JobStore) -> int:
 def cmd_cancel(args: argparse.Namespace, store: JobStore) -> int:
     record = store.get(args.job)
     state = request_cancel(record, reason="cancelled from the command line")
-    if state in FINAL_STATES:
+    if state in FINAL_STATES and not copying_outputs(record):
         print(f"job {record.job_id} already ended: {state}", file=sys.stderr)
         return EXIT_OK
     if args.wait <= 0:

@@ -28,7 +28,7 @@ import re
 import secrets
 import stat
 import time
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from dataclasses import MISSING, dataclass, fields
 from pathlib import Path
 from typing import Any, BinaryIO
@@ -174,6 +174,25 @@ def write_atomic(path: Path, text: str | bytes, mode: int | None = None) -> None
     if mode is not None:
         os.chmod(tmp, mode)
     os.replace(tmp, path)
+
+
+def write_pieces(path: Path, pieces: Iterable[bytes]) -> int:
+    """The bytes of `pieces` as the whole of `path`, written as they come (a file larger
+    than memory) and seen by no reader half written: private, as `write_atomic`. If the
+    pieces raise, nothing is left but what `path` was. The bytes written."""
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    written = 0
+    try:
+        with open(tmp, "wb", opener=_private_opener) as handle:
+            for piece in pieces:
+                handle.write(piece)
+                written += len(piece)
+        os.replace(tmp, path)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.unlink(tmp)
+        raise
+    return written
 
 
 @dataclass(frozen=True)

@@ -634,6 +634,38 @@ def test_a_large_code_folder_arrives_whole_in_pieces(ray_cluster, store, tmp_pat
     assert digests == [expected.hexdigest()] * 2, done.stdout[-2000:]
 
 
+def test_outputs_come_back_from_ray_nodes_in_pieces_up_to_the_limit(
+    ray_cluster, store, tmp_path, monkeypatch
+):
+    """Each rank writes 5 MiB (two pieces through its actor) and then 2 MiB, with 6 MiB
+    allowed from each node: the first arrives byte for byte, the second stays on the node,
+    named; the copies are private."""
+    monkeypatch.setenv("DISTRUN_OUTPUTS_LIMIT_MB", "6")
+    spec = tmp_path / "outputs.yml"
+    spec.write_text(
+        "command: >-\n"
+        "  python -c \"import os, sys; r = int(os.environ['RANK']);\n"
+        "  open(sys.argv[1] + '/a.bin', 'wb').write(bytes([r]) * (5 << 20));\n"
+        "  open(sys.argv[1] + '/b.bin', 'wb').write(b'b' * (2 << 20))\"\n"
+        "  ${{outputs.model}}\n"
+        "outputs:\n  model: {type: uri_folder}\nresources: {instance_count: 2}\n"
+    )
+    done = distrun(ray_cluster, "client", "run", str(spec), "--color", "never", store=store)
+    assert done.returncode == 0, done.stderr[-2000:]
+    (record,) = store.jobs()
+    copies = sorted((record.path / "outputs").iterdir())
+    assert len(copies) == 2, copies
+    contents = sorted((node / "model" / "a.bin").read_bytes()[:1] for node in copies)
+    assert contents == [b"\x00", b"\x01"]
+    for node in copies:
+        assert sorted(p.name for p in (node / "model").iterdir()) == ["a.bin"]
+        assert (node / "model" / "a.bin").stat().st_size == 5 << 20
+    shown = run_cli("inspect", record.job_id, store=store, env={**os.environ, "COLUMNS": "400"})
+    left = [line for line in shown.stdout.splitlines() if "past the 6.0 MiB" in line]
+    assert len(left) == 2 and all(line.endswith("/b.bin (2.0 MiB)") for line in left), left
+    assert not_private(record.path) == []
+
+
 def test_a_cluster_that_asks_for_a_token(store, tmp_path):
     """Token authentication (Ray's default for every cluster from 2.61): without the token,
     one line that says what Ray reads it from; with Ray's own variables set, a job runs,

@@ -14,8 +14,10 @@ and a backend may rely on that order:
     handles = [backend.start(proc, node, grace) for each process]   # in parallel
     handle.confirm() for each                   # every process started, or the job stops
     ... handle.chunks(stream), handle.wait() ... handle.terminate() / handle.kill()
-    backend.collect(node, folder)               # files the ranks left (e.g. --out values)
-    backend.sweep(job_id, node_names)           # last: nothing of the job survives
+    backend.sweep(job_id, node_names)           # nothing of the job survives
+    backend.collect(node, folder)               # small files the ranks left (--out values)
+    backend.list_files(node, folder)            # the job's outputs, copied piece by piece:
+    backend.read_piece(node, path, offset, n)   #   run/outputs.py
     backend.release()                           # give back what acquire took
 
 A job that starts again after a failure (run/job.Restarts) keeps its nodes and goes back to
@@ -174,7 +176,18 @@ class Backend(ABC):
 
     @abstractmethod
     def collect(self, node: Node, folder: str) -> dict[str, bytes]:
-        """Every file directly in `folder` on the node, name -> content; {} if no folder."""
+        """Every file directly in `folder` on the node, name -> content; {} if no folder.
+        For small files (a rank's --out values); outputs use `list_files` and `read_piece`."""
+
+    @abstractmethod
+    def list_files(self, node: Node, folder: str) -> dict[str, int]:
+        """Every regular file directly in `folder` on the node, name -> size in bytes, as
+        they are now; {} if no folder. NodeError if the node cannot be reached."""
+
+    @abstractmethod
+    def read_piece(self, node: Node, path: str, offset: int, size: int) -> bytes:
+        """Up to `size` bytes of the file at `path` on the node, from `offset` (fewer at its
+        end). NodeError if the node cannot be reached; OSError if the file cannot be read."""
 
     @abstractmethod
     def sweep(self, job_id: str, node_names: set[str]) -> list[int]:

@@ -12,6 +12,7 @@ from pathlib import Path
 
 from jupyter_dist.backends.agent_client import AGENT_SOURCE, AgentProcess, agent_argv
 from jupyter_dist.backends.base import Backend
+from jupyter_dist.backends.ray_host import list_folder, read_piece
 from jupyter_dist.errors import DistrunError
 from jupyter_dist.events import describe_exit
 from jupyter_dist.node_side import agent
@@ -128,6 +129,12 @@ class LocalBackend(Backend):
 
     def collect(self, node: Node, folder: str) -> dict[str, bytes]:
         return read_folder(folder)
+
+    def list_files(self, node: Node, folder: str) -> dict[str, int]:
+        return list_folder(folder)
+
+    def read_piece(self, node: Node, path: str, offset: int, size: int) -> bytes:
+        return read_piece(path, offset, size)
 
     def run_on_node(self, node: Node, argv: list[str], timeout: float = 60) -> tuple[int, str, str]:
         try:

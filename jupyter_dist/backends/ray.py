@@ -610,6 +610,12 @@ class RayBackend(Backend):
     def collect(self, node: Node, folder: str) -> dict[str, bytes]:
         return self._call(node, "collect", folder)
 
+    def list_files(self, node: Node, folder: str) -> dict[str, int]:
+        return self._call(node, "list_files", folder)
+
+    def read_piece(self, node: Node, path: str, offset: int, size: int) -> bytes:
+        return self._call(node, "read_piece", path, offset, size)
+
     def run_on_node(self, node: Node, argv: list[str], timeout: float = 60) -> tuple[int, str, str]:
         code, out, err = self._call(node, "run", argv, timeout, timeout=timeout + CALL_TIMEOUT_S)
         return code, out, err

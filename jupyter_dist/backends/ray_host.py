@@ -126,6 +126,12 @@ class RayNodeHost:
             return 127, "", str(exc)
         return done.returncode, done.stdout, done.stderr
 
+    def list_files(self, folder: str) -> dict:
+        return list_folder(folder)
+
+    def read_piece(self, path: str, offset: int, size: int) -> bytes:
+        return read_piece(path, offset, size)
+
     def collect(self, folder: str) -> dict:
         """Every file directly in `folder`: name -> content."""
         if not os.path.isdir(folder):
@@ -151,3 +157,28 @@ class RayNodeHost:
                 popen.wait(timeout)
             except subprocess.TimeoutExpired:
                 popen.kill()
+
+
+# Module-level, standard library: the local backend reads its nodes' outputs with them too.
+def list_folder(folder: str) -> dict[str, int]:
+    """Every regular file directly in `folder` (name -> size); none if it does not exist.
+    A link is not followed, and a FIFO or a device is not a file to copy."""
+    try:
+        entries = sorted(os.scandir(folder), key=lambda e: e.name)
+    except OSError:
+        return {}
+    found = {}
+    for entry in entries:
+        try:
+            if entry.is_file(follow_symlinks=False):
+                found[entry.name] = entry.stat(follow_symlinks=False).st_size
+        except OSError:
+            continue  # gone meanwhile
+    return found
+
+
+def read_piece(path: str, offset: int, size: int) -> bytes:
+    """Up to `size` bytes of the file at `path` from `offset` (fewer at its end)."""
+    with open(path, "rb") as handle:
+        handle.seek(offset)
+        return handle.read(size)

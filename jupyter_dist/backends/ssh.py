@@ -620,6 +620,34 @@ class SshBackend(Backend):
 
         return _on_node(fetch, node)
 
+    def list_files(self, node: Node, folder: str) -> dict[str, int]:
+        """Every regular file directly in `folder` on the node and its size, by SFTP (its
+        listing gives each entry's own attributes: a link is not followed)."""
+
+        def listing(node: Node) -> dict[str, int]:
+            with self.connections.open_sftp(node) as sftp:
+                try:
+                    entries = sftp.listdir_attr(folder)
+                except OSError:
+                    return {}
+            return {
+                e.filename: e.st_size or 0
+                for e in sorted(entries, key=lambda e: e.filename)
+                if stat.S_ISREG(e.st_mode or 0)
+            }
+
+        return _on_node(listing, node)
+
+    def read_piece(self, node: Node, path: str, offset: int, size: int) -> bytes:
+        """One piece of a file on the node, by SFTP, its requests sent ahead (readv)."""
+
+        def read(node: Node) -> bytes:
+            with self.connections.open_sftp(node) as sftp, sftp.open(path, "rb") as handle:
+                length = max(0, min(size, handle.stat().st_size - offset))
+                return b"".join(handle.readv([(offset, length)])) if length else b""
+
+        return _on_node(read, node)
+
     def start(self, proc: ProcessPlan, node: Node, grace: float) -> SshProcess:
         node = self._nodes.get(node.name, node)
 

@@ -136,6 +136,8 @@ class Job(Listened):
         self._pending_stop: str | None = None
         self.replaced: list[str] = []  # "node2 in place of node1", for each spare taken
         self.outputs_copied: list[str] = []  # run/outputs.py: what came from the nodes
+        self._copy_stop = threading.Event()  # set: the copy of the outputs ends (a cancel)
+        self._copying = False  # the outputs are being copied (a cancel still reaches it)
         self.state = "pending"
         self.created = time.time()
         self.started: float | None = None
@@ -482,9 +484,17 @@ class Job(Listened):
             )
         self._request_stop("failed", self.store_problem)
 
+    def _copy_progress(self, text: str) -> None:
+        """How far the copy of the outputs is, in the job's message (`jobs`, `inspect`)."""
+        self._message = text
+        self._write_status()
+
     def _request_stop(self, final_state: str, reason: str) -> None:
         """End the job in `final_state`: stop its processes now; or once those being
-        started have all reported their start; or, between attempts, instead of the next."""
+        started have all reported their start; or, between attempts, instead of the next.
+        Once the processes ended, a cancel stops the copy of the outputs."""
+        if self.state in FINAL_STATES:
+            self._copy_stop.set()
         with self._state_lock:
             if (
                 self.state in FINAL_STATES
@@ -708,10 +718,17 @@ class Job(Listened):
         if self._stall is not None:
             self._stall.stop()
         self._backend.sweep(self.job_id, self._unclean_nodes())  # nothing survives the job
-        # Before the nodes are given back (a Ray actor, a Slurm allocation holds them).
+        # Before the nodes are given back (a Ray actor, a Slurm allocation holds them). The
+        # outcome is written first: an owner killed during a long copy leaves it, not "lost".
+        message = self._message  # the job's own, while a long copy says how far it is
+        self._copying = bool(self.plan.outputs)
+        if self._copying:
+            self._write_status()
         self.outputs_copied = collect_outputs(
-            self.plan, self._nodes.values(), self._backend, self.record.path
-        )
+            self.plan, self._nodes.values(), self._backend, self.record.path,
+            stop=self._copy_stop, progress=self._copy_progress,
+        )  # fmt: skip
+        self._message, self._copying = message, False
         self._backend.release()
         self._result = JobResult(
             job_id=self.job_id,
@@ -874,6 +891,7 @@ class Job(Listened):
                 "message": self._message,
                 "stalled": self.stall_notice,
                 "outputs_copied": self.outputs_copied,
+                "copying_outputs": self._copying,
             }
 
     def _write_status(self, final: bool = False) -> None:

@@ -52,10 +52,13 @@ def effective_state(status: dict[str, Any]) -> str:
     state = status.get("state", "unknown")
     if state in FINAL_STATES or state == "unknown":
         return state
+    return "lost" if _owner_gone(status) else state
+
+
+def _owner_gone(status: dict[str, Any]) -> bool:
+    """Whether the job's owner, a process of this machine, is gone."""
     pid, host = status.get("owner_pid"), status.get("owner_host")
-    if isinstance(pid, int) and host == socket.gethostname() and not pid_alive(pid):
-        return "lost"
-    return state
+    return isinstance(pid, int) and host == socket.gethostname() and not pid_alive(pid)
 
 
 def pid_alive(pid: int) -> bool:
@@ -105,10 +108,11 @@ def _ask_owner(record: JobRecord, what: str) -> str:
 def request_cancel(record: JobRecord, reason: str = "cancelled") -> str:
     """Ask the owner of a job to cancel it; returns the job's state when asked.
 
-    A job that already ended is left alone (its state is returned). A lost job (owner gone)
-    raises, since nobody is there to act on the request."""
+    A job that already ended is left alone (its state is returned), unless its outputs are
+    still being copied from the nodes: that copy stops. A lost job (owner gone) raises,
+    since nobody is there to act on the request."""
     state = _ask_owner(record, "stop it")
-    if state in FINAL_STATES:
+    if state in FINAL_STATES and not copying_outputs(record):
         return state
     write_atomic(
         record.path / CANCEL_FILE, json.dumps({"reason": reason, "requested": time.time()})
@@ -116,12 +120,25 @@ def request_cancel(record: JobRecord, reason: str = "cancelled") -> str:
     return state
 
 
+def copying_outputs(record: JobRecord) -> bool:
+    """Whether the job, ended or not, is still copying its outputs from the nodes (its
+    owner alive: one killed during the copy left its outcome, and copies nothing more)."""
+    return _copying(record.status())
+
+
+def _copying(status: dict[str, Any]) -> bool:
+    return status.get("copying_outputs") is True and not _owner_gone(status)
+
+
 def wait_until_ended(record: JobRecord, timeout: float) -> str:
-    """The job's state once it has ended, or its current state when `timeout` passes."""
+    """The job's state once it has ended (its outputs copied too), or its current state
+    when `timeout` passes."""
     deadline = time.monotonic() + timeout
     while True:
-        state = effective_state(record.status())
-        if state in FINAL_STATES or state == "lost" or time.monotonic() >= deadline:
+        status = record.status()
+        state = effective_state(status)
+        ended = state in FINAL_STATES and not _copying(status)
+        if ended or state == "lost" or time.monotonic() >= deadline:
             return state
         time.sleep(0.1)
 
