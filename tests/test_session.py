@@ -220,6 +220,28 @@ def test_a_killed_kernel_leaves_no_rank_behind(kernel_env):
             time.sleep(0.2)
 
 
+# Prints "waiting" once the cell's thread has sat on one instruction inside all_reduce for
+# half a second (stuck in gloo, where SIGINT cannot reach it); rank 0 at once. Printed before
+# the call, it let an interrupt on a busy machine land before the all_reduce began.
+_SAY_WAITING_WHEN_STUCK = """import sys, threading, time
+def _say_waiting(main=threading.main_thread().ident):
+    seen, since = None, time.monotonic()
+    while time.monotonic() - since < 0.5 or seen is None:
+        time.sleep(0.05)
+        frame, names = sys._current_frames()[main], set()
+        here = (frame.f_code, frame.f_lasti)
+        while frame is not None:
+            names.add(frame.f_code.co_name)
+            frame = frame.f_back
+        if here != seen or 'all_reduce' not in names:
+            seen, since = (here if 'all_reduce' in names else None), time.monotonic()
+    print('waiting', flush=True)
+if rank == 0:
+    print('waiting', flush=True)
+else:
+    threading.Thread(target=_say_waiting, daemon=True).start()"""
+
+
 @pytest.mark.slow
 def test_an_interrupt_while_ranks_hang_in_a_collective_breaks_the_session(kernel_env):
     """Ranks 1-3 wait in an all_reduce rank 0 never joins: SIGINT cannot reach them inside
@@ -231,7 +253,7 @@ def test_an_interrupt_while_ranks_hang_in_a_collective_breaks_the_session(kernel
             "dist.init_process_group('gloo')\nrank = dist.get_rank()",
             timeout=120,
         )
-        msg_id = kc.execute("%%distrun\nprint('waiting', flush=True)\nif rank != 0:\n"
+        msg_id = kc.execute(f"%%distrun\n{_SAY_WAITING_WHEN_STUCK}\nif rank != 0:\n"
                             "    dist.all_reduce(torch.ones(1))\n")  # fmt: skip
         assert await_text(kc, "waiting", 4) == 4
         reply = interrupt_and_reply(km, kc, msg_id)
