@@ -20,6 +20,7 @@ attempt's lines out (attempt 1's come before the first marker).
 from __future__ import annotations
 
 import contextlib
+import errno
 import heapq
 import io
 import json
@@ -169,11 +170,33 @@ def write_atomic(path: Path, text: str | bytes, mode: int | None = None) -> None
     """`text` (or bytes) as the whole of `path`, which no reader ever sees half written;
     private (PRIVATE_FILE, or `mode`: 0o700 for a program)."""
     tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    with open(tmp, "wb" if isinstance(text, bytes) else "w", opener=_private_opener) as handle:
-        handle.write(text)
-    if mode is not None:
-        os.chmod(tmp, mode)
-    os.replace(tmp, path)
+    try:
+        with open(tmp, "wb" if isinstance(text, bytes) else "w", opener=_private_opener) as f:
+            f.write(text)
+        if mode is not None:
+            os.chmod(tmp, mode)
+        os.replace(tmp, path)
+    except BaseException:  # a full disk: nothing is left but what `path` was
+        with contextlib.suppress(OSError):
+            os.unlink(tmp)
+        raise
+
+
+def overwrite_in_place(path: Path, data: bytes) -> bool:
+    """`data` as the whole of the regular file `path`, written over the blocks it already
+    holds: the last resort where a new file cannot be made (a full disk), so not atomic (a
+    reader may see it half written). False, with nothing written, when `data` would need
+    more blocks than `path` holds."""
+    fd = os.open(path, os.O_WRONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
+    try:
+        held = os.fstat(fd)
+        if not stat.S_ISREG(held.st_mode) or len(data) > held.st_blocks * 512:
+            return False
+        os.pwrite(fd, data, 0)
+        os.ftruncate(fd, len(data))
+    finally:
+        os.close(fd)
+    return True
 
 
 def write_pieces(path: Path, pieces: Iterable[bytes]) -> int:
@@ -227,7 +250,21 @@ class JobRecord:
         write_atomic(self.path / "plan.json", json.dumps(plan, indent=1))
 
     def write_status(self, status: dict[str, Any]) -> None:
-        write_atomic(self.path / "status.json", json.dumps(status, indent=1))
+        """status.json, atomically; on a full disk over the old one's blocks instead (as
+        readable, or as compact JSON if that fits), so that a job stopped because its store
+        filled up can still say so (else it read "lost" once its owner was gone)."""
+        text = json.dumps(status, indent=1)
+        try:
+            write_atomic(self.path / "status.json", text)
+        except OSError as exc:
+            if exc.errno not in (errno.ENOSPC, errno.EDQUOT):
+                raise
+            compact = json.dumps(status, separators=(",", ":"))
+            for data in (text.encode(), compact.encode()):
+                with contextlib.suppress(OSError):
+                    if overwrite_in_place(self.path / "status.json", data):
+                        return
+            raise
 
     def status(self) -> dict[str, Any]:
         """The job's status.json; "unknown" before the job wrote one, "damaged" (with a

@@ -350,10 +350,13 @@ def test_a_fifo_in_place_of_any_store_file_never_holds_a_reader(store):
 
 
 @pytest.mark.slow
-def test_a_store_that_fills_up_stops_the_job_in_one_line_and_leaves_nothing(tmp_path):
+@pytest.mark.parametrize("detached", [False, True], ids=["attached", "detached"])
+def test_a_store_that_fills_up_stops_the_job_in_one_line_and_leaves_nothing(tmp_path, detached):
     """The store's disk fills while the ranks print (a tmpfs of 1 MiB): the job is stopped
     and fails, saying the store cannot be written and why, where the reader stopped
-    reading and the rank hung on a full pipe until killed; no process is left."""
+    reading and the rank hung on a full pipe until killed; no process is left, nor a
+    half-written file. Detached, the supervisor's outcome is stored all the same (over the
+    old status's blocks: no new file fits), where the job read "lost" once it exited."""
     import re
     import subprocess
 
@@ -371,8 +374,14 @@ def test_a_store_that_fills_up_stops_the_job_in_one_line_and_leaves_nothing(tmp_
             f"command: {json.dumps(command)}\n"
             "distribution: {type: pytorch, process_count_per_instance: 2}\n"
         )
-        done = run_cli("run", str(spec), store=store, timeout=60)  # a hang fails here
-        job_id = re.match(r"job (\S+):", done.stderr).group(1)
+        if detached:
+            started = run_cli("run", str(spec), "--detach", store=store, timeout=60)
+            assert started.returncode == 0, started.stderr
+            job_id = started.stdout.strip()
+            done = run_cli("attach", job_id, store=store, timeout=60)  # a hang fails here
+        else:
+            done = run_cli("run", str(spec), store=store, timeout=60)  # a hang fails here
+            job_id = re.match(r"job (\S+):", done.stderr).group(1)
         assert done.returncode == 1, done.stderr
         last = done.stderr.strip().splitlines()[-1]
         assert re.fullmatch(
@@ -382,6 +391,8 @@ def test_a_store_that_fills_up_stops_the_job_in_one_line_and_leaves_nothing(tmp_
             last,
         ), done.stderr
         assert "Traceback" not in done.stderr
+        assert store.get(job_id).status()["state"] == "failed"
         assert job_processes(job_id) == []
+        assert list(store.root.rglob("*.tmp")) == []
     finally:
         subprocess.run(["umount", "-l", str(small)], check=True)
