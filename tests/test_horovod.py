@@ -84,11 +84,61 @@ def test_gloo_on_local_nodes(store):
 
 
 @pytest.mark.parametrize("controller", ["gloo", "mpi"])
-def test_a_horovod_job_across_two_ssh_nodes(controller, ssh_nodes, store, tmp_path):
+def test_a_horovod_job_across_two_ssh_nodes(controller, request, store, tmp_path):
+    """The MPI controller's on nodes whose /etc/hosts are Debian's (each hostname on
+    127.0.1.1): what the refusal of Gloo's there advises."""
+    fixture = "debian_ssh_nodes" if controller == "mpi" else "ssh_nodes"
+    ssh_nodes = request.getfixturevalue(fixture)
     result = run(_spec(controller), store=store, inventory=ssh_nodes.load_inventory(tmp_path))
     assert result.ok, result.describe()
     _check_training(_reports_by_log(store, result.job_id), hosts=["node0", "node1"])
     assert ssh_nodes.job_processes(result.job_id) == []
+
+
+def test_horovods_gloo_controller_is_refused_where_hostnames_are_on_loopback(
+    debian_ssh_nodes, store, tmp_path
+):
+    """The nodes' /etc/hosts are Debian's (each hostname on 127.0.1.1): Horovod's Gloo
+    controller would set up its process sets there whatever HOROVOD_GLOO_IFACE says, and
+    its ranks failed to connect (after minutes). The job is refused before it starts, in one
+    line naming the nodes and the fix (the fixture checks nothing is left on them). Its MPI
+    controller runs there (test_a_horovod_job_across_two_ssh_nodes)."""
+    nodes_file = str(debian_ssh_nodes.write_inventory(tmp_path / "nodes.yml"))
+    spec = tmp_path / "job.yml"
+    spec.write_text(_spec("gloo").to_yaml())
+    done = run_cli("run", str(spec), "--nodes-file", nodes_file, store=store, timeout=120)
+    assert done.returncode == 2, done.stderr
+    assert done.stderr == (
+        "error: node0, node1: Horovod's Gloo controller would send the other nodes' ranks to "
+        "127.0.1.1, the loopback address their hostnames resolve to (its process sets use the "
+        "hostname's address, whatever HOROVOD_GLOO_IFACE says); use Horovod's MPI controller "
+        "(leave out --gloo), or map the hostname to the node's own address in /etc/hosts\n"
+    )
+
+
+def test_horovods_gloo_loopback_failure_gets_its_own_hint():
+    """Where the check was off: the lines Horovod's gloo printed on such nodes get a hint
+    for Horovod (its MPI controller), not torch's GLOO_SOCKET_IFNAME."""
+    from jupyter_dist.diagnose.hints import hint_for
+    from jupyter_dist.events import RootCause
+
+    for line in ("connect [127.0.1.1]:6058: Connection refused",
+                 "Connect timeout [127.0.1.1]:64949"):  # fmt: skip
+        cause = RootCause(
+            process="rank-0", label="rank 0", role="rank", node="node0", host="10.0.0.2",
+            rank=0, exit_code=134, signal=None, stderr_tail=[
+                "terminate called after throwing an instance of 'gloo::IoException'",
+                f"  what():  [/tmp/horovod-0.28.1/third_party/gloo/gloo/transport/tcp/"
+                f"pair.cc:799] {line}",
+                "Aborted",
+            ],
+        )  # fmt: skip
+        hint = hint_for(cause) or ""
+        assert hint.startswith(
+            "Hint: rank 0 was sent to a loopback address to reach another rank "
+            f'("{line.split("]")[0]}]"): Horovod\'s Gloo controller'
+        ), hint
+        assert "leave out --gloo" in hint and "GLOO_SOCKET_IFNAME" not in hint
 
 
 def test_the_seeds_shape_runs_its_own_horovodrun_once_on_node_0(ssh_nodes, store, tmp_path):

@@ -35,8 +35,9 @@ _NCCL_NETWORK = re.compile(
 
 
 # gloo told to connect to a loopback address: a peer advertised what its hostname resolves
-# to, and that was 127.0.1.1 (Debian's /etc/hosts) or 127.0.0.1.
-_GLOO_LOOPBACK = re.compile(r"remote=\[(127(?:\.\d{1,3}){3}|::1)\]")
+# to, and that was 127.0.1.1 (Debian's /etc/hosts) or 127.0.0.1. Torch's gloo says
+# "remote=[...]"; the gloo inside Horovod "connect [...]:PORT" or "Connect timeout [...]".
+_GLOO_LOOPBACK = re.compile(r"(?:remote=|connect |Connect timeout )\[(127(?:\.\d{1,3}){3}|::1)\]")
 
 
 def hint_for(cause: RootCause) -> str | None:
@@ -46,6 +47,16 @@ def hint_for(cause: RootCause) -> str | None:
     if gpu:
         return gpu
     loopback = _GLOO_LOOPBACK.search("\n".join(cause.stderr_tail))
+    if loopback and "horovod" in tail:
+        return (
+            f"Hint: {cause.label} was sent to a loopback address to reach another rank "
+            f'("{loopback.group(0)}"): Horovod\'s Gloo controller sets up its process sets '
+            "on the address a node's hostname resolves to, whatever HOROVOD_GLOO_IFACE says, "
+            f"and on that node it is {loopback.group(1)} (Debian and Ubuntu put the hostname "
+            "on 127.0.1.1 in /etc/hosts). Use Horovod's MPI controller (leave out --gloo), or "
+            "map the hostname to the node's own address; with the network check on "
+            "(network_check: true, the default), such a job is refused before it starts."
+        )
     if loopback:
         return (
             f"Hint: {cause.label} was sent to a loopback address to reach another rank "

@@ -16,7 +16,10 @@ each other: nothing is asked of them but their interfaces.
 from __future__ import annotations
 
 import dataclasses
+import ipaddress
 import json
+import os
+import shlex
 import threading
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
@@ -109,24 +112,22 @@ def gloo_interfaces(run_on_node: RunOnNode, plan: LaunchPlan, nodes: list[Node])
     PyTorch job on more than one is asked (node_side/netcheck.py `route`) which interface
     reaches the master and what its hostname resolves to; where the two differ, its ranks
     get that interface. A job that names one, or whose nodes' environments do, is left as it
-    is. NodeError, in one line, where a node cannot say which interface it uses."""
+    is. NodeError, in one line, where a node cannot say which interface it uses, and for a
+    Horovod job with its Gloo controller on a node whose hostname is on a loopback address
+    (no variable makes Horovod's process sets use another: `_refuse_horovod_gloo`)."""
+    if plan.job_type == "mpi" and _horovod_gloo(plan):
+        _refuse_horovod_gloo(_routes(run_on_node, plan, nodes), nodes)
+        return plan
     if plan.job_type != "pytorch" or not plan.master_port:
         return plan
     if any(p.env.get("GLOO_SOCKET_IFNAME") for p in plan.processes):
         return plan  # the job names it
-    one_per_host = list({node.host: node for node in reversed(nodes)}.values())[::-1]
-    if len(one_per_host) < 2:
-        return plan  # one machine: its ranks meet on it, whatever they advertise
     if any("GLOO_SOCKET_IFNAME" in ((n.software or {}).get("comm_env") or {}) for n in nodes):
         return plan  # a node's own environment names it: the user chose per node
-    asked = one_per_host
-    with ThreadPoolExecutor(max_workers=min(16, len(asked))) as pool:
-        answers = list(pool.map(
-            lambda node: _helper(run_on_node, node, ["route", plan.master_addr], 30), asked
-        ))  # fmt: skip
+    answers = _routes(run_on_node, plan, nodes)
     chosen: dict[str, str] = {}  # host -> interface
     why: dict[tuple[str, str | None], list[str]] = {}  # (interface, resolved) -> node names
-    for node, found in zip(asked, answers, strict=True):
+    for node, found in answers:
         if "error" in found:
             continue  # no route, no answer: the reach check below names what is wrong
         interface, address = found.get("interface"), found.get("address")
@@ -164,6 +165,71 @@ def gloo_interfaces(run_on_node: RunOnNode, plan: LaunchPlan, nodes: list[Node])
         for (interface, resolved), names in why.items()
     ]
     return dataclasses.replace(plan, processes=procs, network_notes=[*plan.network_notes, *notes])
+
+
+def _routes(run_on_node: RunOnNode, plan: LaunchPlan, nodes: list[Node]) -> list[tuple[Node, dict]]:
+    """Each machine's answer to `route` (the interface and address it reaches the master
+    from, what its hostname resolves to), one node per machine; none for a job on one."""
+    one_per_host = list({node.host: node for node in reversed(nodes)}.values())[::-1]
+    if len(one_per_host) < 2:
+        return []  # one machine: its ranks meet on it, whatever they advertise
+    with ThreadPoolExecutor(max_workers=min(16, len(one_per_host))) as pool:
+        answers = list(pool.map(
+            lambda node: _helper(run_on_node, node, ["route", plan.master_addr], 30), one_per_host
+        ))  # fmt: skip
+    return list(zip(one_per_host, answers, strict=True))
+
+
+def _horovod_gloo(plan: LaunchPlan) -> bool:
+    """Whether horovodrun runs the job with its Gloo controller (`--gloo`, or
+    HOROVOD_CONTROLLER=gloo), as its own launcher or inside the command."""
+    for proc in plan.processes:
+        words = []
+        for arg in proc.argv:
+            try:
+                words += shlex.split(arg) if " " in arg else [arg]
+            except ValueError:  # unbalanced quotes: its words as they stand
+                words += arg.split()
+        if any(os.path.basename(w) == "horovodrun" for w in words) and (
+            "--gloo" in words or proc.env.get("HOROVOD_CONTROLLER") == "gloo"
+        ):
+            return True
+    return False
+
+
+def _refuse_horovod_gloo(answers: list[tuple[Node, dict]], nodes: list[Node]) -> None:
+    """NodeError naming the nodes whose hostname resolves to a loopback address: Horovod's
+    Gloo controller (0.28.1, its last release) sets up its process sets on that address
+    whatever HOROVOD_GLOO_IFACE says (its global context honours the variable, the process
+    sets' do not), so the other nodes' ranks are sent to 127.0.1.1 and fail."""
+    # (Reaching the master over lo, the nodes are one machine's: a loopback address serves.)
+    found = [
+        (node, answer["resolves_to"])
+        for node, answer in answers
+        if _is_loopback(answer.get("resolves_to")) and answer.get("interface") != "lo"
+    ]
+    if not found:
+        return
+    names = [n.name for n in nodes if any(n.host == node.host for node, _ in found)]
+    resolved = found[0][1]
+    raise NodeError(
+        f"{', '.join(names)}: Horovod's Gloo controller would send the other nodes' ranks to "
+        f"{resolved}, the loopback address {_whose(names)} to (its process sets use the "
+        "hostname's address, whatever HOROVOD_GLOO_IFACE says); "
+        "use Horovod's MPI controller (leave out --gloo), or map the hostname to the node's "
+        "own address in /etc/hosts"
+    )
+
+
+def _whose(names: list[str]) -> str:
+    return "its hostname resolves" if len(names) == 1 else "their hostnames resolve"
+
+
+def _is_loopback(address: str | None) -> bool:
+    try:
+        return address is not None and ipaddress.ip_address(address).is_loopback
+    except ValueError:
+        return False
 
 
 def _interfaces(run_on_node: RunOnNode, plan: LaunchPlan, by_name: dict[str, Node]) -> list[str]:
