@@ -89,6 +89,9 @@ fi
 if [[ $want_tests -eq 1 ]]; then
     # Horovod has no wheel on PyPI: built once per machine (a few minutes), then cached.
     scripts/build-horovod.sh
+    # DeepSpeed with its CPU shm op built in (once per machine, then cached): else the
+    # first DeepSpeed test's ranks compile it, in every fresh clone.
+    scripts/build-deepspeed.sh
     # SkyPilot's own loader checks the exported task files (tests/test_export.py). It lives in
     # a venv of its own: its pins (click, uvicorn, ...) are not JupyterLab's. Made once per
     # machine, Python and SkyPilot's version (two minutes on 2 cores), in the machine's cache
