@@ -239,11 +239,20 @@ def ray_cluster(tmp_path_factory):
     """A real Ray cluster: a head and a worker, each in a network namespace of its own. Its
     tests are one module's (and one worker's group): it goes when they are done, since an
     idle Ray cluster keeps about 8 % of a core busy (its raylets, log monitors, idle
-    workers), taken from every test after it."""
+    workers), taken from every test after it. It asks every client for a token, as Ray's
+    clusters do by default from 2.61 (one cluster for the token's test and the others: a
+    second cost a minute); the token is in this process's environment, as a user's would
+    be, while its tests run."""
+    import secrets
+
     import raynodes
 
-    cluster = raynodes.start(2, tmp_path_factory.mktemp("raynodes"))
-    yield cluster
+    token = secrets.token_hex(16)  # made here: no key or token is ever committed
+    cluster = raynodes.start(2, tmp_path_factory.mktemp("raynodes"), auth_token=token)
+    with pytest.MonkeyPatch.context() as patch:
+        for name, value in cluster.auth_env.items():
+            patch.setenv(name, value)
+        yield cluster
     leftovers = raynodes.stop(cluster)
     assert leftovers == [], f"processes of a job left on the Ray nodes: {leftovers}"
 
