@@ -187,6 +187,15 @@ async def test_cancel_reaches_the_process_that_owns_the_job(jp_fetch, home, tmp_
 
     code, reply = await _json(jp_fetch, "distrun", "jobs", job_id, "cancel", method="POST")
     assert code == 200 and reply["state"] == "cancelled"
+    # Ended, its outputs still being copied by a live owner (this process stands in; the
+    # copy's own cancel is test_outputs'): the cancel is taken, and said to stop the copy.
+    record = store.get(job_id)
+    status = {**record.status(), "copying_outputs": True, "owner_pid": os.getpid(),
+              "owner_host": socket.gethostname()}  # fmt: skip
+    record.write_status(status)
+    code, reply = await _json(jp_fetch, "distrun", "jobs", job_id, "cancel", method="POST")
+    assert (code, reply["message"]) == (202, "asked to stop copying its outputs")
+    assert (record.path / "cancel.json").is_file()
 
 
 @pytest.mark.slow

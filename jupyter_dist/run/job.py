@@ -486,7 +486,8 @@ class Job(Listened):
 
     def _copy_progress(self, text: str) -> None:
         """How far the copy of the outputs is, in the job's message (`jobs`, `inspect`)."""
-        self._message = text
+        with self._state_lock:
+            self._message = text
         self._write_status()
 
     def _request_stop(self, final_state: str, reason: str) -> None:

@@ -38,7 +38,12 @@ from jupyter_dist.masking import masked_plan, masked_spec
 from jupyter_dist.nodes import load_inventory
 from jupyter_dist.plan import LaunchPlan
 from jupyter_dist.run.metrics import latest as latest_metrics
-from jupyter_dist.run.requests import SETTLED_STATES, request_cancel, request_stacks
+from jupyter_dist.run.requests import (
+    SETTLED_STATES,
+    copying_outputs,
+    request_cancel,
+    request_stacks,
+)
 from jupyter_dist.spec import dump_yaml
 from jupyter_dist.store import JobStore, UnknownJob
 from jupyter_dist.validation import YamlTooBig, load_yaml
@@ -217,9 +222,12 @@ class CancelHandler(DistrunHandler):
                 state = request_cancel(record, reason="cancelled from JupyterLab")
             except DistrunError as exc:
                 return 409, {"job_id": record.job_id, "state": "lost", "message": str(exc)}
-            if state in FINAL_STATES:
-                return 200, {"job_id": record.job_id, "state": state, "message": "already ended"}
-            return 202, {"job_id": record.job_id, "state": state, "message": "asked to stop"}
+            if state not in FINAL_STATES:
+                return 202, {"job_id": record.job_id, "state": state, "message": "asked to stop"}
+            if copying_outputs(record):  # ended, its outputs still coming: that copy stops
+                message = "asked to stop copying its outputs"
+                return 202, {"job_id": record.job_id, "state": state, "message": message}
+            return 200, {"job_id": record.job_id, "state": state, "message": "already ended"}
 
         status, body = await self.blocking(cancel)
         self.reply(body, status)
