@@ -184,6 +184,58 @@ def _started_lines(record) -> list[str]:
     ]  # fmt: skip
 
 
+# What each launcher gives its ranks to say which one they are.
+LAUNCHED = {
+    "torchrun": "distribution: {type: pytorch, process_count_per_instance: 2, "
+                "launcher: torchrun}\n",
+    "mpirun": "distribution: {type: mpi, process_count_per_instance: 2}\n",
+}  # fmt: skip
+
+
+@pytest.mark.parametrize("launcher", ["torchrun", "mpirun"])
+def test_a_breakpoint_in_a_rank_that_a_launcher_started_pauses_it(launcher, tmp_path, store):
+    """Ranks that torchrun or mpirun start (children of one launcher process, not of our
+    agent) inherit the startup hook: rank 1's breakpoint() pauses it, listed under its own
+    rank and node; it is read and let go, and the job succeeds with what it changed."""
+    script = tmp_path / "bp.py"
+    script.write_text(
+        "import os\n"
+        "rank = int(os.environ.get('RANK') or os.environ['OMPI_COMM_WORLD_RANK'])\n"
+        "x = 40 + rank\n"
+        "if rank == 1:\n"
+        "    breakpoint()\n"
+        "    x += 100\n"
+        "print(f'rank {rank} x {x}', flush=True)\n"
+    )
+    spec = tmp_path / "job.yml"
+    spec.write_text(f"command: python {script}\n{LAUNCHED[launcher]}")
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "jupyter_dist.cli", "run", str(spec), "--store", str(store.root)],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+    )  # fmt: skip
+    try:
+        deadline = time.monotonic() + 60
+        while not store.jobs():
+            assert time.monotonic() < deadline and proc.poll() is None, proc.stderr.read()
+            time.sleep(0.1)
+        (record,) = store.jobs()
+        found = paused_ranks(store, record.job_id, 1)
+        assert [(p["rank"], p["node"], p["file"], p["line"], p["reason"]) for p in found] == [
+            (1, "local0", str(script), 6, "breakpoint")
+        ], found
+        do = ["debug", record.job_id, "--rank", "1", "--do"]
+        assert run_cli(*do, "p x", store=store).stdout == "41\n"
+        assert run_cli(*do, "c", store=store).stderr == "rank 1 runs on\n"
+        out, err = proc.communicate(timeout=60)
+        assert proc.returncode == 0, err[-2000:]
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    assert "[rank 1] rank 1 x 141" in out.splitlines(), out
+    assert not_private(record.path) == []
+
+
 def test_a_paused_rank_on_an_ssh_node_is_listed_and_stepped_through_the_owner(
     ssh_cluster, tmp_path, store
 ):
