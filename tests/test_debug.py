@@ -189,14 +189,19 @@ LAUNCHED = {
     "torchrun": "distribution: {type: pytorch, process_count_per_instance: 2, "
                 "launcher: torchrun}\n",
     "mpirun": "distribution: {type: mpi, process_count_per_instance: 2}\n",
+    "horovodrun": "distribution: {type: mpi, process_count_per_instance: 2, "
+                  "launcher: horovodrun}\n",
 }  # fmt: skip
 
 
-@pytest.mark.parametrize("launcher", ["torchrun", "mpirun"])
+@pytest.mark.parametrize(
+    "launcher", ["torchrun", "mpirun", pytest.param("horovodrun", marks=pytest.mark.horovod)]
+)
 def test_a_breakpoint_in_a_rank_that_a_launcher_started_pauses_it(launcher, tmp_path, store):
-    """Ranks that torchrun or mpirun start (children of one launcher process, not of our
-    agent) inherit the startup hook: rank 1's breakpoint() pauses it, listed under its own
-    rank and node; it is read and let go, and the job succeeds with what it changed."""
+    """Ranks that torchrun, mpirun or horovodrun start (children of one launcher process,
+    not of our agent) inherit the startup hook: rank 1's breakpoint() pauses it, listed
+    under its own rank and node; it is read and let go, and the job succeeds with what it
+    changed."""
     script = tmp_path / "bp.py"
     script.write_text(
         "import os\n"
