@@ -166,6 +166,7 @@ def test_logs_tail_gives_the_last_lines_and_says_how_many_came_before(tmp_path: 
     )  # fmt: skip
 
 
+@pytest.mark.slow
 def test_ctrl_c_stops_every_rank(tmp_path: Path, store):
     spec = _write(tmp_path, LONG_JOB)
     proc, job_id = start_cli_run(spec, store, stderr=subprocess.PIPE)

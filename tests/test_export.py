@@ -324,6 +324,7 @@ def test_azureml_round_trips_every_job_type_through_our_loader_and_azures(kind, 
     assert again.environment == {"image": "python:3.11"}
 
 
+@pytest.mark.slow  # Azure ML's loader: seconds to import
 def test_azures_own_example_job_comes_back_unchanged(tmp_path):
     (tmp_path / "src").mkdir()
     (tmp_path / "job.yml").write_text(AZURE_JOB)
@@ -335,6 +336,7 @@ def test_azures_own_example_job_comes_back_unchanged(tmp_path):
     assert again == spec.to_dict()
 
 
+@pytest.mark.slow  # Azure ML's loader: seconds to import
 def test_azures_loader_is_strict_so_a_typo_fails_it(tmp_path):
     spec = parse_spec("command: x\n" + AZURE_EXPRESSIBLE["pytorch"])
     (path,) = write(export(spec, "azureml", ExportTarget.at(f"{tmp_path}/", image="img")))
@@ -344,6 +346,7 @@ def test_azures_loader_is_strict_so_a_typo_fails_it(tmp_path):
         _azure_check(path)
 
 
+@pytest.mark.slow  # Azure ML's loader: seconds to import
 def test_what_azure_ml_does_itself_is_left_out_and_listed(tmp_path):
     spec = parse_spec(
         "command: x\nnodes: [a, b]\nlimits: {stall_timeout: 60}\nbackend: {type: ssh}\n"
@@ -847,6 +850,7 @@ def test_the_schema_check_fails_a_manifest_with_a_typo(change, message, tmp_path
         k8s_schema.check(job)
 
 
+@pytest.mark.slow
 def test_a_jobset_with_a_typo_fails_the_check(tmp_path):
     (jobset,) = _documents(tmp_path, _pytorch_spec(29500), "jobset")
     jobset["spec"]["replicatedJobs"][0]["template"]["spec"]["completionMode"] = 3

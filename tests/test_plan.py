@@ -506,6 +506,7 @@ def listed_gpus(tmp_path, monkeypatch):
     this_machines_gpus.cache_clear()
 
 
+@pytest.mark.slow
 def test_local_nodes_have_this_machines_gpus_and_their_ranks_share_them(store, listed_gpus):
     """Local nodes carry the GPUs nvidia-smi lists here; the ranks of all of them are
     counted against those (they are one machine), ranks on one node as on any node."""

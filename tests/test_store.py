@@ -204,6 +204,7 @@ def test_a_damaged_job_shows_as_damaged_and_the_others_list(store):
     assert store.get(good).status()["state"] == "damaged"  # not a root cause: not shown
 
 
+@pytest.mark.slow
 def test_a_progress_bar_stays_in_its_line_and_logs_show_its_last_state(store):
     bar = "import sys; sys.stdout.write('10%\\r50%\\r100%\\n'); print('done')"
     result = _job(store, f"{sys.executable} -c {json.dumps(bar)}")
