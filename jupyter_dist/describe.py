@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 import time
 from typing import Any
 
@@ -187,3 +188,14 @@ def format_table(rows: list[dict[str, Any]], columns: tuple[str, ...] | list[str
     ]
     lines.insert(1, "  ".join("-" * w for w in widths))
     return "\n".join(lines)
+
+
+# What a terminal would act on rather than show: C0 controls but the newline, DEL, C1.
+_UNSHOWN = re.compile(r"[\x00-\x09\x0b-\x1f\x7f-\x9f]")
+
+
+def visible(text: str) -> str:
+    """`text` with what a terminal would act on (an escape sequence's ESC, a bell, a
+    carriage return) written out as `\\x1b`: a metric's name or a job's comes out as it is
+    spelled, never as a colour, a retitled window or a moved cursor."""
+    return _UNSHOWN.sub(lambda found: f"\\x{ord(found.group()):02x}", text)

@@ -22,6 +22,7 @@ import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import TextIO, TypeVar
 
+from jupyter_dist import debug_console
 from jupyter_dist.backends import backend_class, declared_options, inventory_backend
 from jupyter_dist.backends.node_pools import ACTIONS as POOL_ACTIONS
 from jupyter_dist.backends.node_pools import NodePools, pools_on_nodes
@@ -35,8 +36,9 @@ from jupyter_dist.describe import (
     job_summary,
     last_state,
     tf_configs,
+    visible,
 )
-from jupyter_dist.diagnose.debug import PausedRank, by_rank, check_command
+from jupyter_dist.diagnose.debug import PausedRank, by_rank
 from jupyter_dist.diagnose.meters import mib, summarize
 from jupyter_dist.diagnose.stacks import METHODS as STACK_METHODS
 from jupyter_dist.diagnose.stacks import StackDump
@@ -58,7 +60,6 @@ from jupyter_dist.run.requests import (
     copying_outputs,
     effective_state,
     request_cancel,
-    request_debug,
     request_stacks,
     wait_until_ended,
 )
@@ -207,20 +208,22 @@ def add_parsers(sub: argparse._SubParsersAction, common: argparse.ArgumentParser
 
     debug = sub.add_parser(
         "debug", parents=[common],
-        help="a running job's paused ranks (breakpoint(), pdb.set_trace()): list them, or "
-        "send one a pdb command",
+        help="a running job's paused ranks (breakpoint(), pdb.set_trace(), --post-mortem): "
+        "a console to list them, attach to one and send pdb commands; or one command",
     )  # fmt: skip
     debug.add_argument("job", help="job id (or a unique prefix)")
-    debug.add_argument(
-        "--list", action="store_true", help="one line per paused rank (what it does without --do)"
-    )
+    debug.add_argument("--list", action="store_true", help="one line per paused rank, then exit")
     debug.add_argument(
         "--json", action="store_true",
         help="the paused ranks as a JSON array: rank, node, file, line, function, reason, "
-        "exception",
+        "exception (with --do and --ranks: each rank's answer)",
     )  # fmt: skip
     debug.add_argument(
-        "--rank", type=int, metavar="R", help="the rank --do talks to, or --interrupt pauses"
+        "--rank", type=int, metavar="R",
+        help="the rank --do talks to or --interrupt pauses; alone, the console attached to it",
+    )  # fmt: skip
+    debug.add_argument(
+        "--ranks", metavar="SET", help="the ranks --do talks to: 0,2-3 or all (the paused ones)"
     )
     debug.add_argument(
         "--interrupt", action="store_true",
@@ -228,7 +231,8 @@ def add_parsers(sub: argparse._SubParsersAction, common: argparse.ArgumentParser
     )  # fmt: skip
     debug.add_argument(
         "--do", metavar="COMMAND",
-        help="one pdb command for --rank ('p x', 'n', 'where', 'c'): prints pdb's answer",
+        help="one pdb command for --rank or --ranks ('p x', 'n', 'where', 'c'): prints "
+        "pdb's answer",
     )  # fmt: skip
     debug.add_argument(
         "--timeout", type=float, default=30.0, metavar="SECONDS",
@@ -336,17 +340,6 @@ def print_table(
     for row in rows:
         table.add_row(*(Text(visible(str(row.get(c, "")))) for c in shown))
     (console or Console()).print(table)
-
-
-# What a terminal would act on rather than show: C0 controls but the newline, DEL, C1.
-_UNSHOWN = re.compile(r"[\x00-\x09\x0b-\x1f\x7f-\x9f]")
-
-
-def visible(text: str) -> str:
-    """`text` with what a terminal would act on (an escape sequence's ESC, a bell, a
-    carriage return) written out as `\\x1b`: a metric's name or a job's comes out as it is
-    spelled, never as a colour, a retitled window or a moved cursor."""
-    return _UNSHOWN.sub(lambda found: f"\\x{ord(found.group()):02x}", text)
 
 
 # The first characters that make a spreadsheet read a cell as a formula (OWASP's list).
@@ -579,49 +572,7 @@ def cmd_stacks(args: argparse.Namespace, store: JobStore) -> int:
 
 
 def cmd_debug(args: argparse.Namespace, store: JobStore) -> int:
-    record = store.get(args.job)
-    if args.interrupt:
-        if args.rank is None or args.do is not None or args.list or args.json:
-            raise DistrunError("--interrupt pauses one rank: give --rank R, and nothing else")
-        request = {"action": "interrupt", "rank": args.rank, "timeout": min(args.timeout, 5.0)}
-        answer = request_debug(record, request, args.timeout + 15)
-        if answer.get("paused"):
-            print(visible(PausedRank.from_dict(answer["paused"]).line_text()))
-        else:
-            print(f"rank {args.rank} was asked to pause; it will once its main thread runs "
-                  "Python again (it is in native code now: a collective, a lock?); "
-                  f"`jupyter distrun debug {record.job_id}` lists it then",
-                  file=sys.stderr)  # fmt: skip
-        return EXIT_OK
-    if args.do is not None:
-        if args.rank is None:
-            raise DistrunError("--do needs --rank R: the paused rank the command goes to")
-        if args.list or args.json:
-            raise DistrunError("--do sends a command; --list and --json list: give one of them")
-        check_command(args.do)  # here too: no request for a command the owner would refuse
-        request = {"action": "send", "rank": args.rank, "command": args.do,
-                   "timeout": args.timeout}  # fmt: skip
-        answer = request_debug(record, request, args.timeout + 15)
-        sys.stdout.write(answer["answer"])
-        sys.stdout.flush()
-        if not answer["paused"]:
-            print(f"rank {args.rank} runs on", file=sys.stderr)
-        return EXIT_OK
-    if args.rank is not None:
-        raise DistrunError("--rank goes with --do (--do 'p x' --rank R) or --interrupt")
-    answer = request_debug(record, {"action": "list"}, args.timeout)
-    paused = [PausedRank.from_dict(found) for found in answer.get("paused", [])]
-    for problem in answer.get("problems", []):
-        print(f"warning: {problem}", file=sys.stderr)
-    if args.json:
-        keys = ("rank", "node", "file", "line", "function", "reason", "exception")
-        print(json.dumps([{key: getattr(p, key) for key in keys} for p in paused]))
-    elif paused:
-        for found in paused:
-            print(visible(found.line_text()))
-    else:
-        print(f"no rank of job {record.job_id} is paused", file=sys.stderr)
-    return EXIT_OK
+    return debug_console.cmd_debug(args, store.get(args.job))
 
 
 def _last(items: Iterable[T], count: int) -> tuple[list[T], int]:

@@ -42,6 +42,7 @@ from jupyter_dist.masking import masked_spec
 from jupyter_dist.nodes import load_inventory
 from jupyter_dist.options import MAGIC, LaunchOptions, has_code, offered
 from jupyter_dist.plan.summary import launch_summary
+from jupyter_dist.rank_sets import parse_rank_set
 from jupyter_dist.run.cell_values import pack, unpack
 from jupyter_dist.run.job import Job
 from jupyter_dist.run.session import Session, SessionEnded, names_of
@@ -164,8 +165,8 @@ def _options(func: Callable) -> Callable:
         argument("--dry-run", action="store_true", help="show the spec and the plan; run nothing"),
         argument("--new", action="store_true",
                  help="while a session is open: run this cell as a job of its own"),
-        argument("--ranks", metavar="R,R",
-                 help="in a session: run the cell on these ranks only (e.g. 0,2)"),
+        argument("--ranks", metavar="SET",
+                 help="in a session: run the cell on these ranks only (e.g. 0,2-3)"),
         argument("--save", metavar="FILE", help="also write the job spec to FILE"),
         argument("--export", metavar="FORMAT", choices=tuple(FORMATS),
                  help=f"write the job for another scheduler ({', '.join(FORMATS)}) with the "
@@ -463,12 +464,7 @@ class DistrunMagics(Magics):
             from jupyter_dist.run.detached_session import OUT_REFUSED
 
             raise SpecError(OUT_REFUSED)  # before its view shows
-        ranks = None
-        if args.ranks:
-            try:
-                ranks = [int(word) for word in args.ranks.split(",") if word.strip()]
-            except ValueError:
-                raise SpecError(f"--ranks: {args.ranks!r} is not rank numbers (e.g. 0,2)") from None
+        ranks = parse_rank_set(args.ranks) if args.ranks else None
         chosen = session.chosen(ranks)  # a rank it does not have: one line, nothing runs
         pushed = pack(self.shell.user_ns, _names(args.push, "--push"))
         if self._view_mode() == "widget":
@@ -628,13 +624,18 @@ class DistrunMagics(Magics):
             return
         from jupyter_dist import job_commands  # the same commands as the terminal's
 
+        session = None  # the open session a bare `%distrun debug` means
         if words[0] in JOB_COMMANDS and (len(words) == 1 or words[1].startswith("-")):
-            if not self.last_job_id:  # no JOB given: the latest job of this kernel
+            session = self._open_session() if words[0] == "debug" else None
+            if session is not None:  # its ranks are where a debugger is wanted first
+                words.insert(1, session.job.job_id)
+            elif not self.last_job_id:  # no JOB given: the latest job of this kernel
                 raise _user_error(
                     f"%distrun {words[0]}: no job has run in this kernel yet; give a job id "
                     "(%distrun jobs lists them)"
                 )
-            words.insert(1, self.last_job_id)
+            else:
+                words.insert(1, self.last_job_id)
         if words[0] == "logs" and not any(w == "--tail" or w.startswith("--tail=") for w in words):
             words += ["--tail", str(job_commands.NOTEBOOK_LOG_LINES)]  # a cell holds so much
         try:
@@ -646,6 +647,14 @@ class DistrunMagics(Magics):
         if args.command == "attach" and self._view_mode() == "widget":
             with _one_line_errors():
                 self._attach_view(args)
+            return
+        console = not (args.command != "debug" or args.do or args.list or args.json
+                       or args.interrupt or args.ranks)  # fmt: skip
+        if console and session is not None and not getattr(session, "detached", False):
+            from jupyter_dist.debug_console import debug_session  # a failed cell's post-mortem
+
+            with _one_line_errors():
+                debug_session(session, args)
             return
         code = job_commands.run_command(args)
         if code == job_commands.EXIT_USAGE:

@@ -136,10 +136,14 @@ def strict_json(text: str | bytes):
 
 
 def run_cli(*args: str, store: JobStore | None = None, timeout: float = 120, **kwargs):
-    """`jupyter distrun ARGS` in a real subprocess; returns the CompletedProcess."""
+    """`jupyter distrun ARGS` in a real subprocess; returns the CompletedProcess. Its
+    stdin is empty unless given (a console it opens reads end of input, never the terminal
+    the tests were started from)."""
     argv = [sys.executable, "-m", "jupyter_dist.cli", *args]
     if store is not None:
         argv += ["--store", str(store.root)]
+    if "input" not in kwargs:
+        kwargs.setdefault("stdin", subprocess.DEVNULL)
     return subprocess.run(argv, capture_output=True, text=True, timeout=timeout, **kwargs)
 
 

@@ -17,7 +17,8 @@ PACKAGE = ROOT / "jupyter_dist"
 LAYERS = {
     "base": ("jupyter_dist.errors", "jupyter_dist.validation", "jupyter_dist.masking",
              "jupyter_dist.node_side", "jupyter_dist.code_folder", "jupyter_dist.env_names",
-             "jupyter_dist.command_words", "jupyter_dist.cell_syntax"),
+             "jupyter_dist.command_words", "jupyter_dist.cell_syntax",
+             "jupyter_dist.rank_sets"),
     "model": ("jupyter_dist.spec", "jupyter_dist.spec_dialect", "jupyter_dist.nodes",
               "jupyter_dist.options"),
     "plan": ("jupyter_dist.plan",),
@@ -27,7 +28,7 @@ LAYERS = {
     "run": ("jupyter_dist.run",),
     "export": ("jupyter_dist.export",),
     "presentation": ("jupyter_dist.describe", "jupyter_dist.dask_cluster",
-                     "jupyter_dist.job_commands"),
+                     "jupyter_dist.job_commands", "jupyter_dist.debug_console"),
     "views": ("jupyter_dist.magics", "jupyter_dist.cli", "jupyter_dist.widgets",
               "jupyter_dist.server"),
 }  # fmt: skip

@@ -101,7 +101,7 @@ def test_a_breakpoint_pauses_its_rank_and_a_terminal_steps_it_then_the_job_succe
             f"rank 1 (local0): {script}:7 in <module> (breakpoint)\n"
             f"rank 3 (local1): {script}:10 in <module> (breakpoint)\n"
         ) in inspected, inspected
-        listed = run_cli("debug", job_id, store=store)
+        listed = run_cli("debug", job_id, "--list", store=store)
         assert listed.stdout.splitlines() == [
             f"rank 1 (local0): {script}:7 in <module> (breakpoint)",
             f"rank 3 (local1): {script}:10 in <module> (breakpoint)",
@@ -122,14 +122,24 @@ def test_a_breakpoint_pauses_its_rank_and_a_terminal_steps_it_then_the_job_succe
             "not paused": do(0, "p x"),
             "no rank": run_cli("debug", job_id, "--do", "p x", store=store),
             "empty": do(1, "  "),
-            "rank alone": run_cli("debug", job_id, "--rank", "1", store=store),
+            "not a set": run_cli("debug", job_id, "--ranks", "1-x", "--do", "p x", store=store),
+            "rank and set": run_cli(
+                "debug", job_id, "--rank", "1", "--ranks", "1,3", "--do", "p x", store=store
+            ),
+            "set, one not paused": run_cli(
+                "debug", job_id, "--ranks", "0-1", "--do", "p x", store=store
+            ),
         }
         for case, done in refused.items():
             assert done.returncode != 0, case
             assert len(done.stderr.strip().splitlines()) == 1, (case, done.stderr)
             assert "Traceback" not in done.stderr, case
-        assert refused["not paused"].stderr.strip() == (
-            f"error: rank 0 of job {job_id} is not paused (paused: 1, 3)"
+        for case in ("not paused", "set, one not paused"):  # nothing sent to rank 1 either
+            assert refused[case].stderr.strip() == (
+                f"error: rank 0 of job {job_id} is not paused (paused: 1, 3)"
+            ), case
+        assert refused["not a set"].stderr.strip() == (
+            "error: --ranks: '1-x' is not a set of ranks (e.g. 3, 0,2-3 or all)"
         )
 
         # The pause's socket and record are private, on the node, while they last.
@@ -175,6 +185,85 @@ def test_a_breakpoint_pauses_its_rank_and_a_terminal_steps_it_then_the_job_succe
         assert not job_dir.exists() or not list(job_dir.glob("debug/*")), job_dir
     assert not list(record.path.glob("debug-*")), "a request or answer was left in the store"
     assert not_private(record.path) == []
+
+
+def test_a_terminal_console_lists_attaches_casts_and_continues(tmp_path, store):
+    """`jupyter distrun debug JOB` in a real terminal (a pty): the paused ranks listed,
+    `cast` to a set of them (each answer under its rank), `attach` a pdb prompt (an empty
+    line repeats pdb's last command, `detach` comes back), bad lines one line each, Ctrl-C
+    leaves the ranks paused. `--do` with `--ranks`, as text and JSON. Then `continue` from
+    a console fed by a pipe: every paused rank runs on and the job succeeds."""
+    import pexpect
+
+    spec, script = _local_job(tmp_path, nodes=2)
+    proc, job_id = start_cli_run(spec, store)
+    record = store.get(job_id)
+    try:
+        assert len(paused_ranks(store, job_id, 2)) == 2
+        console = pexpect.spawn(
+            sys.executable, ["-m", "jupyter_dist.cli", "debug", job_id, "--store",
+                             str(store.root)], encoding="utf-8", timeout=60,
+            env={**os.environ, "TERM": "dumb"},  # readline's line editing, no escapes
+        )  # fmt: skip
+        prompt = "(distrun debug) "
+
+        def said(line: str, expect: str = prompt) -> list[str]:
+            console.sendline(line)
+            console.expect_exact(expect)
+            lines = console.before.replace("\r\n", "\n").splitlines()
+            assert lines[0] == line  # the terminal's echo
+            return lines[1:]
+
+        console.expect_exact(prompt)
+        assert console.before.replace("\r\n", "\n").splitlines() == [
+            f"debugger console for job {job_id} (help: the commands; quit leaves)",
+            f"rank 1 (local0): {script}:7 in <module> (breakpoint)",
+            f"rank 3 (local1): {script}:10 in <module> (breakpoint)",
+        ]
+        assert said("cast 1,3 p x, rank") == ["[rank 1] (41, 1)", "[rank 3] (43, 3)"]
+        assert said("attach 1", "(Pdb rank 1) ") == [
+            f"attached to rank 1 (local0): {script}:7 in <module> (breakpoint); `detach` comes back"
+        ]
+        assert said("p x", "(Pdb rank 1) ") == ["41"]
+        assert said("n", "(Pdb rank 1) ") == [f"> {script}(8)<module>()", "-> if rank == 3:"]
+        assert said("", "(Pdb rank 1) ") == [
+            f"> {script}(11)<module>()",
+            '-> print(f"rank {rank} x {x}", flush=True)',
+        ]
+        assert said("detach") == ["detached from rank 1"]
+        assert said("cast all p x") == ["[rank 1] 141", "[rank 3] 43"]
+        assert said("cast 0,1 p x") == [
+            f"error: rank 0 of job {job_id} is not paused (paused: 1, 3)"
+        ]
+        assert said("cast 1") == ["error: cast takes ranks and a pdb command: cast 0,2-3 p x"]
+        assert said("attach 2") == [f"error: rank 2 of job {job_id} is not paused (paused: 1, 3)"]
+        assert said("frobnicate") == [
+            "unknown command 'frobnicate': list, attach R, cast RANKS CMD, continue, quit "
+            "(help: what each does)"
+        ]
+        console.sendintr()  # Ctrl-C
+        console.expect(pexpect.EOF)
+        assert "left the debugger console; every paused rank stays paused" in console.before
+        console.close()
+        assert console.exitstatus == 0
+
+        # Still paused; one command to a set, from a script.
+        cast = run_cli("debug", job_id, "--ranks", "all", "--do", "p rank", store=store)
+        assert cast.returncode == 0 and cast.stdout == "[rank 1] 1\n[rank 3] 3\n", cast
+        cast = run_cli("debug", job_id, "--ranks", "3", "--do", "p x", "--json", store=store)
+        assert json.loads(cast.stdout) == [{"rank": 3, "answer": "43\n", "paused": True}]
+
+        fed = run_cli("debug", job_id, input="list\ncontinue\nlist\n", store=store)
+        assert fed.returncode == 0, fed.stderr
+        assert "[rank 1] runs on\n" in fed.stdout and "[rank 3] runs on\n" in fed.stdout
+        assert proc.wait(60) == 0
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    said = {key: [line.text for line in record.iter_log(key, "stdout")][-1]
+            for key in ("rank-1", "rank-3")}  # fmt: skip
+    assert said == {"rank-1": "rank 1 x 141", "rank-3": "rank 3 x 343"}
 
 
 def _started_lines(record) -> list[str]:
@@ -241,13 +330,30 @@ def test_a_breakpoint_in_a_rank_that_a_launcher_started_pauses_it(launcher, tmp_
     assert not_private(record.path) == []
 
 
+SSH_SCRIPT = """\
+import os
+rank = int(os.environ["RANK"])
+print("started", flush=True)
+x = 40 + rank
+done = rank != 0
+while not done:
+    x = 40 + rank
+if rank == 1:
+    breakpoint()
+    x += 100
+print(f"rank {rank} x {x}", flush=True)
+"""
+
+
 def test_a_paused_rank_on_an_ssh_node_is_listed_and_stepped_through_the_owner(
     ssh_cluster, tmp_path, store
 ):
     """The same over SSH (2 real sshd nodes, a rank each): the owner reaches the paused
-    rank's pdb on its node through the connection it has; `c` and the job succeeds."""
+    rank's pdb on its node through the connection it has. Rank 0, looping in Python, is
+    paused there by `--interrupt` and let out of its loop; one command to both nodes'
+    ranks with `--ranks all` (`p x`, then `c`); the job succeeds."""
     (tmp_path / "code").mkdir()
-    (tmp_path / "code" / "bp.py").write_text(SCRIPT)
+    (tmp_path / "code" / "bp.py").write_text(SSH_SCRIPT)
     spec = tmp_path / "job.yml"
     spec.write_text(
         f"code: {tmp_path / 'code'}\ncommand: python bp.py\n"
@@ -257,19 +363,30 @@ def test_a_paused_rank_on_an_ssh_node_is_listed_and_stepped_through_the_owner(
     proc, job_id = start_cli_run(spec, store, "--nodes-file", nodes_file, ranks=2)
     try:
         found = paused_ranks(store, job_id, 1)
-        assert [(p["rank"], p["node"], p["line"]) for p in found] == [(1, "node1", 7)], found
+        assert [(p["rank"], p["node"], p["line"]) for p in found] == [(1, "node1", 10)], found
         assert Path(found[0]["file"]).name == "bp.py"
         done = run_cli("debug", job_id, "--rank", "1", "--do", "p x + 1", store=store)
         assert (done.returncode, done.stdout) == (0, "42\n"), done.stderr
-        done = run_cli("debug", job_id, "--rank", "1", "--do", "c", store=store)
-        assert done.stderr == "rank 1 runs on\n"
+
+        paused = run_cli("debug", job_id, "--interrupt", "--rank", "0", store=store)
+        assert paused.returncode == 0, paused.stderr
+        assert re.fullmatch(r"rank 0 \(node0\): \S*bp\.py:[67] in <module> \(interrupt\)\n",
+                            paused.stdout), paused.stdout  # fmt: skip
+        done = run_cli("debug", job_id, "--rank", "0", "--do", "!done = True", store=store)
+        assert done.returncode == 0, done.stderr
+        both = run_cli("debug", job_id, "--ranks", "all", "--do", "p x", store=store)
+        assert both.stdout == "[rank 0] 40\n[rank 1] 41\n", both.stderr
+        both = run_cli("debug", job_id, "--ranks", "0-1", "--do", "c", store=store)
+        assert both.stdout == "[rank 0] runs on\n[rank 1] runs on\n", both.stderr
         assert proc.wait(60) == 0
     finally:
         if proc.poll() is None:
             proc.kill()
             proc.wait()
-    said = [line.text for line in store.get(job_id).iter_log("rank-1", "stdout")]
-    assert said[-1] == "rank 1 x 141"
+    record = store.get(job_id)
+    said = {key: [line.text for line in record.iter_log(key, "stdout")][-1]
+            for key in ("rank-0", "rank-1")}  # fmt: skip
+    assert said == {"rank-0": "rank 0 x 40", "rank-1": "rank 1 x 141"}
 
 
 def test_a_breakpoint_in_a_distrun_cell_pauses_and_the_cell_ends_once_continued(kernel_env):
@@ -342,9 +459,48 @@ def test_a_breakpoint_in_a_distrun_cell_pauses_and_the_cell_ends_once_continued(
         assert _reply(kc, msg_id)["status"] == "ok"
         msg_id = kc.execute("%%distrun\nprint('kept', kept)")
         assert _reply(kc, msg_id)["status"] == "ok"
+
+        # A session's failed cell needs no flag: `%distrun debug --rank 1` right after it
+        # is a post-mortem there, with the cell's variables and the session's; leaving
+        # it, the session lives on.
+        failing = ("%%distrun\nimport os\ndef check(v):\n    if os.environ['RANK'] == '1':\n"
+                   "        raise ValueError(f'bad {v}')\ncheck(kept * 2)\n")  # fmt: skip
+        assert kc.execute_interactive(failing, timeout=60)["content"]["status"] == "error"
+        typed, said = iter(["p v, kept", "where", "q", "quit"]), []
+
+        def typing(msg):
+            kc.input(next(typed))
+
+        def shown(msg):
+            if msg["msg_type"] in ("stream", "error"):
+                said.append(msg["content"].get("text", msg["content"].get("evalue")))
+
+        reply = kc.execute_interactive("%distrun debug", timeout=60, allow_stdin=True,
+                                       stdin_hook=lambda m: kc.input("quit"),
+                                       output_hook=shown)  # fmt: skip
+        assert reply["content"]["status"] == "ok"
+        assert said[0].splitlines()[0] == (
+            "the last cell failed on rank 1: `%distrun debug --rank 1` looks where it raised"
+        ), said
+        said.clear()
+        reply = kc.execute_interactive("%distrun debug --rank 1", timeout=60, allow_stdin=True,
+                                       stdin_hook=typing, output_hook=shown)  # fmt: skip
+        assert reply["content"]["status"] == "ok", said
+        lines = "".join(said).splitlines()
+        assert lines[1].startswith("attached to rank 1 (local0): <cell ") and lines[1].endswith(
+            ":4 in check (post-mortem: ValueError: bad 12); `detach` comes back"
+        ), lines
+        assert lines[2] == "(12, 6)"
+        assert "-> raise ValueError(f'bad {v}')" in lines[3:-1] and lines[-1] == "rank 1 runs on"
+        reply = kc.execute_interactive("%distrun debug --rank 0", timeout=60, allow_stdin=True,
+                                       stdin_hook=typing, output_hook=shown)  # fmt: skip
+        assert reply["content"]["status"] == "error"
+        assert said[-1] == f"rank 0 of job {session.job_id} is not paused (paused: none)"
+        msg_id = kc.execute("%%distrun\nprint('still', kept)")
+        assert _reply(kc, msg_id)["status"] == "ok"
         kc.execute_interactive("%distrun session stop", timeout=60)
         said = [line.text for line in session.iter_log("rank-1", "stdout")]
-        assert "kept 6" in said, said
+        assert "kept 6" in said and "still 6" in said, said
     said = sorted(
         line.text for key in ("rank-0", "rank-1")
         for line in record.iter_log(key, "stdout") if line.text.startswith("x is")
@@ -452,14 +608,15 @@ def test_post_mortem_pauses_a_failed_rank_and_the_job_fails_as_it_would_have(tmp
 
 def test_the_magic_lists_and_steps_the_paused_ranks_of_a_detached_cell(kernel_env):
     """`%distrun debug` in the kernel that ran a detached cell (no JOB: its last job): the
-    paused ranks as JSON, `p x` on one, `c` on both; the job succeeds; once it ended, the
-    magic says so in one line."""
+    paused ranks as JSON, `p x` on one; the console in the notebook's input box, attached
+    to a rank, then `cast` and `continue`; the job succeeds; once it ended, the magic says
+    so in one line."""
     from helpers import running_kernel
 
     from jupyter_dist.run.requests import wait_until_ended
     from jupyter_dist.store import JobStore
 
-    def run(kc, code: str) -> tuple[str, dict]:
+    def run(kc, code: str, stdin_hook=None) -> tuple[str, dict]:
         said = []
 
         def hook(msg):
@@ -468,7 +625,9 @@ def test_the_magic_lists_and_steps_the_paused_ranks_of_a_detached_cell(kernel_en
             elif msg["msg_type"] == "error":
                 said.append(msg["content"]["evalue"])
 
-        reply = kc.execute_interactive(code, output_hook=hook, timeout=120)
+        reply = kc.execute_interactive(code, output_hook=hook, timeout=120,
+                                       allow_stdin=stdin_hook is not None,
+                                       stdin_hook=stdin_hook)  # fmt: skip
         return "".join(said), reply["content"]
 
     store = JobStore(kernel_env)
@@ -488,9 +647,26 @@ def test_the_magic_lists_and_steps_the_paused_ranks_of_a_detached_cell(kernel_en
         assert [(p["rank"], p["function"]) for p in found] == [(0, "<module>"), (1, "<module>")]
         said, _ = run(kc, "%distrun debug --rank 1 --do 'p x'")
         assert said == "7\n"
-        for rank in (0, 1):
-            said, reply = run(kc, f"%distrun debug --rank {rank} --do c")
-            assert reply["status"] == "ok" and said == f"rank {rank} runs on\n", said
+        # The console through the notebook's input box, as IPython's %debug: attached to
+        # rank 1 first; `continue` lets both run on.
+        typed = iter(["p x * 2", "detach", "cast 0-1 p x + 1", "continue", "quit"])
+        prompts = []
+
+        def answer(msg):
+            prompts.append(msg["content"]["prompt"])
+            kc.input(next(typed))
+
+        said, reply = run(kc, "%distrun debug --rank 1", stdin_hook=answer)
+        assert reply["status"] == "ok", (said, reply)
+        assert prompts == ["(Pdb rank 1) ", "(Pdb rank 1) "] + ["(distrun debug) "] * 3
+        assert said.splitlines()[2:] == [
+            "14",
+            "detached from rank 1",
+            "[rank 0] 1",
+            "[rank 1] 8",
+            "[rank 0] runs on",
+            "[rank 1] runs on",
+        ], said
         (record,) = store.jobs()
         assert wait_until_ended(record, 60) == "succeeded"
         said, reply = run(kc, "%distrun debug")

@@ -275,18 +275,24 @@ def _debugger_here(job_dir):
     return _debugger[0][1], _debugger[0][2]
 
 
-def post_mortem(error, traceback):
+def post_mortem(error, traceback, wait=None):
     """An uncaught exception (the stack hook's excepthook, the cell runner): pause at the
     frame that raised until the user continues or quits, or nobody attached for
     DISTRUN_POST_MORTEM seconds; then the caller prints the error and exits with it, as it
-    would have. Does nothing outside a job that asked for it (--post-mortem)."""
-    job_dir, wait = os.environ.get("DISTRUN_JOB_DIR"), os.environ.get("DISTRUN_POST_MORTEM", "")
-    if not job_dir or not wait.isdigit() or traceback is None:
+    would have. Does nothing outside a job that asked for it (--post-mortem). With `wait`
+    (a warm session's failed cell, looked into on request: session_worker.py), it pauses
+    whatever the job asked, that long at most with nobody attached, and says nothing on
+    stderr (the one who asked is there)."""
+    job_dir, told = os.environ.get("DISTRUN_JOB_DIR"), os.environ.get("DISTRUN_POST_MORTEM", "")
+    asked = wait is not None
+    if not asked:
+        wait = int(told) if told.isdigit() else None
+    if not job_dir or wait is None or traceback is None:
         return
     debugger, console = _debugger_here(job_dir)
     line = "".join(_format_exception_only(error)).strip().splitlines()
-    debugger.reason, debugger.exception, debugger.announce = "post-mortem", line[-1], True
-    console.wait = int(wait)
+    debugger.reason, debugger.exception, debugger.announce = "post-mortem", line[-1], not asked
+    console.wait = wait
     try:
         debugger.reset()
         debugger.interaction(None, traceback)

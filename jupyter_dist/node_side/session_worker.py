@@ -12,6 +12,11 @@ stdout: `MARK done {"cell": N, "ok": true}`, or with `"ok": false` and the error
 `message`, `traceback`), whose traceback also went to stderr as Python prints it. Both
 `ready` (`MARK ready {...}`) and `done` reports carry the rank's memory: `rss` (resident
 bytes) and, once the cell used CUDA through torch, `gpu` (bytes torch holds on its device).
+A request `{"cell": N, "post_mortem": SECONDS}` (`%distrun debug --rank R` after a failed
+cell) pauses the rank in its debugger (pyhook/distrun_debug.py) at the frame where its last
+cell raised, with that cell's variables, until the user continues or quits (or nobody
+attached within SECONDS), then reports `done` with `"debugged"`: whether there was a
+failure to look into (the last cell's: a cell that ends well forgets it).
 SIGINT raises KeyboardInterrupt in the running cell (it fails; the rank lives on). One that
 arrives after a cell was sent but before its code starts (it is still on its way, or being
 read) fails that cell as it starts. One that arrives while a finished cell reports, or
@@ -22,6 +27,7 @@ once every rank reported). `MARK ready` is its first line. End of input ends it.
 
 import base64
 import json
+import linecache
 import os
 import pickle
 import select
@@ -35,6 +41,7 @@ MARK = "\x1edistrun-session"
 # already on its way, else ignored), "reporting" (a cell that ended: ignored).
 _state = ["waiting"]
 _interrupted = [False]  # a SIGINT came for the cell read or on its way
+_last_failure = [None]  # the last cell's exception (its frames kept) for a post-mortem
 
 
 def on_interrupt(_signum, _frame):
@@ -55,22 +62,42 @@ def _request_waiting(wait=0):
 
 def run_cell(code, cell, namespace):
     """Run one cell; its report (without the mark)."""
+    _last_failure[0] = None  # its frames (and what they hold) go as the next cell starts
     try:
         _state[0] = "running"
         try:
             if _interrupted[0]:  # interrupted before it started
                 _interrupted[0] = False
                 raise KeyboardInterrupt
-            exec(compile(code, f"<cell {cell}>", "exec"), namespace)
+            name = f"<cell {cell}>"
+            # Its lines for tracebacks and pdb (`l`, `where`), as IPython keeps a cell's.
+            linecache.cache[name] = (len(code), None, code.splitlines(True), name)
+            exec(compile(code, name, "exec"), namespace)
         finally:
             _state[0] = "reporting"
     except BaseException as exc:  # KeyboardInterrupt and SystemExit fail the cell too
+        _last_failure[0] = exc
         kind, text = type(exc).__name__, str(exc)
         lines = traceback.format_exception(type(exc), exc, exc.__traceback__)
         shown = "".join(lines[:1] + lines[2:])  # leave this file's own frame out
         sys.stderr.write(shown)
         return {"cell": cell, "ok": False, "type": kind, "message": text, "traceback": shown}
     return {"cell": cell, "ok": True}
+
+
+def post_mortem(wait):
+    """The rank's debugger on its last cell's exception (module docstring); whether there
+    was one. An interrupt meanwhile is ignored, as between cells."""
+    error = _last_failure[0]
+    if error is None:
+        return False
+    _state[0] = "reporting"
+    try:
+        import distrun_debug  # the job's debugger, shipped beside the stack hook
+    except ImportError:
+        return False
+    distrun_debug.post_mortem(error, error.__traceback__, wait=wait)
+    return True
 
 
 def memory():
@@ -121,6 +148,13 @@ def main():
         if not line:
             return
         request = json.loads(line)
+        if "post_mortem" in request:
+            report = {"cell": request["cell"], "ok": True,
+                      "debugged": post_mortem(float(request["post_mortem"]))}  # fmt: skip
+            report.update(memory())
+            say(sys.stderr, f"{MARK} flushed {request['cell']}")
+            say(sys.stdout, f"{MARK} done {json.dumps(report)}")
+            continue
         if request.get("push"):
             namespace.update(pickle.loads(base64.b64decode(request["push"])))
         report = run_cell(request["code"], request["cell"], namespace)

@@ -393,6 +393,35 @@ class Job(Listened):
             )
         return self._send(target, command, timeout)
 
+    def debug_cast(
+        self, ranks: list[int] | None, command: str, timeout: float = 30.0
+    ) -> list[dict]:
+        """`command` to each of `ranks` (None: every paused rank) at once: one
+        {"rank", "answer", "paused"} per rank, by rank. DistrunError in one line, before
+        anything is sent, where one of them is not paused or none is."""
+        command = check_command(command)
+        found, _ = self.paused()
+        by_rank = {p.rank: p for p in found if p.rank is not None}
+        if ranks is None:
+            ranks = sorted(by_rank)
+            if not ranks:
+                raise DistrunError(f"no rank of job {self.job_id} is paused")
+        missing = [rank for rank in ranks if rank not in by_rank]
+        if missing:
+            paused = ", ".join(str(rank) for rank in sorted(by_rank)) or "none"
+            raise DistrunError(
+                f"rank {missing[0]} of job {self.job_id} is not paused (paused: {paused})"
+            )
+
+        def one(rank: int) -> dict:
+            try:
+                return {"rank": rank, **self._send(by_rank[rank], command, timeout)}
+            except DistrunError as exc:  # it ran on meanwhile: its line, the others' answers
+                return {"rank": rank, "error": str(exc)}
+
+        with ThreadPoolExecutor(max_workers=min(16, len(ranks))) as pool:
+            return list(pool.map(one, ranks))
+
     def _send(self, target: PausedRank, command: str, timeout: float) -> dict:
         node = self._nodes[target.node]
         return send(self._backend.run_on_node, node, self._job_dirs()[node.name], target,
@@ -410,7 +439,21 @@ class Job(Listened):
                 rank = request.get("rank")
                 if not isinstance(rank, int) or isinstance(rank, bool):
                     raise DistrunError(f"a rank is a number, not {rank!r}")
-            if request.get("action") == "send":
+            if request.get("action") == "cast":
+                ranks = request.get("ranks")
+                if ranks is not None and (
+                    not isinstance(ranks, list)
+                    or not all(isinstance(r, int) and not isinstance(r, bool) for r in ranks)
+                ):
+                    raise DistrunError(f"ranks are a list of numbers, not {ranks!r:.80}")
+                answer = {
+                    "answers": self.debug_cast(
+                        ranks,
+                        str(request.get("command", "")),
+                        float(request.get("timeout") or 30.0),
+                    )
+                }
+            elif request.get("action") == "send":
                 answer = self.debug_send(rank, str(request.get("command", "")),
                                          float(request.get("timeout") or 30.0))  # fmt: skip
             elif request.get("action") == "interrupt":

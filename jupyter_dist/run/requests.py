@@ -224,8 +224,11 @@ def answer_debug(record: JobRecord, request_id: str, answer: dict[str, Any]) -> 
 
 
 def request_debug(record: JobRecord, request: dict[str, Any], timeout: float) -> dict[str, Any]:
-    """Ask the owner of a running job to list its paused ranks (`{"action": "list"}`) or
-    to send one a command (`{"action": "send", "rank": R, "command": C}`), and wait for the
+    """Ask the owner of a running job to list its paused ranks (`{"action": "list"}`), to
+    send one a command (`{"action": "send", "rank": R, "command": C}`), to send several the
+    same command at once (`{"action": "cast", "ranks": [R, ...] or None for every paused
+    one, "command": C}`: `{"answers": [{"rank", "answer", "paused"} or {"rank", "error"}]}`)
+    or to pause one where it runs (`{"action": "interrupt", "rank": R}`), and wait for the
     answer. DistrunError, in one line, when the job is not running, the owner says no, or
     no answer comes within `timeout`."""
     state = _ask_owner(record, "reach its ranks' debugger")

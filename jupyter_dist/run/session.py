@@ -92,6 +92,7 @@ class Session:
         self._changed = threading.Condition()
         self._running_cell: int | None = None  # quiet ranks are a stall only while set
         self._running_names: list[str] = []  # the processes that run it
+        self.failed_ranks: list[int] = []  # the ranks whose last cell raised (a post-mortem's)
         # process name -> {"rss": bytes, "gpu": bytes}, as each rank last reported
         self.memory: dict[str, dict[str, int]] = {}
 
@@ -209,6 +210,8 @@ class Session:
             self._running_cell, self._running_names = None, []
         result.reports = dict(self._reports.pop(cell))
         self._flushed.pop(cell, None)
+        ran = {p.name: p.rank for p in chosen}
+        self.failed_ranks = sorted(ran[n] for n, r in result.reports.items() if not r["ok"])
         run.ok = result.ok
         run.failed = None if result.ok else result.describe().splitlines()[0]
         self._remember(run)
@@ -229,6 +232,33 @@ class Session:
             running = [n for n in names if n not in self._reports.get(cell, {})]
         if running:
             self.job.interrupt(running)
+
+    def post_mortem(self, rank: int, wait: float) -> bool:
+        """Rank `rank`'s debugger on the exception its last cell raised, where it raised,
+        with the cell's variables (node_side/session_worker.py): blocks until the user
+        continues or quits it there (diagnose/debug.py reaches it), or nobody attached
+        within `wait` seconds. False where that rank's last cell did not fail. The rank
+        lives on, as after any cell; the session's history is not touched."""
+        if not self.alive:
+            raise SessionEnded(self.ended_message())
+        (proc,) = self.chosen([rank])
+        cell = self._cells  # the last cell's number: its report comes again, then goes
+        request = (json.dumps({"cell": cell, "post_mortem": wait}) + "\n").encode()
+
+        def reported() -> bool:
+            return proc.name in self._reports.get(cell, {}) and proc.name in self._flushed.get(
+                cell, ()
+            )
+
+        with interrupts_deferred():
+            self.job.feed(proc.name, request)
+        try:
+            self._wait(reported, None)
+            return bool(self._reports[cell][proc.name].get("debugged"))
+        finally:
+            with self._changed:
+                self._reports.pop(cell, None)
+                self._flushed.pop(cell, None)
 
     def chosen(self, ranks: list[int] | None) -> list[ProcessPlan]:
         """The session's rank processes, or those of `ranks` (SpecError naming a rank the
