@@ -87,6 +87,12 @@ if .venv/bin/python -c "import importlib.util as u; exit(not u.find_spec('rfc398
     pip uninstall -y rfc3987-syntax
 fi
 if [[ $want_tests -eq 1 ]]; then
+    # What follows builds into the machine's cache (scripts/machine-cache.sh): two set-ups at
+    # once on one machine (two clones) would build the same things into the same places, and
+    # one would break the other's half-made SkyPilot venv. The second waits, then reuses.
+    mkdir -p "$machine_cache"
+    exec 9>"$machine_cache/.setup.lock"
+    flock 9
     # Horovod has no wheel on PyPI: built once per machine (a few minutes), then cached.
     scripts/build-horovod.sh
     # DeepSpeed with its CPU shm op built in (once per machine, then cached): else the
@@ -112,6 +118,7 @@ if [[ $want_tests -eq 1 ]]; then
         rm -rf .venv-skypilot
         ln -s "$sky_venv" .venv-skypilot
     fi
+    flock -u 9
 fi
 # The lab extension and the server extension must both be installed and enabled.
 lab_extensions=$(.venv/bin/jupyter labextension list 2>&1) || {
