@@ -648,8 +648,9 @@ class DistrunMagics(Magics):
             with _one_line_errors():
                 self._attach_view(args)
             return
-        console = not (args.command != "debug" or args.do or args.list or args.json
-                       or args.interrupt or args.ranks)  # fmt: skip
+        console = args.command == "debug" and not (
+            args.do or args.list or args.json or args.interrupt or args.ranks
+        )
         if console and session is not None and not getattr(session, "detached", False):
             from jupyter_dist.debug_console import debug_session  # a failed cell's post-mortem
 

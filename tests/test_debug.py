@@ -747,3 +747,29 @@ def test_the_rank_and_the_helper_agree_on_the_signal_that_pauses():
     from jupyter_dist.node_side import debugger, stack_hook
 
     assert debugger.PAUSE_SIGNAL == stack_hook.PAUSE_SIGNAL != stack_hook.STACK_SIGNAL
+
+
+def test_a_pause_binds_even_when_an_ended_ranks_agent_takes_the_empty_folder(tmp_path, monkeypatch):
+    """Two ranks on one node share the job's `debug/` folder; the agent of one that ends
+    takes it away while empty (agent._clear_pauses). Seen in a whole run: rank 1 made the
+    folder, rank 0's agent removed it, and rank 1's bind failed, killing the job. The pause
+    makes the folder again and binds."""
+    from jupyter_dist.node_side import debugger
+
+    taken = []
+    bind = debugger._Console._bind
+
+    def bind_after_the_agent(console):
+        if not taken:  # just between the folder's making and the bind
+            taken.append(os.path.dirname(console.socket_path))
+            os.rmdir(taken[0])
+        return bind(console)
+
+    monkeypatch.setattr(debugger._Console, "_bind", bind_after_the_agent)
+    console = debugger._Console(str(tmp_path))
+    try:
+        assert taken and Path(console.socket_path).is_socket()
+        assert not_private(tmp_path / "debug") == []
+    finally:
+        console.close()
+    assert not Path(console.socket_path).exists()

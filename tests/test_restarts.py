@@ -23,11 +23,11 @@ from jupyter_dist.run.requests import wait_until_ended
 from jupyter_dist.spec import parse_spec
 
 # Each rank prints its attempt and master port; rank 1 fails on the first FAIL attempts,
-# after PAUSE seconds.
+# after PAUSE seconds (and once a GATE file is there, where one is given).
 FLAKY = (
     "command: >-\n"
     "  echo attempt $DISTRUN_RESTART_COUNT $TORCHELASTIC_RESTART_COUNT port $MASTER_PORT;\n"
-    "  sleep {pause};\n"
+    "  sleep {pause};{gate}\n"
     "  if [ $RANK = 1 ] && [ $DISTRUN_RESTART_COUNT -lt {fail} ]; then\n"
     "  echo rank 1 gives up on attempt $DISTRUN_RESTART_COUNT >&2; exit 3; fi; sleep 0.3\n"
     "resources: {{instance_count: 2}}\n"
@@ -36,9 +36,13 @@ FLAKY = (
 )
 
 
-def _flaky(tmp_path: Path, fail: int, restarts: int, delay: float = 0, pause: float = 0) -> Path:
+def _flaky(
+    tmp_path: Path, fail: int, restarts: int, delay: float = 0, pause: float = 0,
+    gate: Path | None = None,
+) -> Path:  # fmt: skip
     path = tmp_path / "flaky.yml"
-    path.write_text(FLAKY.format(fail=fail, restarts=restarts, delay=delay, pause=pause))
+    wait = f" while [ ! -e {gate} ]; do sleep 0.05; done;" if gate else ""
+    path.write_text(FLAKY.format(fail=fail, restarts=restarts, delay=delay, pause=pause, gate=wait))
     return path
 
 
@@ -167,11 +171,25 @@ def test_restarts_exhausted_fail_naming_every_attempts_cause(store, tmp_path):
 
 @pytest.mark.slow
 def test_attach_follows_a_detached_job_through_its_restart(store, tmp_path):
-    spec = _flaky(tmp_path, fail=1, restarts=1, delay=1, pause=2)  # attached before it fails
+    gate = tmp_path / "go"  # the first attempt fails once `attach` follows it, not before
+    spec = _flaky(tmp_path, fail=1, restarts=1, delay=1, gate=gate)
     done = run_cli("run", str(spec), "--detach", store=store, timeout=60)
     assert done.returncode == 0, done.stderr
     job_id = done.stdout.strip()
-    followed = run_cli("attach", job_id, store=store, timeout=60)
+    attach = subprocess.Popen(
+        [sys.executable, "-m", "jupyter_dist.cli", "attach", job_id, "--store", str(store.root)],
+        stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+    )  # fmt: skip
+    try:
+        first = attach.stderr.readline()
+        assert "following it" in first, first
+        gate.touch()
+        out, err = attach.communicate(timeout=60)
+    finally:
+        if attach.poll() is None:
+            attach.kill()
+            attach.wait()
+    followed = subprocess.CompletedProcess(attach.args, attach.returncode, out, first + err)
     assert followed.returncode == 0, followed.stderr
     assert "\u2500\u2500 attempt 2 of 2 \u2500\u2500" in followed.stderr
     assert "It ran 2 times; before this one:" in followed.stderr

@@ -48,6 +48,7 @@ import time
 PROMPT = "(Pdb) "
 MARK = "\x1edistrun-debug "  # a line to the launcher, among the rank's output
 DEBUG_FOLDER = "debug"
+BIND_TRIES = 20  # the debug folder made again, where another rank's agent took it away
 SETTLE_S = 0.3  # after a pause record goes, how long a prompt may still come (a quick `n`)
 
 
@@ -90,11 +91,30 @@ class _Console:
 
     def __init__(self, job_dir):
         folder = _folder(job_dir)
-        os.makedirs(folder, mode=0o700, exist_ok=True)
         base = os.path.join(folder, f"{machine_tag()}-{os.getpid()}")
         self.socket_path, self.record_path = base + ".sock", base + ".json"
         self.pid = os.getpid()
         self.server = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        for attempt in range(BIND_TRIES):
+            os.makedirs(folder, mode=0o700, exist_ok=True)
+            try:
+                self._bind()
+                break
+            except FileNotFoundError:
+                # The agent of a rank that ended on this node takes the folder away while
+                # it is empty (agent._clear_pauses): between our makedirs and the bind it
+                # may have. Once the socket is in it, the folder is not empty and stays.
+                if attempt == BIND_TRIES - 1:
+                    raise
+        self.server.listen(4)
+        self.client = None
+        self.pending = b""
+        # Post-mortem: how long to wait for a client before pdb is told to quit (None: for
+        # ever, as at a breakpoint).
+        self.wait = None
+        atexit.register(self.close)
+
+    def _bind(self):
         with _reachable(self.socket_path) as short:
             with contextlib.suppress(OSError):
                 os.unlink(short)
@@ -104,13 +124,6 @@ class _Console:
             finally:
                 os.umask(old)
             os.chmod(short, 0o600)
-        self.server.listen(4)
-        self.client = None
-        self.pending = b""
-        # Post-mortem: how long to wait for a client before pdb is told to quit (None: for
-        # ever, as at a breakpoint).
-        self.wait = None
-        atexit.register(self.close)
 
     # -- pdb's stdin ---------------------------------------------------------------------
 

@@ -54,7 +54,7 @@ from jupyter_dist.plan.summary import launch_summary
 from jupyter_dist.run.metrics import MetricsSink
 from jupyter_dist.run.output import OutputPipeline
 from jupyter_dist.run.outputs import collect_outputs
-from jupyter_dist.run.requests import answer_debug, owner_fields
+from jupyter_dist.run.requests import ANSWER_GRACE_S, answer_debug, owner_fields
 from jupyter_dist.run.stopping import escalate, watch_requests
 from jupyter_dist.store import JobRecord, attempt_marker
 
@@ -144,6 +144,8 @@ class Job(Listened):
         self.ended: float | None = None
         self._root_cause: RootCause | None = None
         self._paused_at: dict[int, PausedRank] = {}  # rank -> where it last paused
+        self._debug_busy = 0  # debugger requests being answered
+        self._debug_idle = threading.Condition()
         self._message: str | None = None
         self._stopping = False
         self._stop_started: float | None = None  # when we began stopping (epoch seconds)
@@ -433,7 +435,18 @@ class Job(Listened):
                 if p.env.get("DISTRUN_JOB_DIR")}  # fmt: skip
 
     def _debug_for_request(self, request: dict) -> None:
-        """Answer another process's debugger request (run/requests.request_debug)."""
+        """Answer another process's debugger request (run/requests.request_debug). The job
+        does not end (nor its owner exit) with an answer on its way (ANSWER_GRACE_S)."""
+        with self._debug_idle:
+            self._debug_busy += 1
+        try:
+            self._answer_debug_request(request)
+        finally:
+            with self._debug_idle:
+                self._debug_busy -= 1
+                self._debug_idle.notify_all()
+
+    def _answer_debug_request(self, request: dict) -> None:
         try:
             if request.get("action") in ("send", "interrupt"):
                 rank = request.get("rank")
@@ -792,6 +805,8 @@ class Job(Listened):
             for listener in self._listeners:
                 with contextlib.suppress(Exception):
                     listener.on_finish(self._result)
+        with self._debug_idle:  # an answer on its way (a `c` that let the job end) goes first
+            self._debug_idle.wait_for(lambda: self._debug_busy == 0, ANSWER_GRACE_S)
         self._done.set()
 
     # -- restarts ------------------------------------------------------------------------

@@ -32,6 +32,7 @@ CANCEL_FILE = "cancel.json"
 STACKS_REQUEST_FILE = "stacks-request.json"
 DEBUG_REQUEST_PREFIX, DEBUG_ANSWER_PREFIX = "debug-request-", "debug-answer-"
 POLL_SECONDS = 0.2  # how often an owner looks for a request
+ANSWER_GRACE_S = 5.0  # how long an answer the owner was writing as its job ended may take
 T = TypeVar("T")
 
 
@@ -192,6 +193,14 @@ def _owners_answer(
         if found is not None:
             return found
         if effective_state(record.status()) != "running":
+            # An answer can come just after the end: a `c` that let the last paused rank
+            # finish the job is answered as the job ends (its owner writes it first).
+            late = time.monotonic() + min(ANSWER_GRACE_S, max(0.0, deadline - time.monotonic()))
+            while time.monotonic() < late:
+                found = answered()
+                if found is not None:
+                    return found
+                time.sleep(poll)
             raise DistrunError(f"job {record.job_id} ended before {what}")
         time.sleep(poll)
     raise DistrunError(

@@ -169,6 +169,7 @@ class Session:
             raise SpecError(f"session {self.name}: {problem}")
         cell = self._cells = self.next_cell
         chosen = self.chosen(ranks)
+        self.failed_ranks = []  # until this cell says otherwise (an interrupt says nothing)
         names = [p.name for p in chosen]
         some = [p.rank for p in chosen] if len(chosen) < len(self.ranks) else None
         run = CellRun(cell, code, time.time(), some, pushed=push is not None, session=self.name)
