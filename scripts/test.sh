@@ -35,14 +35,14 @@ npx --no-install jest --silent
 .venv/bin/python -m compileall -q jupyter_dist tests >/dev/null
 # DISTRUN_TEST_WORKERS=N runs the tests on N workers (pytest-xdist, --dist loadgroup: tests
 # that share a cluster or a module's fixture stay on one worker, tests/conftest.py); 1 runs
-# them in one process. By default the whole run takes one worker per core, at most 2 (it is
-# bound by CPU: more workers than cores only make each test slower), the quick loop at most
-# 4. Parallel whole runs became the default once three fresh-clone runs in a row were green
-# (docs/development.md).
-workers=$(nproc)
-limit=2
-[[ $quick -eq 1 ]] && limit=4
-[[ $workers -le $limit ]] || workers=$limit
+# them in one process. The quick loop takes one worker per core (at most 4) by default. The
+# whole run takes one process by default until parallel whole runs have been green three
+# times in a row (docs/development.md: the count, and what broke the last streak).
+workers=1
+if [[ $quick -eq 1 ]]; then
+    workers=$(nproc)
+    [[ $workers -le 4 ]] || workers=4
+fi
 workers=${DISTRUN_TEST_WORKERS:-$workers}
 parallel=()
 if [[ $workers -gt 1 ]]; then
