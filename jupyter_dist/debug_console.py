@@ -24,7 +24,7 @@ import time
 from typing import Any, TextIO
 
 from jupyter_dist.describe import visible
-from jupyter_dist.diagnose.debug import PausedRank, check_command
+from jupyter_dist.diagnose.debug import PausedRank, check_command, rank_not_paused
 from jupyter_dist.errors import DistrunError
 from jupyter_dist.rank_sets import parse_rank_set
 from jupyter_dist.run.requests import request_debug
@@ -113,9 +113,12 @@ class DebugConsole:
         self.out.write(text if text.endswith("\n") else text + "\n")
         self.out.flush()
 
-    def run(self, attach: int | None = None) -> int:
-        """Until `quit`, end of input, Ctrl-C or the job's end; attached to `attach` first."""
-        found = None if attach is None else self._paused(attach)  # else: one line, no console
+    def run(self, attach: int | None = None, where: PausedRank | None = None) -> int:
+        """Until `quit`, end of input, Ctrl-C or the job's end; attached to rank `attach`
+        first (paused at `where`, where the caller has just listed it)."""
+        found = where
+        if found is None and attach is not None:
+            found = self._paused(attach)  # not paused: one line, no console
         self.say(f"debugger console for job {self.job_id} (help: the commands; quit leaves)")
         try:
             if found is None:
@@ -191,8 +194,7 @@ class DebugConsole:
         paused, _ = self.link.paused()
         found = next((p for p in paused if p.rank == rank), None)
         if found is None:
-            others = ", ".join(str(p.rank) for p in paused if p.rank is not None) or "none"
-            raise DistrunError(f"rank {rank} of job {self.job_id} is not paused (paused: {others})")
+            raise rank_not_paused(self.job_id, rank, paused)
         return found
 
     def _attach(self, found: PausedRank) -> None:
@@ -267,11 +269,16 @@ def debug_session(session: Any, args: argparse.Namespace) -> int:
     the session lives on."""
     link = OwnerLink(session.job.record, args.timeout)
     rank, failed = args.rank, list(session.failed_ranks)
-    if rank is None or rank not in failed or any(p.rank == rank for p in link.paused()[0]):
+
+    def paused_at() -> PausedRank | None:
+        return next((p for p in link.paused()[0] if p.rank == rank), None)
+
+    where = None if rank is None else paused_at()
+    if rank is None or rank not in failed or where is not None:
         if rank is None and failed:
             print(f"the last cell failed on rank {', '.join(map(str, failed))}: "
                   f"`%distrun debug --rank {failed[0]}` looks where it raised")  # fmt: skip
-        return DebugConsole(link, session.job.job_id).run(attach=rank)
+        return DebugConsole(link, session.job.job_id).run(attach=rank, where=where)
     outcome: dict[str, Any] = {}
 
     def look() -> None:
@@ -285,9 +292,11 @@ def debug_session(session: Any, args: argparse.Namespace) -> int:
     try:
         deadline = time.monotonic() + args.timeout
         while looking.is_alive() and time.monotonic() < deadline:
-            if any(p.rank == rank for p in link.paused()[0]):
+            where = paused_at()
+            if where is not None:
                 leaving = f"rank {rank}'s post-mortem ends; session {session.name} goes on"
-                return DebugConsole(link, session.job.job_id, on_leaving=leaving).run(rank)
+                console = DebugConsole(link, session.job.job_id, on_leaving=leaving)
+                return console.run(attach=rank, where=where)
             time.sleep(0.05)
         if "error" in outcome:
             raise outcome["error"]

@@ -495,7 +495,7 @@ def test_a_breakpoint_in_a_distrun_cell_pauses_and_the_cell_ends_once_continued(
         reply = kc.execute_interactive("%distrun debug --rank 0", timeout=60, allow_stdin=True,
                                        stdin_hook=typing, output_hook=shown)  # fmt: skip
         assert reply["content"]["status"] == "error"
-        assert said[-1] == f"rank 0 of job {session.job_id} is not paused (paused: none)"
+        assert said[-1] == f"rank 0 of job {session.job_id} is not paused (no rank is)"
         msg_id = kc.execute("%%distrun\nprint('still', kept)")
         assert _reply(kc, msg_id)["status"] == "ok"
         kc.execute_interactive("%distrun session stop", timeout=60)

@@ -90,6 +90,16 @@ def paused_text(paused: dict[str, Any]) -> str:
     return f"paused at {where} in {paused.get('function', '?')} ({why})"
 
 
+def rank_not_paused(job_id: str, rank: int, paused: list[PausedRank]) -> DistrunError:
+    """The one line for rank `rank` of job `job_id` not being paused, naming those that
+    are (`paused`)."""
+    others = ", ".join(str(p.rank) for p in paused if p.rank is not None)
+    return DistrunError(
+        f"rank {rank} of job {job_id} is not paused"
+        + (f" (paused: {others})" if others else " (no rank is)")
+    )
+
+
 def check_command(command: str) -> str:
     """The pdb command as sent (stripped); DistrunError for one that is empty or more than
     one line."""

@@ -151,13 +151,10 @@ def main():
         if "post_mortem" in request:
             report = {"cell": request["cell"], "ok": True,
                       "debugged": post_mortem(float(request["post_mortem"]))}  # fmt: skip
-            report.update(memory())
-            say(sys.stderr, f"{MARK} flushed {request['cell']}")
-            say(sys.stdout, f"{MARK} done {json.dumps(report)}")
-            continue
-        if request.get("push"):
-            namespace.update(pickle.loads(base64.b64decode(request["push"])))
-        report = run_cell(request["code"], request["cell"], namespace)
+        else:
+            if request.get("push"):
+                namespace.update(pickle.loads(base64.b64decode(request["push"])))
+            report = run_cell(request["code"], request["cell"], namespace)
         report.update(memory())
         if request.get("out"):
             save_values(request["out"], request["cell"], namespace)

@@ -29,6 +29,7 @@ from jupyter_dist.diagnose.debug import (
     interrupt,
     pause_event,
     paused_ranks,
+    rank_not_paused,
     send,
 )
 from jupyter_dist.diagnose.hints import hint_for
@@ -388,11 +389,7 @@ class Job(Listened):
         found, _ = self.paused()
         target = next((p for p in found if p.rank == rank), None)
         if target is None:
-            others = ", ".join(str(p.rank) for p in found if p.rank is not None)
-            raise DistrunError(
-                f"rank {rank} of job {self.job_id} is not paused"
-                + (f" (paused: {others})" if others else " (no rank is)")
-            )
+            raise rank_not_paused(self.job_id, rank, found)
         return self._send(target, command, timeout)
 
     def debug_cast(
@@ -410,10 +407,7 @@ class Job(Listened):
                 raise DistrunError(f"no rank of job {self.job_id} is paused")
         missing = [rank for rank in ranks if rank not in by_rank]
         if missing:
-            paused = ", ".join(str(rank) for rank in sorted(by_rank)) or "none"
-            raise DistrunError(
-                f"rank {missing[0]} of job {self.job_id} is not paused (paused: {paused})"
-            )
+            raise rank_not_paused(self.job_id, missing[0], found)
 
         def one(rank: int) -> dict:
             try:
