@@ -651,7 +651,7 @@ class DistrunMagics(Magics):
         console = args.command == "debug" and not (
             args.do or args.list or args.json or args.interrupt or args.ranks
         )
-        if console and session is not None and not getattr(session, "detached", False):
+        if console and session is not None:
             from jupyter_dist.debug_console import debug_session  # a failed cell's post-mortem
 
             with _one_line_errors():

@@ -223,6 +223,20 @@ def test_a_detached_session_keeps_its_ranks_variables_across_a_kernel_restart(ke
         said, reply = run(kc, "%%distrun\nimport os\nif os.environ['RANK'] == '1':\n"
                               "    raise ValueError('only rank 1')")  # fmt: skip
         assert reply["status"] == "error" and "rank 1: ValueError: only rank 1" in said, said
+        # Post-mortem on that cell, through the supervisor: rank 1's pdb where it raised,
+        # with the session's variables, in the notebook's input box; the session goes on.
+        typed, shown = iter(["p x", "q", "quit"]), []
+        reply = kc.execute_interactive(
+            "%distrun debug --rank 1", timeout=120, allow_stdin=True,
+            stdin_hook=lambda msg: kc.input(next(typed)),
+            output_hook=lambda msg: shown.append(msg["content"].get("text", "")),
+        )  # fmt: skip
+        lines = "".join(shown).splitlines()
+        assert reply["content"]["status"] == "ok", lines
+        assert lines[1].startswith("attached to rank 1 (local1): <cell ") and lines[1].endswith(
+            " in <module> (post-mortem: ValueError: only rank 1); `detach` comes back"
+        ), lines
+        assert lines[2:] == ["41", "rank 1 runs on"], lines
         said, reply = run(kc, "%%distrun -o x\nx")
         assert reply["status"] == "error"
         assert said.startswith("-o/--out: a detached session's values stay on its ranks")

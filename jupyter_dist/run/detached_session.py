@@ -10,7 +10,11 @@ job's folder and follows their lines from the store, as `attach` follows a job.
     session/requests/stop           ─────────────►  job's (the cell's marker first)
     session/results/<id>.json       ◄─────────────  {"cell", "labels", "reports"} or
                                                       {"ended": why}
-    session/session.json            ◄─────────────  {"name", "cells_run", "memory"}
+    session/requests/<n>-<id>.json  ─────────────►  Session.post_mortem(rank, wait): the
+        {"id", "post_mortem": R, "wait": S}          last cell's error on rank R, until
+    session/results/<id>.json       ◄─────────────  its pdb is left: {"debugged": bool}
+    session/session.json            ◄─────────────  {"name", "cells_run", "memory",
+                                                      "failed_ranks"}
 
 Every file is written whole (store.write_atomic: 0600 in the job's 0700 folder). A stop
 ends the session as `%distrun session stop` does (the job succeeds); a cancel of the job,
@@ -105,7 +109,9 @@ def _take(path: Path) -> dict[str, Any] | None:
     except (OSError, ValueError):
         request = None
     path.unlink(missing_ok=True)
-    if not isinstance(request, dict) or not isinstance(request.get("code"), str):
+    if not isinstance(request, dict):
+        return None
+    if not isinstance(request.get("code"), str) and not _is_rank(request.get("post_mortem")):
         return None
     if not _REQUEST_ID.fullmatch(str(request.get("id"))):
         return None  # it names the answer's file: ours are uuid4 hex
@@ -123,6 +129,11 @@ def _run(
 
     def run() -> None:
         try:
+            if "code" not in request:  # a post-mortem on the last cell's error
+                wait = request.get("wait")
+                wait = float(wait) if isinstance(wait, (int, float)) and wait > 0 else 300.0
+                found["debugged"] = session.post_mortem(request["post_mortem"], wait)
+                return
             result = session.run_cell(request["code"], ranks=request.get("ranks"),
                                       push=request.get("push"))  # fmt: skip
             found.update(cell=result.cell, labels=result.labels, reports=result.reports)
@@ -154,8 +165,12 @@ def _run(
 
 def _write_info(session: Session, root: Path) -> None:
     info = {"name": session.name, "cells_run": session.cells_run,
-            "memory": session.memory_text()}  # fmt: skip
+            "memory": session.memory_text(), "failed_ranks": session.failed_ranks}  # fmt: skip
     write_atomic(root / "session.json", json.dumps(info))
+
+
+def _is_rank(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and value >= 0
 
 
 # -- the kernel's side ---------------------------------------------------------------------
@@ -225,6 +240,30 @@ class RemoteSession:
 
     def memory_text(self) -> str:
         return str(self._info().get("memory", "not reported yet"))
+
+    @property
+    def failed_ranks(self) -> list[int]:
+        """The ranks whose last cell raised, as the supervisor last wrote them."""
+        found = self._info().get("failed_ranks")
+        return [r for r in found if _is_rank(r)] if isinstance(found, list) else []
+
+    def post_mortem(self, rank: int, wait: float) -> bool:
+        """As Session.post_mortem, through the supervisor: blocks until rank `rank`'s pdb
+        on its last cell's error is left (diagnose/debug.py reaches it meanwhile), or
+        nobody attached within `wait`. False where that cell did not fail on `rank`."""
+        if not self.alive:
+            raise SessionEnded(self.ended_message())
+        self.chosen([rank])  # a rank it does not have: one line, nothing asked
+        _, requests, results = _folders(self.record)
+        request_id = uuid.uuid4().hex
+        asked = {"id": request_id, "post_mortem": rank, "wait": wait}
+        write_atomic(requests / f"{time.time_ns()}-{request_id}.json", json.dumps(asked))
+        answer = self._answer(results / f"{request_id}.json", None)
+        if "ended" in answer:
+            raise SessionEnded(f"session {self.name} has ended: {answer['ended']}")
+        if "error" in answer:
+            raise DistrunError(answer["error"])
+        return bool(answer.get("debugged"))
 
     def run_cell(
         self,
