@@ -399,8 +399,15 @@ class Job(Listened):
         {"rank", "answer", "paused"} per rank, by rank. DistrunError in one line, before
         anything is sent, where one of them is not paused or none is."""
         command = check_command(command)
-        found, _ = self.paused()
-        by_rank = {p.rank: p for p in found if p.rank is not None}
+        # Ranks named whose pauses their debuggers have told (a line each, on their stdout)
+        # are asked at once; `all`, or a rank not known paused, asks every node first.
+        with self._state_lock:
+            told = [p for s in self.processes.values() for p in s.paused]
+        by_rank = {p["rank"]: PausedRank.from_dict(p) for p in told if p.get("rank") is not None}
+        found = list(by_rank.values())
+        if ranks is None or any(rank not in by_rank for rank in ranks):
+            found, _ = self.paused()
+            by_rank = {p.rank: p for p in found if p.rank is not None}
         if ranks is None:
             ranks = sorted(by_rank)
             if not ranks:
