@@ -166,8 +166,9 @@ OPTIONS: tuple[Option, ...] = (
            fronts=_RUN),
     Option("preload", "modules each node's pool imports once (e.g. torch,transformers): the "
            "job's Python ranks start forked from it, with those already imported; the pool "
-           "stays for later jobs until idle 10 minutes (`jupyter distrun pool stop` ends it)",
-           metavar="MODULES"),
+           "stays for later jobs until idle 10 minutes (`jupyter distrun pool stop` ends it); "
+           "later Python jobs that name none take the same for a day; none: start cold, and "
+           "forget it", metavar="MODULES"),
     Option("detach", "keep the job running when this kernel or terminal goes: return once "
            "every rank runs; follow it with attach, stop it with cancel", kind="flag",
            fronts=_RUN),

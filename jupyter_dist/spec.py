@@ -48,6 +48,7 @@ _EXPRESSION = re.compile(r"\$\{\{\s*(.*?)\s*\}\}")
 _REFERENCE = re.compile(r"(inputs|outputs)\.([A-Za-z_][A-Za-z0-9_\-]*)\Z")
 _MODULE_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*\Z")
 MAX_PRELOAD = 32  # modules a job may preload
+PRELOAD_NONE = "none"  # `--preload none`: no pool, whatever was remembered (preload_memory)
 _OUTPUT_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_\-]{0,99}\Z")  # a file name on every node
 OUTPUTS_FOLDER = "outputs"  # in the job's folder on each node: where outputs without a path go
 
@@ -193,7 +194,8 @@ class PreloadSection(StrictSection):
     pool imports once; the job's Python ranks start forked from it. `idle`: how long a pool
     with no rank waits for a later job before it ends (default DEFAULT_POOL_IDLE_S). Written
     as a list (`preload: [torch, numpy]`) or as the CLI writes it ("torch,numpy"), it is the
-    modules."""
+    modules. `none` (or `[]`): no pool for this job, and the preload remembered from an
+    earlier job (run/preload_memory.py) is forgotten."""
 
     modules: list[str]
     idle: count(1, MAX_SECONDS) | None = None
@@ -201,10 +203,13 @@ class PreloadSection(StrictSection):
     @field_validator("modules", mode="before")
     @classmethod
     def _module_names(cls, value: Any) -> Any:
+        if value == [] or (isinstance(value, str) and value.strip().lower() == PRELOAD_NONE):
+            return []  # none: started cold, and the remembered preload forgotten
         if isinstance(value, str):
             value = [v.strip() for v in value.split(",") if v.strip()]
         if not isinstance(value, list) or not value or not all(isinstance(v, str) for v in value):
-            raise fail("preload", "expected a list of module names, e.g. [torch, numpy]")
+            raise fail("preload", "expected a list of module names, e.g. [torch, numpy], "
+                       "or none")  # fmt: skip
         for name in value:
             if not _MODULE_NAME.match(name):
                 shown = name if len(name) <= 40 else name[:40] + "..."
@@ -573,7 +578,7 @@ class JobSpec(StrictSection):
 
     def preload_env(self) -> dict[str, str]:
         """What tells each node's agent to fork the ranks from a pool (node_side/pool.py)."""
-        if self.preload is None:
+        if self.preload is None or not self.preload.modules:
             return {}
         idle = self.preload.idle or DEFAULT_POOL_IDLE_S
         return {"DISTRUN_PRELOAD": ",".join(self.preload.modules), "DISTRUN_POOL_IDLE": str(idle)}

@@ -256,6 +256,40 @@ def test_a_pool_whose_module_changed_is_replaced_and_an_idle_one_ends(store, tmp
 
 
 @pytest.mark.slow
+@pytest.mark.slow
+def test_a_preload_asked_once_is_taken_by_later_python_jobs_until_none(store, tmpdir_for_pools):
+    """The default (run/preload_memory.py): after a job that preloads xml.dom.minidom, a
+    Python job that names no preload forks from the pool, and its plan says which job asked;
+    a job that is no Python (a shell line) starts no pool and takes none; `--preload none`
+    starts cold and forgets it: the next job is cold too. The memory is the store's, 0600."""
+    probe = "python -c \"import sys; print('xml.dom.minidom' in sys.modules)\""
+
+    def ran(preload, command=probe) -> tuple[str, list[str]]:
+        result = run(_spec(command, tmpdir_for_pools, preload, 1, 1), store=store)
+        assert result.ok, result.describe()
+        record = store.get(result.job_id)
+        said = [line.text for line in record.iter_log("rank-0", "stdout")]
+        return said[-1] if said else "", record.plan()["remembered"]
+
+    assert ran(None) == ("False", [])  # nothing asked yet: cold
+    asked = run(_spec(probe, tmpdir_for_pools, "xml.dom.minidom", 1, 1), store=store)
+    assert asked.ok, asked.describe()
+    memory = store.root / "preload.json"
+    assert stat.S_IMODE(memory.stat().st_mode) == 0o600 and not_private(store.root) == []
+    forked, remembered = ran(None)
+    assert forked == "True", "a later job naming no preload did not fork from the pool"
+    assert remembered == [
+        f"ranks forked from each node's pool of xml.dom.minidom, as job {asked.job_id} asked "
+        "(--preload none starts them cold)"
+    ]
+    pools = {pool["pid"] for pool in _pools(tmpdir_for_pools)[0]}
+    assert ran(None, "echo shell") == ("shell", [])  # no Python: no pool, none taken
+    assert {pool["pid"] for pool in _pools(tmpdir_for_pools)[0]} == pools
+    assert ran("none") == ("False", [])
+    assert not memory.exists()
+    assert ran(None) == ("False", [])
+
+
 def test_ranks_on_ssh_nodes_fork_from_each_nodes_own_pool(ssh_nodes, store, tmp_path):
     """Over SSH (real sshd nodes in network namespaces of their own, sharing this machine's
     /tmp): each node's agent starts that node's pool, in that node's namespace, and the

@@ -105,6 +105,8 @@ def test_every_feature_keeps_the_store_private(kernel_env):
             "%distrun session stop kept",
             "%%distrun --nodes 2 --preload json\nprint('forked')",  # pyhook/distrun_pool.py,
             "%distrun pool stop",  # distrun-pool-bin/, pool-forks/ (and the pool's folder)
+            # the store's preload.json gone: the Python jobs below start cold, no pool left
+            "%%distrun --nodes 1 --preload none\nprint('cold')",
         )
         assert "forked" in str(nb.cells[13].outputs) and "json" in str(nb.cells[14].outputs)
         assert nb.cells[7].outputs[0]["text"] == "42\n"  # the cluster served its client

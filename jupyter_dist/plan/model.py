@@ -109,6 +109,9 @@ class LaunchPlan:
     # What was set from what the nodes said, before they start, one line each (the gloo
     # interface of nodes whose hostname is a loopback address: diagnose/network.py).
     network_notes: list[str] = field(default_factory=list)
+    # Defaults the job took from the user's earlier jobs, one line each (the remembered
+    # preload: run/preload_memory.py).
+    remembered: list[str] = field(default_factory=list)
 
     def process(self, name: str) -> ProcessPlan:
         for proc in self.processes:
@@ -131,6 +134,7 @@ class LaunchPlan:
             "read_as": self.read_as,
             "outputs": self.outputs,
             "network_notes": self.network_notes,
+            "remembered": self.remembered,
         }
 
     @classmethod
@@ -162,6 +166,7 @@ class LaunchPlan:
             read_as=[str(line) for line in data.get("read_as") or []],
             outputs=dict(data.get("outputs") or {}),
             network_notes=[str(line) for line in data.get("network_notes") or []],
+            remembered=[str(line) for line in data.get("remembered") or []],
         )
 
 

@@ -6,7 +6,8 @@ stays behind: `LaunchPlan.code_left_out`), or what was set from what the nodes s
 finding (nodes alike in it share the line), shown by `--dry-run`, `jupyter distrun plan`,
 `jupyter distrun inspect` and the live view. Nothing is refused: a note names what it saw
 and what to set. First come the lines that say how the spec's file was read, where it was
-written in the design proposal's shape (`LaunchPlan.read_as`, spec_dialect.py).
+written in the design proposal's shape (`LaunchPlan.read_as`, spec_dialect.py), and what
+it took from the user's earlier jobs (`LaunchPlan.remembered`).
 
     notes = parity_notes(plan)   # [] when nothing stands out
 """
@@ -48,6 +49,7 @@ def parity_notes(plan: LaunchPlan) -> list[str]:
         if key:
             found[key] = local
     notes = [*plan.read_as]  # how the spec was read, first: the rest follows from it
+    notes += plan.remembered  # what it took from earlier jobs (run/preload_memory.py)
     notes += plan.network_notes  # what the nodes' answers set (diagnose/network.py)
     notes += [_say(key, names) for key, names in found.items()] + _between_nodes(plan)
     if plan.code_left_out:

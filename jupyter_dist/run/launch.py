@@ -18,6 +18,7 @@ from jupyter_dist.events import JobListener, JobResult
 from jupyter_dist.node_side.agent import HOOK_FOLDER, POOL_MODULE
 from jupyter_dist.nodes import Inventory, Node
 from jupyter_dist.plan import LaunchPlan, plan, port_requests
+from jupyter_dist.run import preload_memory
 from jupyter_dist.run.claims import PortClaims, ReleaseClaims, Wanted
 from jupyter_dist.run.interrupts import interrupts_deferred
 from jupyter_dist.run.job import GRACE_PERIOD_S, RESTART_DELAY_S, Job, Restarts
@@ -58,12 +59,14 @@ def make_plan(
     stdin: bool = False,
     hold_ports: Callable[[str, list[Wanted]], None] | None = None,
     check_network: bool = False,
+    remembered: list[str] | None = None,
 ) -> tuple[LaunchPlan, list[Node], Backend]:
     """Choose the backend (the spec's `backend:` section names it, else `choose_backend`
     decides), take the job's nodes from it, check them, find free ports on them, and plan
     the job; with `check_network` (and the spec's network_check), check that the nodes
-    reach where the ranks will meet (diagnose/network.py). On a failure, what the backend
-    acquired is released."""
+    reach where the ranks will meet (diagnose/network.py). `remembered`: the lines saying
+    what the spec took from earlier jobs (preload_memory.taken). On a failure, what the
+    backend acquired is released."""
     store = store or JobStore()
     inventory = inventory or Inventory()
     if spec.backend:
@@ -77,6 +80,8 @@ def make_plan(
         if hold_ports is not None:  # before they are checked: a holder is named, not a bind
             hold_ports(job_id, _fixed_ports(spec, nodes))
         launch_plan = _plan_attempt(spec, nodes, chosen, job_id, extra_files, stdin)
+        if remembered:
+            launch_plan = dataclasses.replace(launch_plan, remembered=list(remembered))
         if check_network and spec.network_check:
             network.check_network(chosen.run_on_node, launch_plan, nodes)
         return launch_plan, nodes, chosen
@@ -102,7 +107,7 @@ def _plan_attempt(
         **(extra_files or {}), STACK_HOOK_FILE: node_side.source("stack_hook.py"),
         REPORT_FILE: node_side.source("report.py"),
         DEBUGGER_FILE: node_side.source("debugger.py"),
-        **({POOL_FILE: node_side.source("pool.py")} if spec.preload else {}),
+        **({POOL_FILE: node_side.source("pool.py")} if spec.preload_env() else {}),
     }  # fmt: skip
     launch_plan = plan(spec, nodes, job_id, ports, files, chosen.mpi_launch, restart_count)
     if spec.network_check:  # gloo's interface where a hostname would mislead it
@@ -176,7 +181,10 @@ def dry_run(
 ) -> tuple[LaunchPlan, dict[str, str]]:
     """The plan, and the exact command line each process would be started with (process
     name -> command), as its backend would run it. Nodes are checked; nothing starts."""
-    launch_plan, nodes, chosen = make_plan(spec, inventory=inventory, store=store, job_id="dry-run")
+    spec, remembered = preload_memory.taken(spec, store or JobStore())
+    launch_plan, nodes, chosen = make_plan(
+        spec, inventory=inventory, store=store, job_id="dry-run", remembered=remembered
+    )
     try:
         by_name = {node.name: node for node in nodes}
         commands = {
@@ -204,13 +212,14 @@ def prepare_job(
     (a warm session: run/session.py)."""
     store = store or JobStore()
     _check_restarts(spec, messages is not None)
+    named, (spec, remembered) = spec, preload_memory.taken(spec, store)
     claims = PortClaims(store)
     job_id = store.new_job_id()
     try:  # its fixed ports are held until it ends: no other job of ours can join it
         launch_plan, nodes, chosen = make_plan(
             spec, inventory=inventory, store=store, job_id=job_id, cwd=cwd,
             extra_files=extra_files, stdin=messages is not None, hold_ports=claims.claim,
-            check_network=True,
+            check_network=True, remembered=remembered,
         )  # fmt: skip
     except BaseException:
         claims.release(job_id)
@@ -234,6 +243,7 @@ def prepare_job(
         ) if spec.max_restarts else None,
     )  # fmt: skip
     job.add_listener(ReleaseClaims(claims, job.job_id))
+    preload_memory.keep(named, store, job.job_id)
     for listener in listeners:
         job.add_listener(listener)
     return job
