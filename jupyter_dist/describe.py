@@ -90,7 +90,22 @@ def job_summary(status: dict[str, Any]) -> dict[str, Any]:
         # earlier attempts' causes, one line each.
         "attempt": caption or None,
         "attempts": [attempt.summary() for attempt in earlier],
+        # The ranks waiting in their debugger now (breakpoint, post-mortem, interrupt).
+        "paused": paused_ranks_of(status) if state == "running" else [],
     }
+
+
+def paused_ranks_of(status: dict[str, Any]) -> list[int]:
+    """The ranks a job's status.json says wait in their debugger, ascending."""
+    processes = status.get("processes")
+    found = {
+        paused.get("rank")
+        for state in (processes.values() if isinstance(processes, dict) else ())
+        if isinstance(state, dict)
+        for paused in state.get("paused") or ()
+        if isinstance(paused, dict)
+    }
+    return sorted(rank for rank in found if isinstance(rank, int) and not isinstance(rank, bool))
 
 
 def attempt_caption(number: int, of: int) -> str:

@@ -465,7 +465,10 @@ def cmd_jobs(args: argparse.Namespace, store: JobStore) -> int:
     rows = []
     for job in map(job_summary, statuses):
         started = job["started"]
-        row = {"job": job["job_id"], "name": job["name"], "state": job["state"]}
+        state = job["state"]
+        if job["paused"]:  # waiting for its user, not stuck
+            state += f" · {len(job['paused'])} paused"
+        row = {"job": job["job_id"], "name": job["name"], "state": state}
         if medium:
             row |= {"type": job["type"], "size": job_size(job)}
         if wide:

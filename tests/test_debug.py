@@ -18,6 +18,7 @@ from pathlib import Path
 import pytest
 from helpers import not_private, paused_ranks, run_cli, start_cli_run
 
+from jupyter_dist.describe import job_summary
 from jupyter_dist.run.requests import wait_until_ended
 
 pytestmark = pytest.mark.slow  # every test runs real jobs, seconds each: the full run's
@@ -101,6 +102,9 @@ def test_a_breakpoint_pauses_its_rank_and_a_terminal_steps_it_then_the_job_succe
             f"rank 1 (local0): {script}:7 in <module> (breakpoint)\n"
             f"rank 3 (local1): {script}:10 in <module> (breakpoint)\n"
         ) in inspected, inspected
+        jobs = run_cli("jobs", store=store, env={**os.environ, "COLUMNS": "200"}).stdout
+        assert "running · 2 paused" in jobs, jobs  # `jobs`, and the sidebar's list:
+        assert job_summary(record.status())["paused"] == [1, 3]  # describe.job_summary
         listed = run_cli("debug", job_id, "--list", store=store)
         assert listed.stdout.splitlines() == [
             f"rank 1 (local0): {script}:7 in <module> (breakpoint)",

@@ -17,6 +17,7 @@ export interface IJobSummary {
   root_cause: string | null;
   message: string | null;
   stalled?: string | null; // "looks stuck: no rank printed or used CPU for 300 s"
+  paused?: number[]; // the ranks waiting in their debugger now (breakpoint, post-mortem)
   attempt?: string | null; // "attempt 2 of 4" once a job started again after a failure
   attempts?: string[]; // each earlier attempt's cause, one line each
   // A running job's: each metric's latest (rank mean); one that is not finite is named:

@@ -64,3 +64,16 @@ export function plural(count: number, noun: string): string {
   const many = /(s|sh|ch)$/.test(noun) ? `${noun}es` : `${noun}s`;
   return `${count} ${count === 1 ? noun : many}`;
 }
+
+/** The ranks a job has paused in their debugger: "rank 3", "ranks 1 and 3", "ranks 0, 1,
+ * 2, 3 and 2 more". */
+export function pausedText(ranks: number[]): string {
+  const most = 4;
+  if (ranks.length === 1) {
+    return `rank ${ranks[0]}`;
+  }
+  if (ranks.length > most) {
+    return `ranks ${ranks.slice(0, most).join(', ')} and ${ranks.length - most} more`;
+  }
+  return `ranks ${ranks.slice(0, -1).join(', ')} and ${ranks[ranks.length - 1]}`;
+}

@@ -9,7 +9,7 @@ import { Poll } from '@lumino/polling';
 import { Widget } from '@lumino/widgets';
 
 import { DistrunApi, FINAL_STATES, IJobSummary, INodeUsage, INodes, IStacks } from './api';
-import { duration, h, memory, plural, sparkline } from './dom';
+import { duration, h, memory, pausedText, plural, sparkline } from './dom';
 
 /** JupyterLab's own button look (made compact by style/index.css). */
 const BUTTON = 'jp-Button jp-mod-styled';
@@ -245,6 +245,16 @@ export class DistrunSidebar extends Widget {
       h('div', { class: 'jp-distrun-muted jp-distrun-job-id' }, `${job.job_id} · ${what}`),
       job.stalled
         ? h('div', { class: 'jp-distrun-stalled' }, `Looks stuck: ${job.stalled.replace(/^looks stuck: /, '')}`)
+        : null,
+      job.paused?.length
+        ? h(
+            'div',
+            {
+              class: 'jp-distrun-paused',
+              title: `to step them: jupyter distrun debug ${job.job_id}, or the cell's live view`
+            },
+            `Paused in the debugger: ${pausedText(job.paused)}`
+          )
         : null,
       job.root_cause ? h('div', { class: 'jp-distrun-root-cause' }, job.root_cause) : null,
       !job.root_cause && job.message && (!running || job.state === 'restarting')

@@ -1,6 +1,7 @@
 import './jsdom'; // first: before @lumino/widgets loads
 import { DistrunApi, IJobSummary } from '../api';
 import { DistrunSidebar } from '../sidebar';
+import { pausedText } from '../dom';
 
 function job(n: number): IJobSummary {
   return {
@@ -111,6 +112,21 @@ describe('DistrunSidebar stacks', () => {
       'Looks stuck: no rank printed or used CPU for 300 s'
     ]);
     expect(marks[0].closest('.jp-distrun-job')?.getAttribute('data-job-id')).toBe('job-1');
+    sidebar.dispose();
+  });
+
+  it('says which ranks of a running job wait in their debugger', async () => {
+    const paused = { ...job(1), state: 'running', paused: [1, 3] };
+    const many = { ...job(2), state: 'running', paused: [0, 1, 2, 3, 4, 5] };
+    const api = new DistrunApi(async () => ({ status: 200, body: [paused, many, job(3)] }));
+    const sidebar = new DistrunSidebar({ api, openLogs: () => undefined });
+    await (sidebar as any).refreshJobs();
+    const marks = [...sidebar.node.querySelectorAll('.jp-distrun-paused')];
+    expect(marks.map(m => m.textContent)).toEqual([
+      'Paused in the debugger: ranks 1 and 3',
+      'Paused in the debugger: ranks 0, 1, 2, 3 and 2 more'
+    ]);
+    expect(pausedText([7])).toBe('rank 7');
     sidebar.dispose();
   });
 
