@@ -77,6 +77,14 @@ class OwnerLink:
         return PausedRank.from_dict(answer["paused"]) if answer.get("paused") else None
 
 
+LISTED_KEYS = ("rank", "node", "file", "line", "function", "reason", "exception")
+
+
+def listed(paused: PausedRank) -> dict[str, Any]:
+    """A paused rank as `--list --json` and the REST API give it."""
+    return {key: getattr(paused, key) for key in LISTED_KEYS}
+
+
 def cast_text(answers: list[dict[str, Any]]) -> str:
     """Answers of a cast, each line prefixed by its rank: `[rank 2] 42`; a rank that ran on
     after the command, or could not be asked, says so on a line of its own."""
@@ -371,8 +379,7 @@ def _list(link: OwnerLink, args: argparse.Namespace, record: JobRecord) -> int:
     for problem in problems:
         print(f"warning: {visible(problem)}", file=sys.stderr)
     if args.json:
-        keys = ("rank", "node", "file", "line", "function", "reason", "exception")
-        print(json.dumps([{key: getattr(p, key) for key in keys} for p in paused]))
+        print(json.dumps([listed(p) for p in paused]))
     elif paused:
         for found in paused:
             print(visible(found.line_text()))

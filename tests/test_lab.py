@@ -113,6 +113,17 @@ SESSION_CELLS = [
 ]
 
 
+# Rank 1 stops at breakpoint(); the live view's console steps it (issue 43).
+DEBUG_CELL = """\
+%%distrun --nodes 2 --name lab-debug
+import os
+rank = int(os.environ["RANK"])
+x = 40 + rank
+if rank == 1:
+    breakpoint()
+print(f"rank {rank} ends with x = {x}", flush=True)"""
+
+
 @pytest.fixture(scope="module")
 def lab(tmp_path_factory):
     server = labserver.start(tmp_path_factory.mktemp("lab"))
@@ -123,6 +134,7 @@ def lab(tmp_path_factory):
     labserver.write_notebook(server, "detached.ipynb", ["%load_ext jupyter_dist", DETACHED_CELL])
     labserver.write_notebook(server, "restarts.ipynb", ["%load_ext jupyter_dist", RESTARTING_CELL])
     labserver.write_notebook(server, "metrics.ipynb", ["%load_ext jupyter_dist", *METRICS_CELLS])
+    labserver.write_notebook(server, "debug.ipynb", ["%load_ext jupyter_dist", DEBUG_CELL])
     yield server
     labserver.stop(server)
 
@@ -510,6 +522,69 @@ def test_each_cell_of_a_session_has_a_view_of_its_own(lab_page, lab):
         cells.nth(4).locator(".jp-OutputArea", has_text="Session lab-session stopped").wait_for(
             timeout=60_000
         )
+    finally:
+        page.close()
+
+
+def test_the_live_views_console_steps_a_paused_rank_and_lets_it_go_on(lab_page, lab):
+    """Rank 1 at breakpoint(): its chip and the console under the output say where it
+    waits; a pdb command typed there answers in rank 1's output, with pdb's prompt; a
+    set that is not one is refused in one line; Continue all lets the job end."""
+    page = lab_page.context.browser.new_page(viewport={"width": 1400, "height": 1000})
+    said = []  # the page's own errors, for when the console does not answer
+    page.on("console", lambda m: said.append(f"{m.type}: {m.text}"))
+    try:
+        page.goto(lab.page_url("/lab/workspaces/distrun-debug/tree/debug.ipynb?reset"))
+        page.locator(".jp-StatusBar-Widget", has_text="| Idle").first.wait_for()
+        _run_cell(page, 0, wait=True)
+        _run_cell(page, 1)
+        view = page.locator(".jp-Notebook .jp-Cell").nth(1).locator(".distrun-live")
+        console = view.locator(".distrun-debug")
+        console.locator(".distrun-debug-head", has_text="Debugger: 1 rank paused").wait_for(
+            timeout=90_000
+        )
+        where = console.locator(".distrun-debug-where li")
+        assert (
+            where.inner_text() == "rank 1 (local1): paused at script.py:6 in <module> (breakpoint)"
+        )
+        chip = view.locator(".distrun-rankbar button.distrun-rank.distrun-paused")
+        assert chip.all_inner_texts() == ["rank 1"]
+        chip.click()  # its tab: the console's commands now go to rank 1
+        ranks = console.locator(".distrun-debug-ranks")
+        assert ranks.input_value() == "1"
+        command = console.locator(".distrun-debug-command")
+        command.fill("p x * 2")
+        command.press("Enter")
+        lines = view.locator(".distrun-lines")
+        try:
+            lines.locator(".distrun-debug-line", has_text="82").wait_for(timeout=60_000)
+        except PlaywrightTimeout:
+            _shot(page, "11-debug-console-no-answer")
+            raise AssertionError(f"no answer; the page said: {said}") from None
+        assert lines.locator(".distrun-debug-line").all_inner_texts() == ["(Pdb) p x * 2", "82"]
+        command.fill("x = 100")
+        command.press("Enter")
+        lines.locator(".distrun-debug-line", has_text="(Pdb) x = 100").wait_for(timeout=60_000)
+        ranks.fill("0-x")
+        command.fill("p x")
+        command.press("Enter")
+        status = console.locator(".distrun-debug-status.distrun-debug-error")
+        status.wait_for(timeout=60_000)
+        assert status.inner_text() == "ranks: '0-x' is not a set of ranks (e.g. 3, 0,2-3 or all)"
+        console.scroll_into_view_if_needed()
+        _shot(page, "11-debug-console")
+        view.screenshot(path=str(ARTIFACTS / "live-view-debug.png"))
+        _assert_readable(console.locator(".distrun-debug-head"))
+        _assert_readable(lines.locator(".distrun-debug-line").first)
+        command.evaluate("input => input.blur()")  # JupyterLab's shortcuts are not the console's
+        with _dark_theme(page):
+            view.screenshot(path=str(ARTIFACTS / "live-view-debug-dark.png"))
+            _assert_readable(console.locator(".distrun-debug-head"))
+            _assert_readable(lines.locator(".distrun-debug-line").first)
+        console.get_by_role("button", name="Continue all").click()
+        view.locator(".distrun-job-state", has_text="succeeded").wait_for(timeout=60_000)
+        assert console.is_hidden()
+        assert "rank 1 ends with x = 100" in lines.inner_text()
     finally:
         page.close()
 

@@ -13,12 +13,12 @@ import time
 from pathlib import Path
 
 import pytest
-from helpers import LONG_JOB, job_processes, run_cli, start_cli_run, strict_json
+from helpers import LONG_JOB, job_processes, paused_ranks, run_cli, start_cli_run, strict_json
 from tornado.httpclient import HTTPClientError
 
 from jupyter_dist.run.launch import run
 from jupyter_dist.run.requests import wait_until_ended
-from jupyter_dist.spec import load_spec
+from jupyter_dist.spec import load_spec, parse_spec
 from jupyter_dist.store import JobStore
 
 pytest_plugins = ["pytest_jupyter.jupyter_server"]
@@ -26,12 +26,15 @@ pytest_plugins = ["pytest_jupyter.jupyter_server"]
 ENDPOINTS = [
     ("GET", "distrun/nodes"),
     ("GET", "distrun/nodes/usage"),
+    ("GET", "distrun/nodes/pools"),
     ("GET", "distrun/jobs"),
     ("GET", "distrun/jobs/some-job"),
     ("GET", "distrun/jobs/some-job/logs"),
     ("POST", "distrun/jobs/some-job/cancel"),
     ("POST", "distrun/jobs/some-job/stacks"),
     ("GET", "distrun/jobs/some-job/stacks"),
+    ("GET", "distrun/jobs/some-job/debug"),
+    ("POST", "distrun/jobs/some-job/debug"),
 ]
 
 
@@ -54,15 +57,17 @@ def _spec(tmp_path: Path, text: str):
     return load_spec(path)
 
 
-async def _json(jp_fetch, *parts, method="GET", **kwargs):
+async def _json(jp_fetch, *parts, method="GET", body=None, **kwargs):
     """The reply's code and body, read as strictly as a browser reads JSON."""
-    body = b"" if method == "POST" else None
+    if body is None and method == "POST":
+        body = b""
     reply = await jp_fetch(*parts, method=method, body=body, **kwargs)
     return reply.code, strict_json(reply.body)
 
 
-async def _error(jp_fetch, *parts, method="GET", **kwargs) -> tuple[int, str]:
-    body = b"" if method == "POST" else None
+async def _error(jp_fetch, *parts, method="GET", body=None, **kwargs) -> tuple[int, str]:
+    if body is None and method == "POST":
+        body = b""
     with pytest.raises(HTTPClientError) as caught:
         await jp_fetch(*parts, method=method, body=body, **kwargs)
     response = caught.value.response
@@ -263,6 +268,107 @@ async def test_stacks_are_read_by_the_jobs_owner_and_kept(jp_fetch, home, tmp_pa
     assert proc.returncode == 130 and job_processes(job_id) == []
     code, error = await _error(jp_fetch, "distrun", "jobs", job_id, "stacks", method="POST")
     assert code == 400 and "stacks are read from a running job" in error
+
+
+@pytest.mark.slow
+async def test_the_debug_endpoint_lists_paused_ranks_and_steps_them(jp_fetch, home, tmp_path):
+    """The live view's console: rank 1 of a terminal's job waits at breakpoint(); the
+    server lists it and sends it pdb commands through the job's owner; bad input is one
+    line in a 400; `c` lets the job end as it would have."""
+    (tmp_path / "bp.py").write_text(
+        "import os\n"
+        "rank = int(os.environ['RANK'])\n"
+        "print('started', flush=True)\n"
+        "x = 40 + rank\n"
+        "if rank == 1:\n"
+        "    breakpoint()\n"
+        "print(f'rank {rank} x {x}', flush=True)\n"
+    )
+    spec = tmp_path / "bp.yml"
+    spec.write_text(f"command: python bp.py\ncode: {tmp_path}\nresources: {{instance_count: 2}}\n")
+    store = JobStore()
+    proc, job_id = await asyncio.to_thread(start_cli_run, spec, store, ranks=2)
+    try:
+        await asyncio.to_thread(paused_ranks, store, job_id, 1)
+        code, listed = await _json(jp_fetch, "distrun", "jobs", job_id, "debug")
+        assert code == 200 and listed["problems"] == []
+        assert [
+            (p["rank"], p["node"], p["line"], p["function"], p["reason"]) for p in listed["paused"]
+        ] == [(1, "local1", 7, "<module>", "breakpoint")]
+
+        async def debug(body):
+            return await _json(jp_fetch, "distrun", "jobs", job_id, "debug", method="POST",
+                               body=json.dumps(body))  # fmt: skip
+
+        code, reply = await debug({"command": "p x * 2", "ranks": "1"})
+        assert code == 200 and reply == {"answers": [{"rank": 1, "answer": "82\n", "paused": True}]}
+        for body, message in (
+            (b"{not json", '{"command": "p x", "ranks": "0,2-3"}'),
+            (b"\xff\xfe", '{"command": "p x", "ranks": "0,2-3"}'),
+            (json.dumps({"command": 3}), '"command" (a pdb command) and "ranks"'),
+            (
+                json.dumps({"command": "p x", "ranks": "0-x"}),
+                "ranks: '0-x' is not a set of ranks (e.g. 3, 0,2-3 or all)",
+            ),
+            (json.dumps({"command": "p x\np y", "ranks": "1"}), "a pdb command is one line"),
+            (
+                json.dumps({"command": "p x", "ranks": "0"}),
+                f"rank 0 of job {job_id} is not paused (paused: 1)",
+            ),
+        ):
+            code, error = await _error(
+                jp_fetch, "distrun", "jobs", job_id, "debug", method="POST", body=body
+            )
+            assert code == 400 and message in error, (body, code, error)
+        code, reply = await debug({"command": "c", "ranks": "all"})
+        assert code == 200 and reply["answers"][0]["paused"] is False
+        done = await asyncio.to_thread(proc.communicate, timeout=60)
+        assert proc.returncode == 0, done
+        assert "rank 1 x 41" in done[0]
+    finally:
+        if proc.poll() is None:
+            proc.terminate()
+            await asyncio.to_thread(proc.wait, 30)
+    assert job_processes(job_id) == []
+    code, error = await _error(jp_fetch, "distrun", "jobs", job_id, "debug")
+    assert code == 400 and "only a running job's ranks pause" in error
+
+
+@pytest.mark.slow
+async def test_the_pools_endpoint_lists_this_machines_pools(jp_fetch, home, monkeypatch):
+    """The sidebar's pools: after a job that preloads json, the local machine's pool is
+    listed with its modules and idle time; once stopped (after the answer is no longer
+    reused), none is."""
+    import shutil
+    import tempfile
+
+    folder = tempfile.mkdtemp(prefix="dp", dir="/tmp")  # short: a socket's path must be
+    monkeypatch.setenv("TMPDIR", folder)  # where the listing looks, as the job's
+    try:
+        spec = parse_spec(
+            "command: python -c 'print(1)'\npreload: json\n"
+            f"environment_variables: {{TMPDIR: {folder}}}\n"
+        )
+        result = await asyncio.to_thread(run, spec, store=JobStore())
+        assert result.ok, result.describe()
+        code, found = await _json(jp_fetch, "distrun", "nodes", "pools")
+        assert code == 200
+        ((node, pools, problem),) = [(n["node"], n["pools"], n["problem"]) for n in found["nodes"]]
+        assert (node, problem) == ("this machine", None)
+        assert [(p["modules"], p["ranks"], p["idle_limit"]) for p in pools] == [(["json"], 0, 600)]
+        assert pools[0]["rss"] > 0 and pools[0]["idle"] >= 0
+        stopped = await asyncio.to_thread(run_cli, "pool", "stop")
+        assert stopped.returncode == 0, stopped.stderr
+        deadline = time.monotonic() + 20  # the last answer is reused for POOLS_TTL
+        while time.monotonic() < deadline:
+            code, found = await _json(jp_fetch, "distrun", "nodes", "pools")
+            if found["nodes"][0]["pools"] == []:
+                break
+            await asyncio.sleep(0.5)
+        assert found["nodes"][0]["pools"] == [], found
+    finally:
+        await asyncio.to_thread(run_cli, "pool", "stop")
+        shutil.rmtree(folder, ignore_errors=True)
 
 
 async def test_nodes_without_an_inventory_are_local(jp_fetch):

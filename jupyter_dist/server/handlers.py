@@ -4,6 +4,8 @@ the CLI, and do their file and network work in a thread pool, never on the event
     GET  /distrun/nodes                    the inventory with each node's health
     GET  /distrun/nodes/usage              each node's CPU and memory of the last 2 minutes,
                                            over the running jobs' processes on it
+    GET  /distrun/nodes/pools              each node's pools of pre-imported Python (--preload):
+                                           modules, pid, ranks, memory, idle time
     GET  /distrun/jobs                     every job, newest first
     GET  /distrun/jobs/{id}                spec, plan, who is who and per-process status
     GET  /distrun/jobs/{id}/logs?rank=R    a range of one rank's (or process's) log:
@@ -12,6 +14,11 @@ the CLI, and do their file and network work in a thread pool, never on the event
     POST /distrun/jobs/{id}/stacks         every rank's stack, read now by the job's owner
          ?method=auto|py-spy|faulthandler  (diagnose/stacks.py); the dump, with its text
     GET  /distrun/jobs/{id}/stacks         the last stacks taken
+    GET  /distrun/jobs/{id}/debug          the ranks paused in the debugger, as `debug --list
+                                           --json` lists them: {paused: [...], problems: [...]}
+    POST /distrun/jobs/{id}/debug          {"command": "p x", "ranks": "0,2-3" | "all"}: one
+                                           pdb command to each (debug --do --ranks); the reply
+                                           is {answers: [{rank, answer, paused} | {rank, error}]}
 """
 
 from __future__ import annotations
@@ -20,6 +27,7 @@ import asyncio
 import json
 import threading
 import time
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
@@ -29,14 +37,17 @@ from jupyter_server.utils import url_path_join
 from tornado import web
 
 from jupyter_dist.backends import inventory_backend
+from jupyter_dist.backends.node_pools import pools_on_nodes
+from jupyter_dist.debug_console import OwnerLink, listed
 from jupyter_dist.describe import inspect_rows, job_summary
 from jupyter_dist.diagnose.meters import SERIES_POINTS, STORE_EVERY_S, node_series
 from jupyter_dist.diagnose.stacks import StackDump
 from jupyter_dist.errors import DistrunError
 from jupyter_dist.events import FINAL_STATES
 from jupyter_dist.masking import masked_plan, masked_spec
-from jupyter_dist.nodes import load_inventory
+from jupyter_dist.nodes import Inventory, load_inventory
 from jupyter_dist.plan import LaunchPlan
+from jupyter_dist.rank_sets import parse_rank_set
 from jupyter_dist.run.metrics import latest as latest_metrics
 from jupyter_dist.run.requests import (
     SETTLED_STATES,
@@ -51,39 +62,46 @@ from jupyter_dist.validation import YamlTooBig, load_yaml
 MAX_LIMIT = 20000
 MAX_RUNNING = 200  # the newest jobs looked at for the nodes' usage (running ones are new)
 STACKS_TIMEOUT_S = 60.0  # how long a stacks request waits for the job's owner
+DEBUG_TIMEOUT_S = 30.0  # how long a pdb command may run before its answer is given up on
 HEALTH_TTL = 15.0  # seconds a node health check is reused (every open lab polls it)
+POOLS_TTL = 5.0  # seconds a look at the nodes' pools is reused (one Python per node each)
 
 
-class _HealthCache:
-    """The last node health check, shared by all requests for a short while."""
+class _Shared:
+    """The last answer of `look(inventory)`, shared by all requests for `ttl` seconds (every
+    open lab polls): the inventory is read each time (its file may have changed), and an
+    answer for another one is never given."""
 
-    def __init__(self) -> None:
+    def __init__(self, ttl: float, look: Callable[[Inventory], dict[str, Any]]) -> None:
+        self._ttl, self._look = ttl, look
         self._lock = threading.Lock()
-        self._value: tuple[float, str | None, Any] | None = None
+        self._value: tuple[float, str | None, dict[str, Any]] | None = None
 
     def get(self) -> dict[str, Any]:
         with self._lock:
-            inventory = load_inventory(None)  # read each time: the file may have changed
+            inventory = load_inventory(None)
             now = time.monotonic()
             if (
                 self._value
                 and self._value[1] == inventory.source
-                and now - self._value[0] < (HEALTH_TTL)
+                and now - self._value[0] < self._ttl
             ):
                 return self._value[2]
-            if inventory.is_local:
-                value = {"source": None, "local": True, "nodes": []}
-            else:
-                value = {
-                    "source": inventory.source,
-                    "local": False,
-                    "nodes": [
-                        health.to_dict()
-                        for health in inventory_backend(inventory).health(list(inventory.nodes))
-                    ],
-                }
+            value = self._look(inventory)
             self._value = (now, inventory.source, value)
             return value
+
+
+def _health(inventory: Inventory) -> dict[str, Any]:
+    if inventory.is_local:
+        return {"source": None, "local": True, "nodes": []}
+    checked = inventory_backend(inventory).health(list(inventory.nodes))
+    return {"source": inventory.source, "local": False, "nodes": [h.to_dict() for h in checked]}
+
+
+def _pools(inventory: Inventory) -> dict[str, Any]:
+    answers = pools_on_nodes(inventory, "list")
+    return {"nodes": [{"node": a.node, "pools": a.pools, "problem": a.problem} for a in answers]}
 
 
 class DistrunHandler(APIHandler):
@@ -139,6 +157,12 @@ class NodeUsageHandler(DistrunHandler):
             return {"bucket": STORE_EVERY_S, "nodes": node_series(jobs, now)}
 
         self.reply(await self.blocking(usage))
+
+
+class PoolsHandler(DistrunHandler):
+    @web.authenticated
+    async def get(self) -> None:
+        self.reply(await self.blocking(self.settings["distrun_pools"].get))
 
 
 class JobsHandler(DistrunHandler):
@@ -256,6 +280,40 @@ class StacksHandler(DistrunHandler):
         self.reply(await self.blocking(take))
 
 
+class DebugHandler(DistrunHandler):
+    """The live view's debugger console (diagnose/debug.py, debug_console.OwnerLink): the
+    job's owner reaches each paused rank's pdb, as for `jupyter distrun debug`."""
+
+    @web.authenticated
+    async def get(self, job_id: str) -> None:
+        def paused():
+            found, problems = OwnerLink(self.store.get(job_id), DEBUG_TIMEOUT_S).paused()
+            return {"paused": [listed(p) for p in found], "problems": problems}
+
+        self.reply(await self.blocking(paused))
+
+    @web.authenticated
+    async def post(self, job_id: str) -> None:
+        try:  # bytes: json reads UTF-8 itself, and refuses other bytes as a ValueError
+            body = json.loads(self.request.body or b"null")
+        except ValueError:
+            body = None
+        if not isinstance(body, dict):
+            raise web.HTTPError(400, 'give a JSON object: {"command": "p x", "ranks": "0,2-3"}')
+        command, ranks = body.get("command"), body.get("ranks", "all")
+        if not isinstance(command, str) or not isinstance(ranks, str):
+            raise web.HTTPError(
+                400, '"command" (a pdb command) and "ranks" (3, 0,2-3 or all) are strings'
+            )
+
+        def cast():
+            chosen = parse_rank_set(ranks, "ranks")
+            answers = OwnerLink(self.store.get(job_id), DEBUG_TIMEOUT_S).cast(chosen, command)
+            return {"answers": answers}
+
+        self.reply(await self.blocking(cast))
+
+
 def _readable(dump: dict[str, Any]) -> dict[str, Any]:
     """A stored dump with what a view shows of it: one summary line per group (the odd ones
     first) and the whole text."""
@@ -267,7 +325,8 @@ def _readable(dump: dict[str, Any]) -> dict[str, Any]:
 def setup_handlers(web_app: Any, store: JobStore | None = None) -> None:
     web_app.settings.setdefault("distrun_store", store or JobStore())
     web_app.settings.setdefault("distrun_pool", ThreadPoolExecutor(4, "distrun-api"))
-    web_app.settings.setdefault("distrun_health", _HealthCache())
+    web_app.settings.setdefault("distrun_health", _Shared(HEALTH_TTL, _health))
+    web_app.settings.setdefault("distrun_pools", _Shared(POOLS_TTL, _pools))
     base = url_path_join(web_app.settings["base_url"], "distrun")
     job = r"/jobs/(?P<job_id>[\w.-]+)"
     web_app.add_handlers(
@@ -275,10 +334,12 @@ def setup_handlers(web_app: Any, store: JobStore | None = None) -> None:
         [
             (url_path_join(base, "nodes"), NodesHandler),
             (url_path_join(base, "nodes", "usage"), NodeUsageHandler),
+            (url_path_join(base, "nodes", "pools"), PoolsHandler),
             (url_path_join(base, "jobs"), JobsHandler),
             (base + job, JobHandler),
             (base + job + "/logs", LogsHandler),
             (base + job + "/cancel", CancelHandler),
             (base + job + "/stacks", StacksHandler),
+            (base + job + "/debug", DebugHandler),
         ],
     )

@@ -163,21 +163,23 @@ function linesOf(model) {
   return LINES.get(id);
 }
 
+// Lines into a job's buffers: each in its own tab and in "all", at most `max` per tab.
+function keepLines(held, lines, max) {
+  for (const line of lines) {
+    if (!(line.key in held.buffers)) held.buffers[line.key] = [];
+    held.labels[line.key] = line.label;
+    for (const target of [held.buffers.all, held.buffers[line.key]]) {
+      target.push(line);
+      if (target.length > max) target.splice(0, target.length - max);
+    }
+  }
+}
+
 function initialize({ model }) {
   const held = linesOf(model);
   const toLines = (msg) => msg.lines.map(([key, label, stream, text]) =>
     ({ key, label, stream, text }));
-  function keep(lines) {
-    const max = model.get("max_lines");
-    for (const line of lines) {
-      if (!(line.key in held.buffers)) held.buffers[line.key] = [];
-      held.labels[line.key] = line.label;
-      for (const target of [held.buffers.all, held.buffers[line.key]]) {
-        target.push(line);
-        if (target.length > max) target.splice(0, target.length - max);
-      }
-    }
-  }
+  const keep = (lines) => keepLines(held, lines, model.get("max_lines"));
   model.on("msg:custom", (msg) => {
     if (msg.type === "lines") {
       const lines = toLines(msg);
@@ -407,22 +409,64 @@ export function jupyterServer(doc = document) {
   }
 }
 
-// Every rank's stack, read now by the job's owner (the server's /distrun/jobs/ID/stacks):
-// { heading, summary: [line per group, odd ones first], text } or { error }.
-export async function fetchStacks(server, jobId, fetcher = fetch) {
+// A POST to the Jupyter server's /distrun API (`path` under it), with the page's token and
+// XSRF cookie: the reply's JSON, or { error } in one line.
+async function postToServer(server, path, body, fetcher) {
   const xsrf = (document.cookie.match(/(?:^|; )_xsrf=([^;]*)/) || [])[1];
   const headers = {};
   if (xsrf) headers["X-XSRFToken"] = decodeURIComponent(xsrf);
   if (server.token) headers.Authorization = `token ${server.token}`;
-  const url = `${server.baseUrl.replace(/\/?$/, "/")}distrun/jobs/${encodeURIComponent(jobId)}/stacks`;
+  if (body !== undefined) headers["Content-Type"] = "application/json";
+  const url = `${server.baseUrl.replace(/\/?$/, "/")}distrun/${path}`;
   try {
-    const reply = await fetcher(url, { method: "POST", headers, credentials: "same-origin" });
-    const body = await reply.json().catch(() => ({}));
-    if (!reply.ok) return { error: body.message || `the server answered ${reply.status}` };
-    return body;
+    const reply = await fetcher(url, { method: "POST", headers, credentials: "same-origin",
+      body: body === undefined ? undefined : JSON.stringify(body) });
+    const answer = await reply.json().catch(() => ({}));
+    if (!reply.ok) return { error: answer.message || `the server answered ${reply.status}` };
+    return answer;
   } catch (error) {
     return { error: `the server could not be reached (${error.message || error})` };
   }
+}
+
+// Every rank's stack, read now by the job's owner (the server's /distrun/jobs/ID/stacks):
+// { heading, summary: [line per group, odd ones first], text } or { error }.
+export async function fetchStacks(server, jobId, fetcher = fetch) {
+  return postToServer(server, `jobs/${encodeURIComponent(jobId)}/stacks`, undefined, fetcher);
+}
+
+// One pdb command to a set of paused ranks ("3", "0,2-3", "all"), through the server's
+// /distrun/jobs/ID/debug (the job's owner reaches each rank's pdb, as `jupyter distrun
+// debug` does): { answers: [{ rank, answer, paused } or { rank, error }] } or { error }.
+export async function sendDebug(server, jobId, ranks, command, fetcher = fetch) {
+  return postToServer(server, `jobs/${encodeURIComponent(jobId)}/debug`, { ranks, command },
+    fetcher);
+}
+
+// The rank a log key belongs to ("rank-3" -> 3), or null.
+export function rankOfKey(key) {
+  const found = /^rank-(\d+)$/.exec(key || "");
+  return found ? Number(found[1]) : null;
+}
+
+// What a pdb command adds to each rank's output, as pdb's own console shows it: the prompt
+// and the command, then the answer; a rank that ran on after it says so. Lines of stream
+// "debug", in each rank's tab ("rank-R").
+export function debugLines(command, answers, labelOf = (key) => key) {
+  const lines = [];
+  for (const found of answers) {
+    const key = `rank-${found.rank}`;
+    const line = (text, stream = "debug") => ({ key, label: labelOf(key), stream, text });
+    lines.push(line(`(Pdb) ${command}`));
+    if (found.error) {
+      lines.push(line(`error: ${found.error}`, "stderr"));
+      continue;
+    }
+    const text = String(found.answer || "").replace(/\n$/, "");
+    if (text) lines.push(...text.split("\n").map((t) => line(t)));
+    if (!found.paused) lines.push(line("(runs on)"));
+  }
+  return lines;
 }
 
 function element(tag, className, text) {
@@ -527,6 +571,121 @@ function render({ model, el }) {
     stacks.style.display = "";
   }
 
+  // The debugger's console, under the output while a rank is paused: which ranks and where,
+  // a set of ranks and a pdb command; each answer goes into its rank's output. Without a
+  // Jupyter server to ask (VS Code), a line says where to debug them instead.
+  function debugConsole() {
+    const box = element("div", "distrun-debug");
+    box.style.display = "none";
+    // Keys typed here are the console's: JupyterLab's shortcuts (Enter edits the cell,
+    // the arrows move between cells) leave them alone.
+    box.setAttribute("data-lm-suppress-shortcuts", "true");
+    const head = element("div", "distrun-debug-head");
+    const where = element("ul", "distrun-debug-where");
+    const form = element("form", "distrun-debug-form");
+    const ranks = element("input", "jp-mod-styled distrun-debug-ranks");
+    ranks.value = "all";
+    ranks.setAttribute("aria-label", "ranks");
+    ranks.title = "the ranks the command goes to: 3, 0,2-3 or all (every paused one)";
+    const command = element("input", "jp-mod-styled distrun-debug-command");
+    command.placeholder = "pdb command: p x, where, n, c";
+    command.setAttribute("aria-label", "pdb command");
+    command.spellcheck = false;
+    const send = element("button", "jp-Button jp-mod-styled jp-mod-accept distrun-debug-send",
+      "Send");
+    send.type = "submit";
+    const resume = element("button",
+      "jp-Button jp-mod-styled jp-mod-minimal distrun-debug-continue", "Continue all");
+    resume.type = "button";
+    resume.title = "let every paused rank run on (pdb's c)";
+    const status = element("span", "distrun-debug-status");
+    form.append(element("span", "distrun-muted", "ranks"), ranks, command, send, resume,
+      status);
+    box.append(head, where, server ? form : element("div", "distrun-muted",
+      `To step them: jupyter distrun debug ${model.get("job_id")} in a terminal.`));
+    const history = (held.ui.debugHistory ??= []);
+    let back = history.length;  // where the arrow keys are in the history
+    let busy = false;
+
+    async function run(text, to) {
+      if (!text.trim() || busy) return;
+      busy = true;
+      for (const control of [ranks, command, send, resume]) control.disabled = true;
+      status.textContent = `sending to ${to === "all" ? "every paused rank" : `ranks ${to}`}…`;
+      status.classList.remove("distrun-debug-error");
+      const reply = await sendDebug(server, model.get("job_id"), to, text);
+      busy = false;
+      for (const control of [ranks, command, send, resume]) control.disabled = false;
+      if (reply.error) {
+        status.textContent = reply.error;
+        status.classList.add("distrun-debug-error");
+      } else {
+        status.textContent = "";
+        const lines = debugLines(text.trim(), reply.answers || [], labelOf);
+        keepLines(held, lines, maxLines());
+        for (const view of held.views) view.append(lines);
+      }
+      command.focus();
+    }
+    function submit() {
+      const text = command.value;
+      if (text.trim() && history[history.length - 1] !== text) history.push(text);
+      back = history.length;
+      command.value = "";
+      run(text, ranks.value.trim() || "all");
+    }
+    form.addEventListener("submit", (event) => {
+      event.preventDefault();
+      submit();
+    });
+    resume.onclick = () => run("c", "all");
+    // Enter sends (not left to the form: a notebook's own key handling may take it), the
+    // arrows walk what was sent.
+    for (const input of [ranks, command]) {
+      input.addEventListener("keydown", (event) => {
+        if (event.key === "Enter") {
+          event.preventDefault();
+          submit();
+        }
+      });
+    }
+    command.addEventListener("keydown", (event) => {
+      if (event.key !== "ArrowUp" && event.key !== "ArrowDown") return;
+      back = Math.max(0, Math.min(history.length, back + (event.key === "ArrowUp" ? -1 : 1)));
+      command.value = history[back] ?? "";
+      event.preventDefault();
+    });
+
+    // The paused ranks, from the processes' states: "rank 1 (local0): paused at bp.py:7 ...".
+    function draw() {
+      const paused = [];
+      for (const p of model.get("processes") || []) {
+        (p.paused || []).forEach((text, i) => {
+          const rank = (p.paused_ranks || [])[i] ?? p.rank;
+          paused.push({ rank, text: `${rank === null || rank === undefined ? p.label
+            : `rank ${rank}`} (${p.node}): ${text}` });
+        });
+      }
+      const shown = paused.length > 0 && model.get("state") === "running";
+      box.style.display = shown ? "" : "none";
+      if (!shown) return;
+      paused.sort((a, b) => (a.rank ?? 1e9) - (b.rank ?? 1e9));
+      head.textContent = paused.length === 1 ? "Debugger: 1 rank paused"
+        : `Debugger: ${paused.length} ranks paused`;
+      const most = 4;  // at 64 ranks, a few lines and a count
+      where.replaceChildren(...paused.slice(0, most).map((p) => element("li", "", p.text)),
+        ...(paused.length > most ? [element("li", "distrun-muted",
+          `and ${paused.length - most} more`)] : []));
+    }
+
+    // A rank's tab picked: the command goes to that rank; "All ranks": to every paused one.
+    function follow(key) {
+      const rank = rankOfKey(key);
+      ranks.value = rank === null ? "all" : String(rank);
+    }
+    return { box, draw, follow };
+  }
+
   const rankBar = element("div", "distrun-rankbar");
   rankBar.setAttribute("role", "tablist");
   const pane = element("pre", "distrun-lines");
@@ -544,7 +703,9 @@ function render({ model, el }) {
   inspector.append(inspectorSummary, tableBox);
   inspector.open = held.ui.inspector;
   inspector.addEventListener("toggle", () => { held.ui.inspector = inspector.open; });
-  root.append(header, rankBar, pane, charts, slowLine, cause, attempts, stacks, checks,
+  const debug = debugConsole();
+  debug.follow(active);
+  root.append(header, rankBar, pane, debug.box, charts, slowLine, cause, attempts, stacks, checks,
     inspector);
   el.appendChild(root);
 
@@ -557,7 +718,8 @@ function render({ model, el }) {
   }
 
   function lineNode(line, withPrefix) {
-    const div = element("div", line.stream === "stderr" ? "distrun-stderr" : "");
+    const div = element("div", line.stream === "stderr" ? "distrun-stderr"
+      : line.stream === "debug" ? "distrun-debug-line" : "");
     if (withPrefix) {
       const prefix = element("span", "distrun-prefix", `[${line.label}] `);
       prefix.style.color = colour(line.key);
@@ -576,6 +738,7 @@ function render({ model, el }) {
 
   function select(key) {
     active = held.ui.active = key;
+    debug.follow(key);
     drawRankBar();
     drawPane();
   }
@@ -722,6 +885,7 @@ function render({ model, el }) {
     title.textContent = model.get("name") || model.get("job_id");
     title.title = `job ${model.get("job_id")}`;
     counts.textContent = processes.length ? stateCounts(processes) : "";
+    debug.draw();
     const logDir = actions.querySelector(".distrun-log-dir");
     if (logDir) logDir.textContent = model.get("log_dir") ? `logs: ${model.get("log_dir")}` : "";
     const master = processes.find((p) => p.master)?.master;

@@ -285,6 +285,7 @@ class LiveView(anywidget.AnyWidget):
             "state": state.state, "exit": state.signal or state.exit_code,
             "keys": self._keys.get(state.name, [state.name]),
             "paused": [paused_text(p) for p in state.paused],  # where its debugger waits
+            "paused_ranks": [p.get("rank") for p in state.paused],  # a launcher's: several
         }  # fmt: skip
 
 

@@ -76,6 +76,23 @@ export interface INodeUsage {
   };
 }
 
+/** Each node's pools of pre-imported Python (--preload; node_side/pool.py's rows). */
+export interface INodePools {
+  nodes: {
+    node: string; // "this machine" without an inventory
+    pools: {
+      modules: string[];
+      pid: number;
+      ranks: number; // running now
+      rss: number | null; // resident bytes
+      idle: number; // seconds without a rank
+      idle_limit?: number | null; // when it ends itself
+      age: number; // seconds since it started
+    }[];
+    problem: string | null;
+  }[];
+}
+
 export interface ILogLine {
   ts: string;
   stream: 'stdout' | 'stderr';
@@ -135,6 +152,10 @@ export class DistrunApi {
 
   nodeUsage(): Promise<INodeUsage> {
     return this.get('nodes/usage');
+  }
+
+  pools(): Promise<INodePools> {
+    return this.get('nodes/pools');
   }
 
   /** A range of one log: after `offset` (the `next` of the last range), or its last `tail` lines. */

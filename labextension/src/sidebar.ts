@@ -8,7 +8,15 @@
 import { Poll } from '@lumino/polling';
 import { Widget } from '@lumino/widgets';
 
-import { DistrunApi, FINAL_STATES, IJobSummary, INodeUsage, INodes, IStacks } from './api';
+import {
+  DistrunApi,
+  FINAL_STATES,
+  IJobSummary,
+  INodePools,
+  INodeUsage,
+  INodes,
+  IStacks
+} from './api';
 import { duration, h, memory, pausedText, plural, sparkline } from './dom';
 
 /** JupyterLab's own button look (made compact by style/index.css). */
@@ -20,6 +28,7 @@ export interface ISidebarOptions {
   jobsInterval?: number; // ms
   nodesInterval?: number; // ms
   usageInterval?: number; // ms: the nodes' CPU and memory while jobs run
+  poolsInterval?: number; // ms: the nodes' pools (--preload)
   jobsShown?: number; // the newest jobs listed; older ones are left to the CLI
 }
 
@@ -27,11 +36,13 @@ export class DistrunSidebar extends Widget {
   private readonly api: DistrunApi;
   private readonly openLogs: (jobId: string) => void;
   private readonly nodesBox = h('div', { class: 'jp-distrun-nodes' }, 'Checking nodes…');
+  private readonly poolsBox = h('div', { class: 'jp-distrun-pools' });
   private readonly jobsBox = h('div', { class: 'jp-distrun-jobs' }, 'Loading jobs…');
   private readonly errorBox = h('div', { class: 'jp-distrun-error' });
   private readonly jobsPoll: Poll;
   private readonly nodesPoll: Poll;
   private readonly usagePoll: Poll;
+  private readonly poolsPoll: Poll;
   private nodes: INodes | null = null;
   private usage: INodeUsage = { bucket: 5, nodes: {} };
   private readonly jobsShown: number;
@@ -51,6 +62,7 @@ export class DistrunSidebar extends Widget {
       this.errorBox,
       h('h3', {}, 'Nodes'),
       this.nodesBox,
+      this.poolsBox,
       h('h3', {}, 'Jobs'),
       this.jobsBox
     );
@@ -73,6 +85,12 @@ export class DistrunSidebar extends Widget {
       standby,
       name: 'jupyter-dist:node-usage'
     });
+    this.poolsPoll = new Poll({
+      factory: () => this.refreshPools(),
+      frequency: { interval: options.poolsInterval ?? 10000, backoff: true, max: 300000 },
+      standby,
+      name: 'jupyter-dist:pools'
+    });
   }
 
   /** Poll now (e.g. when the panel is shown, or after a cancel). */
@@ -84,6 +102,7 @@ export class DistrunSidebar extends Widget {
     this.jobsPoll.dispose();
     this.nodesPoll.dispose();
     this.usagePoll.dispose();
+    this.poolsPoll.dispose();
     super.dispose();
   }
 
@@ -91,6 +110,7 @@ export class DistrunSidebar extends Widget {
     void this.jobsPoll.refresh();
     void this.nodesPoll.refresh();
     void this.usagePoll.refresh();
+    void this.poolsPoll.refresh();
   }
 
   private async refreshJobs(): Promise<void> {
@@ -112,6 +132,49 @@ export class DistrunSidebar extends Widget {
   private async refreshUsage(): Promise<void> {
     this.usage = await this.api.nodeUsage();
     this.renderNodes();
+  }
+
+  private async refreshPools(): Promise<void> {
+    this.renderPools(await this.api.pools());
+  }
+
+  /** Each node's pools (--preload): modules, memory, ranks, how long idle; nothing while
+   * there are none. */
+  private renderPools(pools: INodePools): void {
+    const rows = pools.nodes.flatMap(node =>
+      node.pools.map(pool =>
+        h(
+          'tr',
+          {
+            'data-node': node.node,
+            title: `pid ${pool.pid}, started ${Math.round(pool.age)} s ago; jupyter distrun pool stop ends it`
+          },
+          h('td', {}, node.node),
+          h('td', {}, pool.modules.join(', ')),
+          h('td', {}, pool.rss === null ? '' : memory(pool.rss)),
+          h(
+            'td',
+            {},
+            pool.ranks
+              ? plural(pool.ranks, 'rank')
+              : `idle ${Math.round(pool.idle)} s` +
+                  (pool.idle_limit ? ` of ${Math.round(pool.idle_limit)}` : '')
+          )
+        )
+      )
+    );
+    const problems = pools.nodes.filter(node => node.problem);
+    this.poolsBox.replaceChildren(
+      ...(rows.length
+        ? [
+            h('div', { class: 'jp-distrun-muted' }, 'Pools of pre-imported Python (--preload)'),
+            h('table', { class: 'jp-distrun-table' }, ...rows)
+          ]
+        : []),
+      ...problems.map(node =>
+        h('div', { class: 'jp-distrun-muted' }, `${node.node}: pools not read (${node.problem})`)
+      )
+    );
   }
 
   private renderNodes(): void {

@@ -22,6 +22,9 @@ import live, {
   lastState,
   clock,
   fetchStacks,
+  sendDebug,
+  debugLines,
+  rankOfKey,
   jupyterServer,
   stateCounts
 } from '../../../jupyter_dist/widgets/live.js';
@@ -439,6 +442,82 @@ describe('stacks', () => {
     m.set('state', 'failed');
     m.emit('change:state');
     expect(button.style.display).toBe('none');
+  });
+
+  it("writes a pdb command's answers into each rank's output, as pdb's console shows them", () => {
+    expect(rankOfKey('rank-12')).toBe(12);
+    expect(rankOfKey('launcher-node0')).toBeNull();
+    const lines = debugLines('p x', [
+      { rank: 1, answer: '41\n', paused: true },
+      { rank: 3, answer: '', paused: false },
+      { rank: 2, error: 'rank 2 of job j is not paused' }
+    ]);
+    expect(lines.map((l: any) => [l.key, l.stream, l.text])).toEqual([
+      ['rank-1', 'debug', '(Pdb) p x'],
+      ['rank-1', 'debug', '41'],
+      ['rank-3', 'debug', '(Pdb) p x'],
+      ['rank-3', 'debug', '(runs on)'],
+      ['rank-2', 'debug', '(Pdb) p x'],
+      ['rank-2', 'stderr', 'error: rank 2 of job j is not paused']
+    ]);
+  });
+
+  it("sends the console's command and ranks as JSON to the job's debug endpoint", async () => {
+    const calls: any[] = [];
+    const ok = async (url: string, init: any) => {
+      calls.push([url, init]);
+      return { ok: true, status: 200, json: async () => ({ answers: [] }) };
+    };
+    const server = { baseUrl: '/', token: '' };
+    expect(await sendDebug(server, 'j', '0,2-3', 'p x', ok as any)).toEqual({ answers: [] });
+    expect(calls[0][0]).toBe('/distrun/jobs/j/debug');
+    expect(JSON.parse(calls[0][1].body)).toEqual({ ranks: '0,2-3', command: 'p x' });
+    expect(calls[0][1].headers['Content-Type']).toBe('application/json');
+  });
+
+  it('shows the console while a rank is paused; a command answers in its tab', async () => {
+    config({ baseUrl: '/' });
+    const paused = ranks(2);
+    paused[1] = { ...paused[1], rank: 1, node: 'local1',
+      paused: ['paused at bp.py:6 in <module> (breakpoint)'], paused_ranks: [1] };
+    const m = model('job-debug', 50, 0, ranks(2));
+    live.initialize({ model: m });
+    const el = document.createElement('div');
+    live.render({ model: m, el });
+    const box = el.querySelector('.distrun-debug') as HTMLElement;
+    expect(box.style.display).toBe('none');
+    m.set('processes', paused);
+    m.emit('change:processes');
+    expect(box.style.display).toBe('');
+    expect(box.querySelector('.distrun-debug-head')?.textContent).toBe('Debugger: 1 rank paused');
+    expect(box.querySelector('.distrun-debug-where li')?.textContent).toBe(
+      'rank 1 (local1): paused at bp.py:6 in <module> (breakpoint)'
+    );
+    (el.querySelector('button.distrun-rank[data-key="rank-1"]') as HTMLElement).click();
+    const ranksInput = box.querySelector('.distrun-debug-ranks') as HTMLInputElement;
+    expect(ranksInput.value).toBe('1');
+    const asked: any[] = [];
+    const realFetch = globalThis.fetch;
+    globalThis.fetch = (async (url: string, init: any) => {
+      asked.push(JSON.parse(init.body));
+      return { ok: true, status: 200,
+        json: async () => ({ answers: [{ rank: 1, answer: '41\n', paused: true }] }) };
+    }) as any;
+    try {
+      const command = box.querySelector('.distrun-debug-command') as HTMLInputElement;
+      command.value = 'p x';
+      (box.querySelector('form') as HTMLFormElement).dispatchEvent(
+        new Event('submit', { cancelable: true }));
+      await new Promise(resolve => setTimeout(resolve, 0));
+    } finally {
+      globalThis.fetch = realFetch;
+    }
+    expect(asked).toEqual([{ ranks: '1', command: 'p x' }]);
+    const shown = Array.from(el.querySelectorAll('.distrun-lines .distrun-debug-line'));
+    expect(shown.map(l => l.textContent)).toEqual(['(Pdb) p x', '41']);
+    m.set('state', 'succeeded');
+    m.emit('change:state');
+    expect(box.style.display).toBe('none');
   });
 
   it('shows a stall notice with its stacks as a warning, and hides it once the job moves', () => {

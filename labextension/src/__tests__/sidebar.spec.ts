@@ -115,6 +115,36 @@ describe('DistrunSidebar stacks', () => {
     sidebar.dispose();
   });
 
+  it("lists each node's pools with their modules, memory and idle time", async () => {
+    const pools = {
+      nodes: [
+        {
+          node: 'node0',
+          pools: [
+            { modules: ['torch'], pid: 7, ranks: 0, rss: 300 * 2 ** 20, idle: 42.4, idle_limit: 600, age: 90 },
+            { modules: ['json'], pid: 8, ranks: 2, rss: null, idle: 0, idle_limit: 600, age: 5 }
+          ],
+          problem: null
+        },
+        { node: 'node1', pools: [], problem: 'cannot connect' }
+      ]
+    };
+    const api = new DistrunApi(async path => ({ status: 200, body: path === 'nodes/pools' ? pools : [] }));
+    const sidebar = new DistrunSidebar({ api, openLogs: () => undefined });
+    await (sidebar as any).refreshPools();
+    const rows = [...sidebar.node.querySelectorAll('.jp-distrun-pools tr')];
+    expect(rows.map(row => [...row.querySelectorAll('td')].map(td => td.textContent))).toEqual([
+      ['node0', 'torch', '300 MiB', 'idle 42 s of 600'],
+      ['node0', 'json', '', '2 ranks']
+    ]);
+    expect(sidebar.node.querySelector('.jp-distrun-pools')?.textContent).toContain(
+      'node1: pools not read (cannot connect)'
+    );
+    await (sidebar as any).renderPools({ nodes: [{ node: 'this machine', pools: [], problem: null }] });
+    expect(sidebar.node.querySelector('.jp-distrun-pools')?.textContent).toBe('');
+    sidebar.dispose();
+  });
+
   it('says which ranks of a running job wait in their debugger', async () => {
     const paused = { ...job(1), state: 'running', paused: [1, 3] };
     const many = { ...job(2), state: 'running', paused: [0, 1, 2, 3, 4, 5] };
