@@ -9,6 +9,9 @@ backend's `run_on_node` (the link the job already has: nothing listens on a port
 - `send` runs `debugger.py do` on the rank's node: one command, and pdb's answer, with
   whether the rank is still paused after it (`c` lets it run on).
 
+On a local node (this machine) the helper's code runs in this process instead: no Python
+to start for each command (about 40 ms of a round trip).
+
 Only the job's owner holds the backend (run/job.py); other processes ask it through the
 store (run/requests.py).
 """
@@ -23,6 +26,7 @@ from typing import Any
 
 from jupyter_dist import node_side
 from jupyter_dist.errors import DistrunError
+from jupyter_dist.node_side import debugger as node_helper
 from jupyter_dist.node_side.debugger import MARK as DEBUG_MARK
 from jupyter_dist.nodes import Node
 
@@ -134,8 +138,7 @@ def paused_ranks(
     def ask(where: tuple[tuple[str, str], Node]) -> tuple[Node, list[dict] | str]:
         (_, folder), node = where
         try:
-            code, out, err = run_on_node(node, [*_python(node), DEBUGGER_SOURCE, "list",
-                                                folder], 30)  # fmt: skip
+            code, out, err = _helper(run_on_node, node, ["list", folder], 30)
         except Exception as exc:  # an unreachable node is reported, never raised
             return node, f"{node.name}: {exc}"
         if code != 0:
@@ -206,9 +209,8 @@ def _ask_helper(
     """Run the node helper (node_side/debugger.py) with `words` and `timeout`: its JSON
     answer. NotPaused where it says the process is not paused (`not_paused`, else its own
     line); else DistrunError in one line, `who` first (`failed`: what went wrong)."""
-    argv = [*_python(node), DEBUGGER_SOURCE, *words, str(timeout)]
     try:
-        code, out, err = run_on_node(node, argv, timeout + 10)
+        code, out, err = _helper(run_on_node, node, [*words, str(timeout)], timeout + 10)
     except Exception as exc:
         raise DistrunError(f"{who}: cannot reach {node.name}: {exc}") from None
     said = (err.strip().splitlines() or [f"exit code {code}"])[-1]
@@ -223,6 +225,16 @@ def _ask_helper(
     if not isinstance(answer, dict):
         raise DistrunError(f"{who}: unreadable answer {out[:80]!r}")
     return answer
+
+
+def _helper(
+    run_on_node: RunOnNode, node: Node, words: list[str], timeout: float
+) -> tuple[int, str, str]:
+    """The node helper's (exit code, stdout, stderr) for `words`: run on the node, or in
+    this process where the node is this machine."""
+    if node.backend == "local":
+        return node_helper.answer(words)
+    return run_on_node(node, [*_python(node), DEBUGGER_SOURCE, *words], timeout)
 
 
 def _python(node: Node) -> list[str]:

@@ -461,31 +461,36 @@ def interrupt(job_dir, job_id, rank, timeout=5.0):
     return None
 
 
-def main():
-    args = sys.argv[1:]
-    if args[:1] == ["list"] and len(args) == 2:
-        print(json.dumps(list_paused(args[1])))
-        return
-    if args[:1] == ["do"] and len(args) in (4, 5):
-        timeout = float(args[4]) if len(args) == 5 else 30.0
-        try:
-            print(json.dumps(do(args[1], int(args[2]), args[3], timeout)))
-        except (LookupError, OSError) as exc:
-            sys.stderr.write(f"{exc}\n")
-            sys.exit(3)
-        return
-    if args[:1] == ["interrupt"] and len(args) in (4, 5):
-        timeout = float(args[4]) if len(args) == 5 else 5.0
-        try:
-            print(json.dumps({"paused": interrupt(args[1], args[2], int(args[3]), timeout)}))
-        except (LookupError, OSError) as exc:
-            sys.stderr.write(f"{exc}\n")
-            sys.exit(3)
-        return
-    sys.exit(
-        "usage: debugger.py list JOB_DIR | do JOB_DIR PID COMMAND [TIMEOUT] | "
-        "interrupt JOB_DIR JOB_ID RANK [TIMEOUT]"
+def answer(args):
+    """What the helper says to `args` (see `main`): (exit code, stdout, stderr). A caller
+    on this machine (the owner of a job on local nodes) asks it in its own process."""
+    try:
+        if args[:1] == ["list"] and len(args) == 2:
+            return 0, json.dumps(list_paused(args[1])) + "\n", ""
+        if args[:1] == ["do"] and len(args) in (4, 5):
+            timeout = float(args[4]) if len(args) == 5 else 30.0
+            return 0, json.dumps(do(args[1], int(args[2]), args[3], timeout)) + "\n", ""
+        if args[:1] == ["interrupt"] and len(args) in (4, 5):
+            timeout = float(args[4]) if len(args) == 5 else 5.0
+            paused = interrupt(args[1], args[2], int(args[3]), timeout)
+            return 0, json.dumps({"paused": paused}) + "\n", ""
+    except (LookupError, OSError) as exc:
+        return 3, "", f"{exc}\n"
+    return (
+        1,
+        "",
+        (
+            "usage: debugger.py list JOB_DIR | do JOB_DIR PID COMMAND [TIMEOUT] | "
+            "interrupt JOB_DIR JOB_ID RANK [TIMEOUT]\n"
+        ),
     )
+
+
+def main():
+    code, out, err = answer(sys.argv[1:])
+    sys.stdout.write(out)
+    sys.stderr.write(err)
+    sys.exit(code)
 
 
 if __name__ == "__main__":

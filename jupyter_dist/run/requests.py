@@ -257,7 +257,7 @@ def request_debug(record: JobRecord, request: dict[str, Any], timeout: float) ->
         return answer
 
     try:
-        answer = _owners_answer(record, answered, timeout, 0.02, "its owner answered")
+        answer = _owners_answer(record, answered, timeout, 0.01, "its owner answered")
     finally:
         request_path.unlink(missing_ok=True)  # taken by the owner, unless it never came
     if answer.get("error"):

@@ -18,7 +18,7 @@ from jupyter_dist.run.requests import (
 )
 from jupyter_dist.store import JobRecord
 
-DEBUG_POLL_SECONDS = 0.05  # a glob of the job's folder: cheap
+DEBUG_POLL_SECONDS = 0.02  # a glob of the job's folder: cheap, and a user waits on each
 
 
 def escalate(handles: list[ProcessHandle], grace: float, all_ended: Callable[[], bool]) -> None:
