@@ -732,13 +732,14 @@ def test_no_ray_call_after_disconnecting_starts_a_cluster_here(ray_cluster, tmp_
 
 def test_a_paused_rank_on_a_ray_node_is_stepped_through_its_actor(ray_cluster, store, tmp_path):
     """breakpoint() in rank 1 on a Ray node: listed on its node, `p x` answered through the
-    node's actor (the owner's link), `c`, and the job succeeds."""
+    node's actor (the owner's link), `c`, and the job succeeds. Rank 0 spins in a loop:
+    `--interrupt` pauses it there, through the same link."""
     import signal
 
     (tmp_path / "code").mkdir()
     (tmp_path / "code" / "bp.py").write_text(
         "import os\nx = 40 + int(os.environ['RANK'])\nif x == 41:\n    breakpoint()\n"
-        "    x += 100\nprint('x is', x, flush=True)\n"
+        "    x += 100\nspin = x == 40\nwhile spin:\n    x += 1\nprint('x is', x, flush=True)\n"
     )
     spec = tmp_path / "job.yml"
     spec.write_text(f"code: {tmp_path / 'code'}\ncommand: python bp.py\n"
@@ -759,9 +760,18 @@ def test_a_paused_rank_on_a_ray_node_is_stepped_through_its_actor(ray_cluster, s
         assert looked.stdout == "41\n", looked.stderr
         going = run_cli("debug", job_id, "--rank", "1", "--do", "c", store=store)
         assert going.stderr == "rank 1 runs on\n"
+        stopped = run_cli("debug", job_id, "--interrupt", "--rank", "0", store=store)
+        assert stopped.returncode == 0, stopped.stderr
+        assert re.fullmatch(
+            r"rank 0 \((rayhead|rayworker1)\): \S+bp\.py:(7|8) in <module> \(interrupt\)\n",
+            stopped.stdout,
+        ), stopped.stdout
+        run_cli("debug", job_id, "--rank", "0", "--do", "spin = False; x = 0", store=store)
+        run_cli("debug", job_id, "--rank", "0", "--do", "c", store=store)
         out, err = proc.communicate(timeout=120)
         assert proc.returncode == 0, err[-2000:]
         assert "[rank 1] x is 141" in out
+        assert "[rank 0] x is 0" in out or "[rank 0] x is 1" in out, out
     finally:
         if proc.poll() is None:
             proc.kill()

@@ -812,11 +812,13 @@ def test_outputs_on_a_clusters_shared_filesystem_are_in_the_store(allocation, st
 
 def test_a_paused_rank_in_a_job_step_is_stepped_from_a_terminal(allocation, store, tmp_path):
     """breakpoint() in rank 3 (on sln2) of a job run inside an allocation: listed on its
-    node, `p x` answered through the owner's link to the node, `c`, and the job succeeds."""
+    node, `p x` answered through the owner's link to the node, `c`, and the job succeeds.
+    Rank 0 spins in a loop: `--interrupt` pauses it there, through the same link."""
     script = tmp_path / "bp.py"
     script.write_text(
         "import os\nrank = int(os.environ['RANK'])\nprint('started', flush=True)\n"
-        "x = 40 + rank\nif rank == 3:\n    breakpoint()\n    x += 100\nprint('x is', x)\n"
+        "x = 40 + rank\nif rank == 3:\n    breakpoint()\n    x += 100\n"
+        "spin = rank == 0\nwhile spin:\n    x += 1\nprint('x is', x)\n"
     )
     spec = _spec(
         tmp_path,
@@ -833,6 +835,12 @@ def test_a_paused_rank_in_a_job_step_is_stepped_from_a_terminal(allocation, stor
         looked = run_cli("debug", job_id, "--rank", "3", "--do", "p x", store=store)
         assert looked.stdout == "43\n", looked.stderr
         run_cli("debug", job_id, "--rank", "3", "--do", "c", store=store)
+        stopped = run_cli("debug", job_id, "--interrupt", "--rank", "0", store=store)
+        assert stopped.returncode == 0, stopped.stderr
+        assert re.fullmatch(r"rank 0 \(sln1\): \S+bp\.py:(9|10) in <module> \(interrupt\)\n",
+                            stopped.stdout), stopped.stdout  # fmt: skip
+        run_cli("debug", job_id, "--rank", "0", "--do", "spin = False; x = 0", store=store)
+        run_cli("debug", job_id, "--rank", "0", "--do", "c", store=store)
         assert proc.wait(60) == 0
     finally:
         if proc.poll() is None:
@@ -840,3 +848,5 @@ def test_a_paused_rank_in_a_job_step_is_stepped_from_a_terminal(allocation, stor
             proc.wait()
     said = [line.text for line in store.get(job_id).iter_log("rank-3", "stdout")]
     assert said[-1] == "x is 143"
+    said = [line.text for line in store.get(job_id).iter_log("rank-0", "stdout")]
+    assert said[-1] in ("x is 0", "x is 1"), said  # set, or set and the loop's line ran once
