@@ -73,8 +73,10 @@ class LiveView(anywidget.AnyWidget):
     # them again, as for lines.
     metrics_total = Int(0).tag(sync=True)
 
-    def __init__(self, job, names: list[str] | None = None, **kwargs):
-        """The view of `job`, or of its processes in `names` only."""
+    def __init__(self, job, names: list[str] | None = None, listener=None, **kwargs):
+        """The view of `job`, or of its processes in `names` only. `listener`: a Collector
+        already listening to the job (what it holds is sent at the first tick), else one of
+        its own from now on."""
         # Who is who (ranks, master, role, TF_CONFIG) is fixed by the plan (an attempt's:
         # a restart plans anew); states change.
         self._take_plan(job.plan)
@@ -89,8 +91,10 @@ class LiveView(anywidget.AnyWidget):
         super().__init__(job_id=job.job_id, log_dir=str(job.record.logs_dir), **kwargs)
         self._job = job  # its start time, for the elapsed clock
         self._last_elapsed = 0.0
-        self.listener = _Collector()
-        job.add_listener(self.listener)
+        if listener is None:
+            listener = Collector()
+            job.add_listener(listener)
+        self.listener = listener
         self.messages_sent = 0
         self.lines_sent = 0
         self.lines_skipped = 0
@@ -340,7 +344,7 @@ def _compact(record: dict) -> list:
     return [record["k"], record.get("s"), record.get("t"), record.get("m")]
 
 
-class _Collector(JobListener):
+class Collector(JobListener):
     """What the job's threads report, held until the cell's thread takes it."""
 
     def __init__(self) -> None:

@@ -8,21 +8,32 @@ that raised it, are the root cause. The session's ranks live on either way.
 from __future__ import annotations
 
 import time
+from typing import Any
 
 from jupyter_dist.events import ProcessState, ranges
 from jupyter_dist.plan.model import ProcessPlan
 from jupyter_dist.run.session import CellResult, Session
-from jupyter_dist.widgets.live import LiveView
+from jupyter_dist.widgets.live import Collector, LiveView
+
+# A cell that ends sooner shows one view, made at its end; one that runs longer gets its
+# live view then, and a settled copy at its end (LiveView.settled). A warm cell takes
+# milliseconds, and each view is a widget the kernel makes (about 10 ms of its CPU here,
+# taken from the ranks on a small machine) that nobody could watch live.
+LIVE_AFTER_S = 0.5
 
 
 class CellView(LiveView):
-    def __init__(self, session: Session, chosen: list[ProcessPlan]) -> None:
-        cell = session.next_cell
-        self._started, self._ended = time.time(), None
+    def __init__(
+        self, session: Session, chosen: list[ProcessPlan], cell: int, started: float,
+        listener: Collector,
+    ) -> None:  # fmt: skip
+        """Cell `cell` on `chosen`, started at `started` (epoch seconds); `listener` has
+        collected what the job said since then."""
+        self._started, self._ended = started, None
         self._outcome: dict[str, str] = {}  # process name -> its state for this cell
         super().__init__(
-            session.job, names=[p.name for p in chosen], cell=cell, session=session.name,
-            name=f"{session.name} · cell {cell}",
+            session.job, names=[p.name for p in chosen], listener=listener, cell=cell,
+            session=session.name, name=f"{session.name} · cell {cell}",
             summary=f"cell {cell} of session {session.name} on {ranges([p.label for p in chosen])}",
         )  # fmt: skip
         self.state = "running"
@@ -70,16 +81,33 @@ def run_cell_with_view(
     when it shows widgets); arguments and errors as for Session.run_cell."""
     from IPython.display import display
 
-    view = LiveView.last = CellView(session, chosen)
-    handle = display(view, display_id=True)
+    cell, started, since = session.next_cell, time.time(), time.monotonic()
+    listener = Collector()  # from the start: the view, made later, sends what it holds
+    session.job.add_listener(listener)
+    shown: dict[str, Any] = {}  # "view" and its display "handle", once the cell ran long
+
+    def view() -> CellView:
+        if "view" not in shown:
+            shown["view"] = LiveView.last = CellView(session, chosen, cell, started, listener)
+        return shown["view"]
+
+    def tick() -> None:
+        if "handle" not in shown and time.monotonic() - since >= LIVE_AFTER_S:
+            shown["handle"] = display(view(), display_id=True)
+        if "handle" in shown:
+            shown["view"].tick()
+
     result, why = None, "interrupted: every rank stopped this cell; the session is still open"
     try:
-        result = session.run_cell(code, view.tick, [p.rank for p in chosen], push, out)
+        result = session.run_cell(code, tick, [p.rank for p in chosen], push, out)
         return result
     except BaseException as exc:
         if not isinstance(exc, KeyboardInterrupt):
             why = str(exc).splitlines()[0]
         raise
     finally:
-        view.finish(result, why)
-        handle.update(view.settled())  # see LiveView.settled
+        view().finish(result, why)
+        if "handle" in shown:
+            shown["handle"].update(shown["view"].settled())  # see LiveView.settled
+        else:
+            display(shown["view"])
