@@ -1,0 +1,216 @@
+"""Warm cells as the user feels them: through a real kernel, against nbdistributed, in one run.
+
+    .venv/bin/python -m pip install "jupyter-dist[bench]"   # nbdistributed, the baseline
+    .venv/bin/python bench/kernel_cells.py [--rounds 40] [--ranks 4]
+
+Each tool gets a kernel of its own (jupyter_client, as a notebook front end talks to it)
+with `--ranks` ranks on this machine, and the same two cells, each run `--rounds` times
+after a warm-up; the figure is the median time from the execute request to the kernel's
+reply, as a front end sees it:
+
+1. `x = 1` on every rank.
+2. One DDP forward/backward step on a model built in an earlier cell (gloo, CPU).
+
+- jupyter-dist: `%distrun session start --nodes 2 --procs-per-node R/2`, then `%%distrun`
+  cells, in the view a front end without widgets gets (`text`) and in the live view
+  (`widget`, the default in JupyterLab: its messages are sent whether or not a page draws
+  them).
+- nbdistributed: `%dist_init -n R`, then `%%distributed` cells.
+- The floor: `x = 1` in the kernel itself, no rank involved.
+
+Prints each median, and the ratio jupyter-dist / nbdistributed per cell. Goal: <= 1.0.
+Beside each, the CPU a cell took, per cell: the kernel's own, and the rest of its process
+tree's (ranks, agents, workers: both tools start theirs under the kernel): on 2 cores, what
+the kernel spends is taken from the ranks.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import statistics
+import sys
+import time
+from contextlib import contextmanager
+
+from jupyter_client.manager import start_new_kernel
+
+HZ = os.sysconf("SC_CLK_TCK")
+
+BUILD = (
+    "import torch, torch.distributed as dist\n"
+    "from torch.nn.parallel import DistributedDataParallel as DDP\n"
+    "if not dist.is_initialized():\n"
+    "    dist.init_process_group('gloo')\n"
+    "torch.manual_seed(0)\n"
+    "model = DDP(torch.nn.Sequential(torch.nn.Linear(64, 64), torch.nn.ReLU(),\n"
+    "                                torch.nn.Linear(64, 1)))\n"
+    "optimizer = torch.optim.SGD(model.parameters(), lr=0.01)\n"
+    "batch = torch.randn(32, 64)\n"
+)
+STEP = (
+    "optimizer.zero_grad()\nloss = model(batch).pow(2).mean()\nloss.backward()\noptimizer.step()\n"
+)
+
+
+@contextmanager
+def kernel():
+    # This Python's folder first on PATH: nbdistributed starts its workers as `python`.
+    path = os.pathsep.join([os.path.dirname(sys.executable), os.environ.get("PATH", "")])
+    km, kc = start_new_kernel(kernel_name="python3", env={**os.environ, "PATH": path})
+    kc.pid = km.provisioner.process.pid
+    try:
+        yield kc
+    finally:
+        kc.stop_channels()
+        km.shutdown_kernel(now=True)
+
+
+def run(kc, code: str, timeout: float = 300, said: list[str] | None = None) -> float:
+    """Seconds from the request to the reply; RuntimeError where the cell failed. What it
+    printed goes in `said`."""
+    said = [] if said is None else said
+
+    def keep(msg):
+        content = msg["content"]
+        if msg["msg_type"] in ("stream", "error"):
+            said.append(content.get("text") or content.get("evalue", ""))
+        elif msg["msg_type"] in ("display_data", "update_display_data"):
+            said.append(content.get("data", {}).get("text/plain", ""))
+
+    started = time.perf_counter()
+    reply = kc.execute_interactive(code, timeout=timeout, output_hook=keep)
+    took = time.perf_counter() - started
+    if reply["content"]["status"] != "ok":
+        raise RuntimeError(f"{code.splitlines()[0]!r} failed: {''.join(said)[-2000:]}")
+    return took
+
+
+def build(kc, prefix: str, ranks: int) -> None:
+    """The model, on every rank, checked: each rank must say it is one of `ranks` (a tool
+    that prints its failure and returns would otherwise be timed doing nothing)."""
+    run(kc, prefix + BUILD)
+    said: list[str] = []
+    run(kc, prefix + "print(f'world {dist.get_world_size()} rank {dist.get_rank()}')", said=said)
+    text = "".join(said)
+    if sorted(int(r) for r in re.findall(rf"world {ranks} rank (\d+)", text)) != list(range(ranks)):
+        raise RuntimeError(f"not every rank of {ranks} built the model: {text[-2000:]}")
+
+
+def tree_cpu(root: int) -> tuple[float, float]:
+    """CPU seconds so far of process `root` (the kernel) and of its descendants alive now
+    (the ranks, agents, workers it started)."""
+    children: dict[int, list[int]] = {}
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                parent = int(_stat(int(entry))[1])
+            except OSError:
+                continue
+            children.setdefault(parent, []).append(int(entry))
+    own, rest, todo = 0.0, 0.0, [root]
+    while todo:
+        pid = todo.pop()
+        try:
+            fields = _stat(pid)
+        except OSError:
+            continue
+        used = (int(fields[11]) + int(fields[12])) / HZ
+        own, rest = (own + used, rest) if pid == root else (own, rest + used)
+        todo += children.get(pid, [])
+    return own, rest
+
+
+def _stat(pid: int) -> list[str]:
+    with open(f"/proc/{pid}/stat") as handle:
+        return handle.read().rsplit(")", 1)[1].split()
+
+
+def timed(kc, code: str, rounds: int, kernel_pid: int, cpu: dict[str, float]) -> float:
+    """The median of `rounds` runs of `code`, after two that warm it up, in ms; the CPU
+    they took per cell (ms) goes in `cpu`: the kernel's, and the rest of its tree's."""
+    for _ in range(2):
+        run(kc, code)
+    before = tree_cpu(kernel_pid)
+    took = statistics.median(run(kc, code) for _ in range(rounds)) * 1000
+    after = tree_cpu(kernel_pid)
+    cpu["kernel"] = (after[0] - before[0]) / rounds * 1000
+    cpu["ranks and the rest"] = (after[1] - before[1]) / rounds * 1000
+    return took
+
+
+def jupyter_dist(rounds: int, ranks: int, view: str, cpu: dict) -> dict[str, float]:
+    with kernel() as kc:
+        run(kc, "%load_ext jupyter_dist")
+        run(kc, f"%config DistrunMagics.view = {view!r}")
+        run(kc, f"%distrun session start --nodes 2 --procs-per-node {ranks // 2}")
+        try:
+            trivial = timed(kc, "%%distrun\nx = 1", rounds, kc.pid, cpu.setdefault("x = 1", {}))
+            build(kc, "%%distrun\n", ranks)
+            step = timed(kc, "%%distrun\n" + STEP, rounds, kc.pid, cpu.setdefault("ddp step", {}))
+        finally:
+            run(kc, "%distrun session stop")
+    return {"x = 1": trivial, "ddp step": step}
+
+
+def nbdistributed(rounds: int, ranks: int, cpu: dict) -> dict[str, float]:
+    with kernel() as kc:
+        run(kc, "%load_ext nbdistributed")
+        run(kc, f"%dist_init -n {ranks}")
+        try:
+            trivial = timed(kc, "%%distributed\nx = 1", rounds, kc.pid,
+                            cpu.setdefault("x = 1", {}))  # fmt: skip
+            build(kc, "%%distributed\n", ranks)
+            step = timed(kc, "%%distributed\n" + STEP, rounds, kc.pid,
+                         cpu.setdefault("ddp step", {}))  # fmt: skip
+        finally:
+            run(kc, "%dist_shutdown")
+    return {"x = 1": trivial, "ddp step": step}
+
+
+def _rounded(value):
+    if isinstance(value, float):
+        return round(value, 2)
+    if isinstance(value, dict):
+        return {key: _rounded(item) for key, item in value.items()}
+    return value
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--rounds", type=int, default=40)
+    parser.add_argument("--ranks", type=int, default=4, help="an even number")
+    args = parser.parse_args()
+    cpu: dict[str, dict] = {"kernel alone": {}}
+    with kernel() as kc:
+        floor = timed(kc, "x = 1", args.rounds, kc.pid, cpu["kernel alone"])
+    figures = {
+        name: tool(args.rounds, args.ranks, *extra, cpu.setdefault(name, {}))
+        for name, tool, extra in (
+            ("jupyter-dist (text)", jupyter_dist, ("text",)),
+            ("jupyter-dist (widget)", jupyter_dist, ("widget",)),
+            ("nbdistributed", nbdistributed, ()),
+        )
+    }
+    found = {"rounds": args.rounds, "ranks": args.ranks, "kernel_floor_ms": floor, **figures,
+             "cpu_ms_per_cell": cpu}  # fmt: skip
+    print(json.dumps(_rounded(found)))
+    print(f"the kernel alone, x = 1: {floor:.1f} ms")
+    base = figures["nbdistributed"]
+    for name, cells in figures.items():
+        shown = ", ".join(
+            f"{cell} {ms:.1f} ms"
+            + ("" if name == "nbdistributed" else f" ({ms / base[cell]:.2f}x)")
+            for cell, ms in cells.items()
+        )
+        print(f"{name}: {shown}")
+        for cell, used in cpu[name].items():
+            spent = ", ".join(f"{who} {ms:.1f}" for who, ms in used.items())
+            print(f"    CPU per {cell!r} cell (ms): {spent}")
+    print("goal: jupyter-dist / nbdistributed <= 1.0 for both cells")
+
+
+if __name__ == "__main__":
+    main()
