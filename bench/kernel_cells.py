@@ -36,23 +36,9 @@ import time
 from contextlib import contextmanager
 
 from jupyter_client.manager import start_new_kernel
+from session import BUILD, STEP  # bench/session.py's cells: the engine's figure of the same
 
 HZ = os.sysconf("SC_CLK_TCK")
-
-BUILD = (
-    "import torch, torch.distributed as dist\n"
-    "from torch.nn.parallel import DistributedDataParallel as DDP\n"
-    "if not dist.is_initialized():\n"
-    "    dist.init_process_group('gloo')\n"
-    "torch.manual_seed(0)\n"
-    "model = DDP(torch.nn.Sequential(torch.nn.Linear(64, 64), torch.nn.ReLU(),\n"
-    "                                torch.nn.Linear(64, 1)))\n"
-    "optimizer = torch.optim.SGD(model.parameters(), lr=0.01)\n"
-    "batch = torch.randn(32, 64)\n"
-)
-STEP = (
-    "optimizer.zero_grad()\nloss = model(batch).pow(2).mean()\nloss.backward()\noptimizer.step()\n"
-)
 
 
 @contextmanager

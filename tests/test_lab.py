@@ -180,6 +180,24 @@ def _run_cell(page, index: int, wait: bool = False) -> None:
     pytest.fail(f"cell {index} did not run after three Shift+Enter")
 
 
+@contextmanager
+def _notebook(lab_page, lab, name: str, height: int = 1000) -> Iterator[tuple[object, list[str]]]:
+    """A page of its own with notebook `name` open (in a workspace of that name), its kernel
+    ready and its first cell (`%load_ext jupyter_dist`) run; yields it with what the page
+    logged (for when a view does not draw); closed after."""
+    page = lab_page.context.browser.new_page(viewport={"width": 1400, "height": height})
+    said: list[str] = []
+    page.on("console", lambda m: said.append(f"{m.type}: {m.text}"))
+    try:
+        stem = name.removesuffix(".ipynb")
+        page.goto(lab.page_url(f"/lab/workspaces/distrun-{stem}/tree/{name}?reset"))
+        page.locator(".jp-StatusBar-Widget", has_text="| Idle").first.wait_for()
+        _run_cell(page, 0, wait=True)
+        yield page, said
+    finally:
+        page.close()
+
+
 def _open_sidebar(page):
     tab = page.locator(".lm-TabBar-tab[data-id='jupyter-dist-sidebar']")
     if tab.get_attribute("aria-selected") != "true":
@@ -492,11 +510,7 @@ def test_a_page_loaded_again_draws_the_lines_it_missed(lab_page, lab):
 
 def test_each_cell_of_a_session_has_a_view_of_its_own(lab_page, lab):
     """Two cells run in one session (one job) keep their own lines, chips and clocks."""
-    page = lab_page.context.browser.new_page(viewport={"width": 1400, "height": 1000})
-    try:
-        page.goto(lab.page_url("/lab/workspaces/distrun-session/tree/session.ipynb?reset"))
-        page.locator(".jp-StatusBar-Widget", has_text="| Idle").first.wait_for()
-        _run_cell(page, 0, wait=True)
+    with _notebook(lab_page, lab, "session.ipynb") as (page, _):
         _run_cell(page, 1)
         cells = page.locator(".jp-Notebook .jp-Cell")
         cells.nth(1).locator(".jp-OutputArea", has_text="Session lab-session ready").wait_for(
@@ -522,21 +536,13 @@ def test_each_cell_of_a_session_has_a_view_of_its_own(lab_page, lab):
         cells.nth(4).locator(".jp-OutputArea", has_text="Session lab-session stopped").wait_for(
             timeout=60_000
         )
-    finally:
-        page.close()
 
 
 def test_the_live_views_console_steps_a_paused_rank_and_lets_it_go_on(lab_page, lab):
     """Rank 1 at breakpoint(): its chip and the console under the output say where it
     waits; a pdb command typed there answers in rank 1's output, with pdb's prompt; a
     set that is not one is refused in one line; Continue all lets the job end."""
-    page = lab_page.context.browser.new_page(viewport={"width": 1400, "height": 1000})
-    said = []  # the page's own errors, for when the console does not answer
-    page.on("console", lambda m: said.append(f"{m.type}: {m.text}"))
-    try:
-        page.goto(lab.page_url("/lab/workspaces/distrun-debug/tree/debug.ipynb?reset"))
-        page.locator(".jp-StatusBar-Widget", has_text="| Idle").first.wait_for()
-        _run_cell(page, 0, wait=True)
+    with _notebook(lab_page, lab, "debug.ipynb") as (page, said):
         _run_cell(page, 1)
         view = page.locator(".jp-Notebook .jp-Cell").nth(1).locator(".distrun-live")
         console = view.locator(".distrun-debug")
@@ -585,18 +591,12 @@ def test_the_live_views_console_steps_a_paused_rank_and_lets_it_go_on(lab_page, 
         view.locator(".distrun-job-state", has_text="succeeded").wait_for(timeout=60_000)
         assert console.is_hidden()
         assert "rank 1 ends with x = 100" in lines.inner_text()
-    finally:
-        page.close()
 
 
 def test_a_detached_cell_frees_the_kernel_and_its_view_follows_the_job(lab_page, lab):
     """The cell returns once every rank runs: the kernel is idle while its view, fed from
     the store by a thread of the kernel's, follows the job to its end."""
-    page = lab_page.context.browser.new_page(viewport={"width": 1400, "height": 1000})
-    try:
-        page.goto(lab.page_url("/lab/workspaces/distrun-detached/tree/detached.ipynb?reset"))
-        page.locator(".jp-StatusBar-Widget", has_text="| Idle").first.wait_for()
-        _run_cell(page, 0, wait=True)
+    with _notebook(lab_page, lab, "detached.ipynb") as (page, _):
         _run_cell(page, 1, wait=True)  # it has its execution count: the cell has returned
         view = page.locator(".jp-Notebook .jp-Cell").nth(1).locator(".distrun-live")
         view.locator(".distrun-job-state", has_text="running").wait_for(timeout=60_000)
@@ -609,8 +609,6 @@ def test_a_detached_cell_frees_the_kernel_and_its_view_follows_the_job(lab_page,
             assert f"[rank {rank}] line 30 of rank {rank}" in lines
         assert view.locator(".distrun-counts").inner_text() == "all succeeded"
         _shot(page, "10-detached-done")
-    finally:
-        page.close()
 
 
 def test_a_restarting_job_shows_its_attempt_and_the_earlier_cause_in_view_and_sidebar(
@@ -619,11 +617,7 @@ def test_a_restarting_job_shows_its_attempt_and_the_earlier_cause_in_view_and_si
     """A detached job (its view follows the store) fails once and starts again: the view's
     chip says "attempt 2 of 3" and lists the first attempt's cause, readable in both
     themes; the sidebar says the attempt too."""
-    page = lab_page.context.browser.new_page(viewport={"width": 1400, "height": 1000})
-    try:
-        page.goto(lab.page_url("/lab/workspaces/distrun-restarts/tree/restarts.ipynb?reset"))
-        page.locator(".jp-StatusBar-Widget", has_text="| Idle").first.wait_for()
-        _run_cell(page, 0, wait=True)
+    with _notebook(lab_page, lab, "restarts.ipynb") as (page, _):
         _run_cell(page, 1, wait=True)
         view = page.locator(".jp-Notebook .jp-Cell").nth(1).locator(".distrun-live")
         chip = view.locator(".distrun-attempt", has_text="attempt 2 of 3")
@@ -650,19 +644,13 @@ def test_a_restarting_job_shows_its_attempt_and_the_earlier_cause_in_view_and_si
         assert "rank 1 on attempt 0" in lines and "rank 1 on attempt 1" in lines
         assert "attempt 2 of 3" in view.locator(".distrun-attempt").inner_text()
         _shot(page, "11-restarted-done")
-    finally:
-        page.close()
 
 
 def test_charts_and_progress_show_what_the_ranks_report(lab_page, lab):
     """4 ranks: a chart per metric with a line per rank, hover naming each rank's value, and
     the slowest rank's progress bar in the header. 64 ranks: the mean and its band. Both
     themes; the charts stay after the job ends (the settled view)."""
-    page = lab_page.context.browser.new_page(viewport={"width": 1400, "height": 1100})
-    try:
-        page.goto(lab.page_url("/lab/workspaces/distrun-metrics/tree/metrics.ipynb?reset"))
-        page.locator(".jp-StatusBar-Widget", has_text="| Idle").first.wait_for()
-        _run_cell(page, 0, wait=True)
+    with _notebook(lab_page, lab, "metrics.ipynb", height=1100) as (page, _):
         _run_cell(page, 1)
         view = page.locator(".jp-Notebook .jp-Cell").nth(1).locator(".distrun-live")
         loss = view.locator(".distrun-chart[data-metric='loss']")
@@ -747,8 +735,6 @@ def test_charts_and_progress_show_what_the_ranks_report(lab_page, lab):
             _assert_readable(cells.nth(2))
             slow.screenshot(path=str(ARTIFACTS / "live-view-progress-column-dark.png"))
         slow.locator(".distrun-job-state", has_text="succeeded").wait_for(timeout=60_000)
-    finally:
-        page.close()
 
 
 def test_a_detached_job_outlives_the_jupyter_server_and_the_new_ones_sidebar_shows_it(
