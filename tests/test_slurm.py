@@ -466,16 +466,24 @@ def test_a_restart_runs_in_the_same_allocation_and_gives_it_back_at_the_end(
     slurm_cluster, store, tmp_path
 ):
     """A job that asked for its allocation fails once and starts again in it: both attempts'
-    ranks run in the one Slurm job, on its nodes, which is given back once the job ends."""
+    ranks run in the one Slurm job, on its nodes, which is given back once the job ends.
+    Rank 3 fails its first attempt once every rank has said where it runs (a file each, in
+    this test's folder, which the nodes share): failing at once, it could stop a rank that
+    had not printed yet."""
+    seen = tmp_path / "seen"
+    seen.mkdir()
     spec = _spec(
         tmp_path,
-        """\
+        f"""\
         command: >-
           echo "rank $RANK attempt $DISTRUN_RESTART_COUNT on $(hostname) in job $SLURM_JOB_ID";
-          [ $RANK != 3 ] || [ $DISTRUN_RESTART_COUNT = 1 ]
-        resources: {instance_count: 2}
-        distribution: {type: pytorch, process_count_per_instance: 2}
-        limits: {max_restarts: 1, restart_delay: 0}
+          touch {seen}/$DISTRUN_RESTART_COUNT-$RANK;
+          if [ $RANK = 3 ] && [ $DISTRUN_RESTART_COUNT = 0 ]; then
+          for i in $(seq 600); do [ $(ls {seen} | grep -c ^0-) = 4 ] && break; sleep 0.1; done;
+          false; fi
+        resources: {{instance_count: 2}}
+        distribution: {{type: pytorch, process_count_per_instance: 2}}
+        limits: {{max_restarts: 1, restart_delay: 0}}
     """,
     )
     done = run_cli(

@@ -157,7 +157,7 @@ def test_every_feature_keeps_the_store_private(kernel_env):
 
     assert [wait_until_ended(record, 60) for record in store.jobs()].count("succeeded") >= 10
     jobs = [record.path for record in store.jobs()]
-    assert len(jobs) == 12, jobs
+    assert len(jobs) == 13, jobs
     made = {p.name for job in jobs for p in job.rglob("*")}
     assert {
         "pyhook",
