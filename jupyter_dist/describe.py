@@ -11,6 +11,7 @@ from jupyter_dist.events import RootCause
 from jupyter_dist.masking import Masker, secret_values
 from jupyter_dist.plan.model import LaunchPlan
 from jupyter_dist.plan.summary import counted
+from jupyter_dist.rank_sets import is_rank
 from jupyter_dist.run.follow import attempts_of
 from jupyter_dist.run.requests import effective_state
 
@@ -95,17 +96,22 @@ def job_summary(status: dict[str, Any]) -> dict[str, Any]:
     }
 
 
-def paused_ranks_of(status: dict[str, Any]) -> list[int]:
-    """The ranks a job's status.json says wait in their debugger, ascending."""
+def paused_records(status: dict[str, Any]) -> list[dict[str, Any]]:
+    """Where a job's status.json says its processes wait in their debugger: each process's
+    `paused` records (diagnose/debug.PausedRank's dicts); what is not one is left out."""
     processes = status.get("processes")
-    found = {
-        paused.get("rank")
+    return [
+        paused
         for state in (processes.values() if isinstance(processes, dict) else ())
         if isinstance(state, dict)
         for paused in state.get("paused") or ()
         if isinstance(paused, dict)
-    }
-    return sorted(rank for rank in found if isinstance(rank, int) and not isinstance(rank, bool))
+    ]
+
+
+def paused_ranks_of(status: dict[str, Any]) -> list[int]:
+    """The ranks a job's status.json says wait in their debugger, ascending."""
+    return sorted({p["rank"] for p in paused_records(status) if is_rank(p.get("rank"))})
 
 
 def attempt_caption(number: int, of: int) -> str:

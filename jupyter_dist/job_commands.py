@@ -35,6 +35,7 @@ from jupyter_dist.describe import (
     job_size,
     job_summary,
     last_state,
+    paused_records,
     tf_configs,
     visible,
 )
@@ -495,8 +496,7 @@ def cmd_inspect(args: argparse.Namespace, store: JobStore) -> int:
     status = record.status()
     title = f"job {record.job_id} ({plan.job_type}, {effective_state(status)})"
     print_table(inspect_rows(plan, status), INSPECT_COLUMNS, title=title)
-    paused = [PausedRank.from_dict(p) for state in (status.get("processes") or {}).values()
-              for p in state.get("paused") or []]  # fmt: skip
+    paused = [PausedRank.from_dict(p) for p in paused_records(status)]
     if paused and status.get("state") == "running":
         print(f"\nPaused in the debugger (jupyter distrun debug {record.job_id}):")
         print("\n".join(p.line_text() for p in sorted(paused, key=by_rank)))

@@ -12,6 +12,12 @@ ALL = "all"
 MOST_RANKS = 1 << 20  # far above any job's ranks: a typo's `0-99999999999` is refused, not built
 
 
+def is_rank(value: object) -> bool:
+    """Whether `value`, read from a file or a request, is a rank: a whole number, 0 or more
+    (JSON's true is not one, though Python counts it an int)."""
+    return isinstance(value, int) and not isinstance(value, bool) and value >= 0
+
+
 def parse_rank_set(text: str, what: str = "--ranks") -> list[int] | None:
     """The ranks `text` names, ascending and once each; None for `all`. SpecError in one
     line, `what` first, for anything else (an empty set, a word, a reversed range)."""

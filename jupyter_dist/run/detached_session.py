@@ -35,6 +35,7 @@ from typing import Any
 from jupyter_dist.errors import DistrunError, SpecError
 from jupyter_dist.events import JobResult
 from jupyter_dist.plan.model import ProcessPlan
+from jupyter_dist.rank_sets import is_rank
 from jupyter_dist.run.follow import FOLLOW_POLL_S, FollowedJob, Follower
 from jupyter_dist.run.requests import SETTLED_STATES, effective_state
 from jupyter_dist.run.session import (
@@ -111,7 +112,7 @@ def _take(path: Path) -> dict[str, Any] | None:
     path.unlink(missing_ok=True)
     if not isinstance(request, dict):
         return None
-    if not isinstance(request.get("code"), str) and not _is_rank(request.get("post_mortem")):
+    if not isinstance(request.get("code"), str) and not is_rank(request.get("post_mortem")):
         return None
     if not _REQUEST_ID.fullmatch(str(request.get("id"))):
         return None  # it names the answer's file: ours are uuid4 hex
@@ -167,10 +168,6 @@ def _write_info(session: Session, root: Path) -> None:
     info = {"name": session.name, "cells_run": session.cells_run,
             "memory": session.memory_text(), "failed_ranks": session.failed_ranks}  # fmt: skip
     write_atomic(root / "session.json", json.dumps(info))
-
-
-def _is_rank(value: Any) -> bool:
-    return isinstance(value, int) and not isinstance(value, bool) and value >= 0
 
 
 # -- the kernel's side ---------------------------------------------------------------------
@@ -245,7 +242,7 @@ class RemoteSession:
     def failed_ranks(self) -> list[int]:
         """The ranks whose last cell raised, as the supervisor last wrote them."""
         found = self._info().get("failed_ranks")
-        return [r for r in found if _is_rank(r)] if isinstance(found, list) else []
+        return [r for r in found if is_rank(r)] if isinstance(found, list) else []
 
     def post_mortem(self, rank: int, wait: float) -> bool:
         """As Session.post_mortem, through the supervisor: blocks until rank `rank`'s pdb
@@ -254,16 +251,8 @@ class RemoteSession:
         if not self.alive:
             raise SessionEnded(self.ended_message())
         self.chosen([rank])  # a rank it does not have: one line, nothing asked
-        _, requests, results = _folders(self.record)
-        request_id = uuid.uuid4().hex
-        asked = {"id": request_id, "post_mortem": rank, "wait": wait}
-        write_atomic(requests / f"{time.time_ns()}-{request_id}.json", json.dumps(asked))
-        answer = self._answer(results / f"{request_id}.json", None)
-        if "ended" in answer:
-            raise SessionEnded(f"session {self.name} has ended: {answer['ended']}")
-        if "error" in answer:
-            raise DistrunError(answer["error"])
-        return bool(answer.get("debugged"))
+        _, answer_path = self._ask({"post_mortem": rank, "wait": wait})
+        return bool(self._accepted(self._answer(answer_path, None)).get("debugged"))
 
     def run_cell(
         self,
@@ -281,12 +270,8 @@ class RemoteSession:
             raise SpecError(OUT_REFUSED)
         if not self.alive:
             raise SessionEnded(self.ended_message())
-        _, requests, results = _folders(self.record)
-        request_id = uuid.uuid4().hex
         self.job.step()  # what came before this cell is not its
-        asked = {"id": request_id, "code": code, "ranks": ranks, "push": push}
-        write_atomic(requests / f"{time.time_ns()}-{request_id}.json", json.dumps(asked))
-        answer_path = results / f"{request_id}.json"
+        request_id, answer_path = self._ask({"code": code, "ranks": ranks, "push": push})
         interrupted = False
         while True:
             try:
@@ -296,16 +281,31 @@ class RemoteSession:
                 if interrupted:
                     raise
                 interrupted = True
-                write_atomic(requests / f"{request_id}.interrupt", "")
-        if "ended" in answer:
-            raise SessionEnded(f"session {self.name} has ended: {answer['ended']}")
-        if "error" in answer:
-            raise DistrunError(answer["error"])
+                write_atomic(_folders(self.record)[1] / f"{request_id}.interrupt", "")
+        self._accepted(answer)
         if interrupted or answer.get("interrupted"):
             raise KeyboardInterrupt
         result = CellResult(int(answer["cell"]), dict(answer["labels"]))
         result.reports = dict(answer["reports"])
         return result
+
+    def _ask(self, asked: dict[str, Any]) -> tuple[str, Path]:
+        """`asked` (a cell, a post-mortem) written for the supervisor under an id of its own:
+        the id, and where its answer will be."""
+        _, requests, results = _folders(self.record)
+        request_id = uuid.uuid4().hex
+        write_atomic(requests / f"{time.time_ns()}-{request_id}.json",
+                     json.dumps({"id": request_id, **asked}))  # fmt: skip
+        return request_id, results / f"{request_id}.json"
+
+    def _accepted(self, answer: dict[str, Any]) -> dict[str, Any]:
+        """`answer`, unless it says the session ended (SessionEnded) or the request was
+        wrong (DistrunError)."""
+        if "ended" in answer:
+            raise SessionEnded(f"session {self.name} has ended: {answer['ended']}")
+        if "error" in answer:
+            raise DistrunError(answer["error"])
+        return answer
 
     def _answer(self, path: Path, on_tick) -> dict[str, Any]:
         """The supervisor's answer once it is written (the cell's lines read meanwhile);

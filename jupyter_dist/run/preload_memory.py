@@ -19,7 +19,6 @@ from __future__ import annotations
 import json
 import shlex
 import time
-from typing import Any
 
 from jupyter_dist.spec import JobSpec, PreloadSection
 from jupyter_dist.store import JobStore, read_regular, write_atomic
@@ -37,10 +36,10 @@ def taken(spec: JobSpec, store: JobStore) -> tuple[JobSpec, list[str]]:
     found = remembered(store)
     if found is None or not forks(spec):
         return spec, []
-    section = PreloadSection(modules=found["modules"], idle=found.get("idle"))
+    section, job_id = found
     said = (
         f"ranks forked from each node's pool of {', '.join(section.modules)}, as job "
-        f"{found['job']} asked (--preload none starts them cold)"
+        f"{job_id} asked (--preload none starts them cold)"
     )
     return spec.model_copy(update={"preload": section}), [said]
 
@@ -84,15 +83,15 @@ def forget(store: JobStore) -> None:
     (store.root / FILE).unlink(missing_ok=True)
 
 
-def remembered(store: JobStore, now: float | None = None) -> dict[str, Any] | None:
-    """What was remembered, where it is younger than REMEMBER_S and readable; else None
-    (a damaged file is as none: the job starts cold)."""
+def remembered(store: JobStore, now: float | None = None) -> tuple[PreloadSection, str] | None:
+    """What was remembered, and the job that asked for it, where it is younger than
+    REMEMBER_S and readable; else None (a damaged file is as none: the job starts cold)."""
     try:
         kept = json.loads(read_regular(store.root / FILE))
-        PreloadSection(modules=kept["modules"], idle=kept.get("idle"))
+        section = PreloadSection(modules=kept["modules"], idle=kept.get("idle"))
         at = float(kept["at"])
     except (OSError, ValueError, KeyError, TypeError):
         return None
     if not 0 <= (time.time() if now is None else now) - at <= REMEMBER_S:
         return None
-    return {**kept, "job": str(kept.get("job", "?"))}
+    return section, str(kept.get("job", "?"))

@@ -17,7 +17,7 @@ from jupyter_dist.widgets.live import Collector, LiveView
 
 # A cell that ends sooner shows one view, made at its end; one that runs longer gets its
 # live view then, and a settled copy at its end (LiveView.settled). A warm cell takes
-# milliseconds, and each view is a widget the kernel makes (about 10 ms of its CPU here,
+# milliseconds, and each view is a widget the kernel makes (about 9 ms of its CPU here,
 # taken from the ranks on a small machine) that nobody could watch live.
 LIVE_AFTER_S = 0.5
 
