@@ -349,13 +349,27 @@ print(f"rank {rank} x {x}", flush=True)
 """
 
 
+def _kept_helpers(cluster, node) -> list[int]:
+    """The debugger helpers kept running on a node (`python -I -S -c SOURCE serve`)."""
+    found = []
+    for pid in cluster.pids(node):
+        try:
+            argv = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
+        except OSError:
+            continue
+        if argv[-2:] == [b"serve", b""] and b"-c" in argv:
+            found.append(pid)
+    return found
+
+
 def test_a_paused_rank_on_an_ssh_node_is_listed_and_stepped_through_the_owner(
     ssh_cluster, tmp_path, store
 ):
     """The same over SSH (2 real sshd nodes, a rank each): the owner reaches the paused
     rank's pdb on its node through the connection it has. Rank 0, looping in Python, is
     paused there by `--interrupt` and let out of its loop; one command to both nodes'
-    ranks with `--ranks all` (`p x`, then `c`); the job succeeds."""
+    ranks with `--ranks all` (`p x`, then `c`); the job succeeds. Every command went through
+    one helper the owner kept on each node, and those end with the job."""
     (tmp_path / "code").mkdir()
     (tmp_path / "code" / "bp.py").write_text(SSH_SCRIPT)
     spec = tmp_path / "job.yml"
@@ -380,6 +394,9 @@ def test_a_paused_rank_on_an_ssh_node_is_listed_and_stepped_through_the_owner(
         assert done.returncode == 0, done.stderr
         both = run_cli("debug", job_id, "--ranks", "all", "--do", "p x", store=store)
         assert both.stdout == "[rank 0] 40\n[rank 1] 41\n", both.stderr
+        # Every command went through one helper kept on each node, not a Python each.
+        kept = {n.name: len(_kept_helpers(ssh_cluster, n)) for n in ssh_cluster.nodes}
+        assert kept == {"node0": 1, "node1": 1}
         both = run_cli("debug", job_id, "--ranks", "0-1", "--do", "c", store=store)
         assert both.stdout == "[rank 0] runs on\n[rank 1] runs on\n", both.stderr
         assert proc.wait(60) == 0
@@ -387,6 +404,10 @@ def test_a_paused_rank_on_an_ssh_node_is_listed_and_stepped_through_the_owner(
         if proc.poll() is None:
             proc.kill()
             proc.wait()
+    deadline = time.monotonic() + 10  # the kept helpers end with the job
+    while any(_kept_helpers(ssh_cluster, n) for n in ssh_cluster.nodes):
+        assert time.monotonic() < deadline, "a debugger helper outlived its job"
+        time.sleep(0.1)
     record = store.get(job_id)
     said = {key: [line.text for line in record.iter_log(key, "stdout")][-1]
             for key in ("rank-0", "rank-1")}  # fmt: skip
@@ -777,3 +798,30 @@ def test_a_pause_binds_even_when_an_ended_ranks_agent_takes_the_empty_folder(tmp
     finally:
         console.close()
     assert not Path(console.socket_path).exists()
+
+
+def test_a_kept_helper_answers_each_request_by_its_id_and_ends_with_its_input(tmp_path):
+    """`debugger.py serve` as the owner keeps it on an SSH node (a plain pipe here): a line
+    that is not a request is passed over, each request is answered on a line with its ID
+    as the command run alone would have ended, and end of input ends it."""
+    from jupyter_dist.diagnose.debug import DEBUGGER_SOURCE
+
+    helper = subprocess.Popen(
+        [sys.executable, "-I", "-S", "-c", DEBUGGER_SOURCE, "serve"],
+        stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
+    )  # fmt: skip
+    try:
+        requests = [[7, ["list", str(tmp_path)]], [8, ["what"]]]
+        helper.stdin.write("not json\n" + "".join(json.dumps(r) + "\n" for r in requests))
+        helper.stdin.flush()
+        answers = {}
+        for _ in range(2):
+            ident, code, out, err = json.loads(helper.stdout.readline())
+            answers[ident] = (code, out, err.split(":")[0])
+        assert answers == {7: (0, "[]\n", ""), 8: (1, "", "usage")}
+        helper.stdin.close()
+        assert helper.wait(10) == 0
+    finally:
+        if helper.poll() is None:
+            helper.kill()
+            helper.wait()

@@ -33,7 +33,9 @@ backend that reaches a cluster by itself lists its nodes (`cluster_nodes`, for `
 A backend's own launch options (`options`) are declared on its class and offered by every
 front: a new backend, and its flags, is one module plus its line in the registry.
 
-`run_on_node(node, argv)` runs a short helper beside a running job (its stacks).
+`run_on_node(node, argv)` runs a short helper beside a running job (its stacks);
+`keep_on_node(node, argv)` keeps one running for many requests, where a backend can (the
+debugger's helper over one SSH session: diagnose/debug.NodeHelpers).
 
 `command_line(proc, node, grace)` is the dry run: the exact command that `start` would run
 for that process, as one line a user could paste (shown by `--dry-run` and `jupyter distrun
@@ -57,6 +59,21 @@ from jupyter_dist.options import Option
 from jupyter_dist.plan.context import PlanContext, PortRequest
 from jupyter_dist.plan.model import LaunchPlan, MpiLaunch, ProcessPlan
 from jupyter_dist.spec import JobSpec
+
+
+class KeptCommand(Protocol):
+    """A helper kept running on a node (Backend.keep_on_node): bytes to its stdin, its
+    stdout line by line. Closing it ends its input (the helper then ends); so does its
+    owner's death, or its link's."""
+
+    def send(self, data: bytes) -> None:
+        """Write `data` to its stdin; OSError where it or its link has gone."""
+
+    def lines(self) -> Iterator[bytes]:
+        """Its stdout's lines as they come (each with its newline), until it ends."""
+
+    def close(self) -> None:
+        """End its input and let go of it. Never raises."""
 
 
 class ProcessHandle(Protocol):
@@ -207,6 +224,14 @@ class Backend(ABC):
         beside the job's processes) and wait for it: (exit code, stdout, stderr). A node that
         cannot be reached raises NodeError; a command that outlives `timeout` is stopped and
         reported with a non-zero code."""
+
+    def keep_on_node(self, node: Node, argv: list[str]) -> KeptCommand | None:
+        """Start `argv` on the node and keep it, for a helper that answers one request a
+        line (node_side/debugger.py `serve`): where starting a command costs more than a
+        request (a session to open, a Python to start). None where this backend keeps
+        none (the default: the caller runs one `run_on_node` a request). A node that
+        cannot be reached raises NodeError."""
+        return None
 
     def health(self, nodes: list[Node]) -> list[NodeHealth]:
         """Check each node (in parallel where that costs something) and say what was found,

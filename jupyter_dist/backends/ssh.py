@@ -17,7 +17,7 @@ import shlex
 import stat
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -457,6 +457,39 @@ class SshProcess(AgentProcess):
         return f"{note} (the connection closed)"
 
 
+class SshKept:
+    """A helper kept running on a node over one session of a kept connection
+    (Backend.keep_on_node). As for SshProcess, nothing is sent once sshd said the session
+    ended."""
+
+    def __init__(self, channel: paramiko.Channel):
+        self.channel = channel
+        self._stdout = channel.makefile("rb")
+
+    def _ended(self) -> bool:
+        return self.channel.exit_status_ready() or self.channel.eof_received
+
+    def send(self, data: bytes) -> None:
+        if self._ended():
+            raise OSError("the helper's session ended")
+        try:
+            self.channel.sendall(data)
+        except (EOFError, paramiko.SSHException) as exc:
+            raise OSError(f"the helper's session ended: {exc}") from None
+
+    def lines(self) -> Iterator[bytes]:
+        try:
+            yield from iter(self._stdout.readline, b"")
+        except (OSError, EOFError, paramiko.SSHException):
+            return
+
+    def close(self) -> None:
+        with contextlib.suppress(Exception):
+            if not self._ended():
+                self.channel.shutdown_write()  # its end of input: the helper ends
+            self.channel.close()
+
+
 def ssh_config(nodes: list[Node]) -> str:
     """An OpenSSH client config that reaches `nodes` as the inventory says, host by host."""
     lines = []
@@ -689,6 +722,11 @@ class SshBackend(Backend):
 
     def run_on_node(self, node: Node, argv: list[str], timeout: float = 60) -> tuple[int, str, str]:
         return self.connections.run(self._nodes.get(node.name, node), argv, timeout)
+
+    def keep_on_node(self, node: Node, argv: list[str]) -> SshKept:
+        channel = self.connections.open_session(self._nodes.get(node.name, node))
+        channel.exec_command(shlex.join(argv))
+        return SshKept(channel)
 
     def sweep(self, job_id: str, node_names: set[str]) -> list[int]:
         """Kill anything of the job still running on the named nodes: those where an agent

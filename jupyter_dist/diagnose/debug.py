@@ -2,15 +2,20 @@
 
 A rank that calls `breakpoint()` (or `pdb.set_trace()`) pauses in a pdb served on a Unix
 socket in its node's private job folder (node_side/debugger.py). From here, through the
-backend's `run_on_node` (the link the job already has: nothing listens on a port):
+node helper (debugger.py's own commands) over the link the job already has (nothing
+listens on a port), as `NodeHelpers` runs it:
 
 - `paused_ranks` runs `debugger.py list` once per node folder and returns a `PausedRank`
   per paused process;
 - `send` runs `debugger.py do` on the rank's node: one command, and pdb's answer, with
   whether the rank is still paused after it (`c` lets it run on).
 
-On a local node (this machine) the helper's code runs in this process instead: no Python
-to start for each command (about 40 ms of a round trip).
+On a local node (this machine) the helper's code runs in this process: no Python to start
+for each command (about 40 ms of a round trip). Where the backend keeps a helper running
+(`Backend.keep_on_node`: one SSH session a node), one `debugger.py serve` a node answers
+every request of the job: no session to open nor Python to start for each (about 100 of
+the 115 ms a command took over SSH). Elsewhere (Slurm's `srun`, a Ray node's actor) each
+request runs the helper once (`run_on_node`).
 
 Only the job's owner holds the backend (run/job.py); other processes ask it through the
 store (run/requests.py).
@@ -18,9 +23,13 @@ store (run/requests.py).
 
 from __future__ import annotations
 
+import contextlib
+import itertools
 import json
+import threading
 from collections.abc import Callable
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import TimeoutError as NoAnswerYet  # the builtin's alias from 3.11
 from dataclasses import asdict, dataclass
 from typing import Any
 
@@ -35,6 +44,114 @@ NOT_PAUSED_EXIT = 3  # debugger.py do: the process is not paused
 
 # Runs argv on a node: (exit code, stdout, stderr) (Backend.run_on_node).
 RunOnNode = Callable[[Node, list[str], float], tuple[int, str, str]]
+# Starts argv on a node and keeps it: a KeptCommand, or None (Backend.keep_on_node).
+KeepOnNode = Callable[[Node, list[str]], Any]
+KEPT_GRACE_S = 10.0  # beyond a request's own timeout, before a kept helper is given up
+
+
+class _KeptHelper:
+    """One `debugger.py serve` on a node: requests written as `[ID, WORDS]` lines, their
+    answers read by one thread and handed to whoever waits for that ID."""
+
+    def __init__(self, kept: Any, label: str):
+        self._kept = kept
+        self._ids = itertools.count()
+        self._waiting: dict[int, Future] = {}
+        self._lock = threading.Lock()
+        self.alive = True
+        threading.Thread(target=self._read, name=f"debug-helper-{label}", daemon=True).start()
+
+    def ask(self, words: list[str], timeout: float) -> tuple[int, str, str]:
+        """The helper's answer to `words`; OSError where it has gone or is silent."""
+        answer: Future = Future()
+        with self._lock:
+            if not self.alive:
+                raise OSError("the kept helper has ended")
+            ident = next(self._ids)
+            self._waiting[ident] = answer
+            self._kept.send(json.dumps([ident, words]).encode() + b"\n")
+        try:
+            return answer.result(timeout)
+        except NoAnswerYet:
+            self.close()  # silent past its deadline: not to be trusted again
+            raise OSError(f"no answer within {timeout:g} s") from None
+        finally:
+            with self._lock:
+                self._waiting.pop(ident, None)
+
+    def _read(self) -> None:
+        for line in self._kept.lines():
+            with contextlib.suppress(ValueError, TypeError):
+                ident, code, out, err = json.loads(line)
+                with self._lock:
+                    waiting = self._waiting.get(ident)
+                if waiting is not None and not waiting.done():
+                    waiting.set_result((int(code), str(out), str(err)))
+        self.close()
+
+    def close(self) -> None:
+        with self._lock:
+            self.alive = False
+            waiting, self._waiting = list(self._waiting.values()), {}
+        for answer in waiting:
+            if not answer.done():
+                answer.set_exception(OSError("the kept helper ended"))
+        self._kept.close()
+
+
+class NodeHelpers:
+    """How a job's owner runs the debugger's node helper (node_side/debugger.py) on each
+    node: in this process on a local node; through one helper kept running a node where
+    the backend keeps one (`keep_on_node`), started at the first request; else one
+    `run_on_node` a request (also where keeping one failed, or it ended). `close` ends the
+    kept ones (the job's end)."""
+
+    def __init__(self, run_on_node: RunOnNode, keep_on_node: KeepOnNode | None = None):
+        self._run_on_node = run_on_node
+        self._keep_on_node = keep_on_node
+        self._kept: dict[str, _KeptHelper | None] = {}  # by node name; None: cannot keep
+        self._lock = threading.Lock()
+        self._closed = False
+
+    def run(self, node: Node, words: list[str], timeout: float) -> tuple[int, str, str]:
+        """The helper's (exit code, stdout, stderr) for `words` on `node`."""
+        if node.backend == "local":
+            return node_helper.answer(words)
+        kept = self._kept_on(node)
+        if kept is not None:
+            try:
+                return kept.ask(words, timeout + KEPT_GRACE_S)
+            except OSError:
+                pass  # it ended (its session, its node): asked once more, the plain way
+        return self._run_on_node(node, [*_python(node), DEBUGGER_SOURCE, *words], timeout + 10)
+
+    def _kept_on(self, node: Node) -> _KeptHelper | None:
+        if self._keep_on_node is None:
+            return None
+        with self._lock:
+            if self._closed:
+                return None
+            kept = self._kept.get(node.name)
+            if kept is not None and kept.alive:
+                return kept
+            if node.name in self._kept and kept is None:
+                return None
+            try:
+                found = self._keep_on_node(node, [*_python(node), DEBUGGER_SOURCE, "serve"])
+            except Exception:  # unreachable now: asked the plain way, kept next time
+                return None
+            kept = _KeptHelper(found, node.name) if found is not None else None
+            self._kept[node.name] = kept
+            return kept
+
+    def close(self) -> None:
+        """End every kept helper (each ends with its input). Never raises."""
+        with self._lock:
+            self._closed = True
+            kept, self._kept = [k for k in self._kept.values() if k is not None], {}
+        for helper in kept:
+            with contextlib.suppress(Exception):
+                helper.close()
 
 
 class NotPaused(DistrunError):
@@ -126,7 +243,7 @@ def pause_event(message: str, node: str) -> PausedRank | int | None:
 
 
 def paused_ranks(
-    run_on_node: RunOnNode, nodes: list[Node], job_dirs: dict[str, str]
+    helpers: NodeHelpers, nodes: list[Node], job_dirs: dict[str, str]
 ) -> tuple[list[PausedRank], list[str]]:
     """Every paused process of the job on `nodes` (each node's job folder in `job_dirs`, by
     node name), by rank; and one line per node that could not be asked."""
@@ -138,7 +255,7 @@ def paused_ranks(
     def ask(where: tuple[tuple[str, str], Node]) -> tuple[Node, list[dict] | str]:
         (_, folder), node = where
         try:
-            code, out, err = _helper(run_on_node, node, ["list", folder], 30)
+            code, out, err = helpers.run(node, ["list", folder], 30)
         except Exception as exc:  # an unreachable node is reported, never raised
             return node, f"{node.name}: {exc}"
         if code != 0:
@@ -172,27 +289,27 @@ def by_rank(paused: PausedRank) -> tuple[bool, int]:
 
 
 def send(
-    run_on_node: RunOnNode, node: Node, job_dir: str, paused: PausedRank, command: str,
+    helpers: NodeHelpers, node: Node, job_dir: str, paused: PausedRank, command: str,
     timeout: float = 30.0,
 ) -> dict[str, Any]:  # fmt: skip
     """`command` to the paused process; {"answer": pdb's text, "paused": still paused}.
     DistrunError in one line where it is not paused or its node cannot be asked."""
     who = f"rank {paused.rank}" if paused.rank is not None else f"pid {paused.pid}"
-    answer = _ask_helper(run_on_node, node, who, ["do", job_dir, str(paused.pid), command],
+    answer = _ask_helper(helpers, node, who, ["do", job_dir, str(paused.pid), command],
                          timeout, "the command could not be sent",
                          not_paused=f"{who} is not paused (any more)")  # fmt: skip
     return {"answer": str(answer.get("answer", "")), "paused": bool(answer.get("paused"))}
 
 
 def interrupt(
-    run_on_node: RunOnNode, node: Node, job_dir: str, job_id: str, rank: int, timeout: float = 5.0
+    helpers: NodeHelpers, node: Node, job_dir: str, job_id: str, rank: int, timeout: float = 5.0
 ) -> PausedRank | None:
     """Pause rank `rank` where it runs, on `node`: where it paused, or None where it was
     signalled but had not paused within `timeout` (its main thread in native code: it
     pauses once back in Python). NotPaused where no process of that rank on the node can
     be paused; DistrunError in one line where the node cannot be asked."""
     who = f"rank {rank}"
-    answer = _ask_helper(run_on_node, node, who, ["interrupt", job_dir, job_id, str(rank)],
+    answer = _ask_helper(helpers, node, who, ["interrupt", job_dir, job_id, str(rank)],
                          timeout, f"could not be paused on {node.name}")  # fmt: skip
     if answer.get("paused") is None:
         return None
@@ -203,14 +320,14 @@ def interrupt(
 
 
 def _ask_helper(
-    run_on_node: RunOnNode, node: Node, who: str, words: list[str], timeout: float,
+    helpers: NodeHelpers, node: Node, who: str, words: list[str], timeout: float,
     failed: str, not_paused: str | None = None,
 ) -> dict[str, Any]:  # fmt: skip
     """Run the node helper (node_side/debugger.py) with `words` and `timeout`: its JSON
     answer. NotPaused where it says the process is not paused (`not_paused`, else its own
     line); else DistrunError in one line, `who` first (`failed`: what went wrong)."""
     try:
-        code, out, err = _helper(run_on_node, node, [*words, str(timeout)], timeout + 10)
+        code, out, err = helpers.run(node, [*words, str(timeout)], timeout)
     except Exception as exc:
         raise DistrunError(f"{who}: cannot reach {node.name}: {exc}") from None
     said = (err.strip().splitlines() or [f"exit code {code}"])[-1]
@@ -225,16 +342,6 @@ def _ask_helper(
     if not isinstance(answer, dict):
         raise DistrunError(f"{who}: unreadable answer {out[:80]!r}")
     return answer
-
-
-def _helper(
-    run_on_node: RunOnNode, node: Node, words: list[str], timeout: float
-) -> tuple[int, str, str]:
-    """The node helper's (exit code, stdout, stderr) for `words`: run on the node, or in
-    this process where the node is this machine."""
-    if node.backend == "local":
-        return node_helper.answer(words)
-    return run_on_node(node, [*_python(node), DEBUGGER_SOURCE, *words], timeout)
 
 
 def _python(node: Node) -> list[str]:

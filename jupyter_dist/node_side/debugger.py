@@ -33,6 +33,12 @@ On a node, run as `python -c SOURCE ...` (diagnose/debug.py does, through the ba
   which the stack hook catches); prints {"paused": RECORD}, or {"paused": null} when it did
   not pause within TIMEOUT (its main thread is in native code: it pauses once back in
   Python); exit 3 with one line on stderr when no process of that rank here catches it.
+- `serve`: the same requests, many, while its stdin is open (a job's owner keeps one per
+  node through one SSH session: a command then costs no Python's start). Each line in is
+  a JSON array `[ID, WORDS]` (WORDS: one of the commands above, as a list), each line out
+  `[ID, CODE, STDOUT, STDERR]`, as the command run alone would have ended; requests are
+  answered as they finish (one rank's slow `n` does not hold another's). It ends at end
+  of input: its owner closed the session, or the owner or its link died.
 """
 
 import atexit
@@ -43,6 +49,7 @@ import select
 import signal
 import socket
 import sys
+import threading
 import time
 
 PROMPT = "(Pdb) "
@@ -486,7 +493,32 @@ def answer(args):
     )
 
 
+def serve(lines_in, out):
+    """Answer `[ID, WORDS]` lines from `lines_in` (bytes) on `out` (text) until end of
+    input (see the module's `serve`)."""
+    writing = threading.Lock()
+
+    def one(ident, words):
+        try:
+            said = answer([str(word) for word in words])
+        except Exception as exc:  # one request's failure is its own answer, not the end
+            said = (1, "", f"{type(exc).__name__}: {exc}\n")
+        with writing:
+            out.write(json.dumps([ident, *said]) + "\n")
+            out.flush()
+
+    for line in iter(lines_in.readline, b""):
+        try:
+            ident, words = json.loads(line)
+        except (ValueError, TypeError):
+            continue
+        threading.Thread(target=one, args=(ident, words), daemon=True).start()
+
+
 def main():
+    if sys.argv[1:] == ["serve"]:
+        serve(sys.stdin.buffer, sys.stdout)
+        return
     code, out, err = answer(sys.argv[1:])
     sys.stdout.write(out)
     sys.stderr.write(err)

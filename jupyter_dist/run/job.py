@@ -23,6 +23,7 @@ from dataclasses import dataclass
 from jupyter_dist.backends.base import Backend, ProcessHandle
 from jupyter_dist.diagnose.debug import (
     DEBUG_MARK,
+    NodeHelpers,
     NotPaused,
     PausedRank,
     check_command,
@@ -107,6 +108,8 @@ class Job(Listened):
         self.grace_period = grace_period
         self._nodes = {n.name: n for n in nodes}
         self._backend = backend
+        # The debugger's node helpers: kept one a node where the backend can (SSH).
+        self._helpers = NodeHelpers(backend.run_on_node, backend.keep_on_node)
         self._listeners: list[JobListener] = []
         self._emit_lock = threading.Lock()
         self._status_lock = threading.Lock()
@@ -315,7 +318,7 @@ class Job(Listened):
         """The ranks waiting in their debugger (diagnose/debug.py), and one line per node
         that could not be asked; DistrunError once the job ended."""
         self._refuse_unless_running()
-        found, problems = paused_ranks(self._backend.run_on_node, list(self._nodes.values()),
+        found, problems = paused_ranks(self._helpers, list(self._nodes.values()),
                                        self._job_dirs())  # fmt: skip
         self._paused_at.update({p.rank: p for p in found if p.rank is not None})
         return found, problems
@@ -361,7 +364,7 @@ class Job(Listened):
             if name not in job_dirs:
                 continue
             try:
-                paused = interrupt(self._backend.run_on_node, self._nodes[name],
+                paused = interrupt(self._helpers, self._nodes[name],
                                    job_dirs[name], self.job_id, rank, timeout)  # fmt: skip
             except NotPaused as exc:
                 problems.append(f"{name}: {exc}")
@@ -427,7 +430,7 @@ class Job(Listened):
 
     def _send(self, target: PausedRank, command: str, timeout: float) -> dict:
         node = self._nodes[target.node]
-        return send(self._backend.run_on_node, node, self._job_dirs()[node.name], target,
+        return send(self._helpers, node, self._job_dirs()[node.name], target,
                     command, timeout)  # fmt: skip
 
     def _job_dirs(self) -> dict[str, str]:
@@ -775,6 +778,7 @@ class Job(Listened):
             return
         if self._stall is not None:
             self._stall.stop()
+        self._helpers.close()  # before the sweep: its helpers end with their input
         self._backend.sweep(self.job_id, self._unclean_nodes())  # nothing survives the job
         # Before the nodes are given back (a Ray actor, a Slurm allocation holds them). The
         # outcome is written first: an owner killed during a long copy leaves it, not "lost".
