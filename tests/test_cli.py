@@ -342,3 +342,21 @@ def test_with_colour_never_no_escape_sequence_reaches_the_terminal(tmp_path: Pat
     assert "[rank 0] red\tok!\n[rank 0] 50%\n" in never.stdout and "\x1b" not in never.stdout
     always = run_cli("run", str(spec), "--color", "always", store=store)
     assert "\x1b[31mred" in always.stdout  # asked for: the rank's own colours too
+
+
+def test_a_job_on_local_nodes_never_imports_ssh(tmp_path: Path, store):
+    """paramiko and cryptography (130 ms of a start) are imported where SSH is used, not
+    by every CLI call, kernel and server that names the SSH backend's options: `run` on
+    local nodes and `jobs` go without them."""
+    spec = tmp_path / "job.yml"
+    spec.write_text("command: echo hi\nresources: {instance_count: 2}\n")
+    code = (
+        "import sys\nfrom jupyter_dist.cli import main\n"
+        f"for argv in (['run', {str(spec)!r}], ['jobs']):\n"
+        f"    assert main([*argv, '--store', {str(store.root)!r}]) == 0\n"
+        "print(sorted(m for m in ('paramiko', 'cryptography') if m in sys.modules))\n"
+    )
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                          timeout=120)  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.splitlines()[-1] == "[]", done.stdout

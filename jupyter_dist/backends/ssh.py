@@ -23,8 +23,6 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
-import paramiko
-
 from jupyter_dist.backends.agent_client import (
     AGENT_SOURCE,
     AgentProcess,
@@ -43,6 +41,22 @@ from jupyter_dist.plan.model import LaunchPlan, MpiLaunch, PlannedFile, ProcessP
 from jupyter_dist.plan.mpi import runs_ssh
 from jupyter_dist.spec import JobSpec
 from jupyter_dist.store import PRIVATE_DIR, PRIVATE_FILE
+
+
+class _ImportedAtFirstUse:
+    """paramiko, imported when one of its names is first used: paramiko and cryptography
+    took 130 ms of every front's start (the CLI, a kernel's magic, the server), which
+    import this module for its backend's options alone. An import statement, not
+    importlib's LazyLoader: nodes are connected from several threads at once, and the
+    import lock keeps a first use from two of them safe (LazyLoader's is not, before 3.13)."""
+
+    def __getattr__(self, name: str) -> Any:
+        import paramiko as module
+
+        return getattr(module, name)
+
+
+paramiko = _ImportedAtFirstUse()
 
 CONNECT_TIMEOUT = 10.0
 # paramiko logs what it also raises (a connection's failure, with its traceback) and what we
@@ -100,9 +114,11 @@ class NodeInfo:
         return {"python": self.python, "torch": self.torch, "comm_env": self.comm_env}
 
 
-class AcceptNewPolicy(paramiko.MissingHostKeyPolicy):
+class AcceptNewPolicy:
     """Like OpenSSH's `StrictHostKeyChecking accept-new`: record an unknown host's key;
-    a changed key is still refused (paramiko raises BadHostKeyException for that)."""
+    a changed key is still refused (paramiko raises BadHostKeyException for that). A
+    paramiko MissingHostKeyPolicy by its method (paramiko calls only that), not by its
+    base class, which would import paramiko with this module."""
 
     _file_lock = threading.Lock()  # nodes are connected in parallel; one writer at a time
 
