@@ -48,12 +48,21 @@ parallel=()
 if [[ $workers -gt 1 ]]; then
     parallel=(-n "$workers" --dist loadgroup)
 fi
+# DISTRUN_TEST_CPU=FOLDER: every Python process of the run notes its CPU there, with the
+# test that started it, and the summary ends with where the CPU went (tests/cpu_audit.py).
+# The hook is in the venv only while these tests run.
+if [[ -n "${DISTRUN_TEST_CPU:-}" ]]; then
+    export DISTRUN_TEST_CPU
+    .venv/bin/python tests/cpu_audit.py install "$DISTRUN_TEST_CPU"
+    trap '.venv/bin/python tests/cpu_audit.py remove' EXIT
+fi
 if [[ $quick -eq 1 ]]; then
     # The marks come from the fixtures a test uses, and `slow` (tests/conftest.py).
-    exec .venv/bin/python -m pytest "${parallel[@]}" \
+    .venv/bin/python -m pytest "${parallel[@]}" \
         -m "not (ssh or slurm or browser or horovod or slow or gpu)" "$@"
+    exit
 fi
 scripts/docs.sh
 # The GPU tests (tests/test_gpu.py) need a GPU, which CI's machines lack: run them where one is.
 # --durations: the slowest tests, then each test file's time (tests/conftest.py), in every log.
-exec .venv/bin/python -m pytest "${parallel[@]}" -m "not gpu" --durations=30 "$@"
+.venv/bin/python -m pytest "${parallel[@]}" -m "not gpu" --durations=30 "$@"

@@ -181,6 +181,13 @@ def pytest_terminal_summary(terminalreporter, exitstatus: int, config: pytest.Co
             terminalreporter.write_line(f"{seconds:7.1f} s  {share}  {test_file}")
         share = _busy_share(*(sum(cpu[i] for cpu in _file_cpu.values()) for i in (0, 1)))
         terminalreporter.write_line(f"{sum(_file_seconds.values()):7.1f} s  {share}  in all")
+    audit = os.environ.get("DISTRUN_TEST_CPU")
+    if audit and os.path.isdir(audit) and not os.environ.get("PYTEST_XDIST_WORKER"):
+        import cpu_audit  # DISTRUN_TEST_CPU=FOLDER scripts/test.sh: the CPU, by test
+
+        terminalreporter.section("CPU by test: every Python process it started")
+        for line in cpu_audit.summary(Path(audit)):
+            terminalreporter.write_line(line)
     if config.getoption("markexpr", "") != QUICK_EXPRESSION or not _unmarked_slow:
         return
     terminalreporter.section("slow tests in the quick loop")
