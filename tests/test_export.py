@@ -390,6 +390,35 @@ def test_restarts_go_to_jobsets_failure_policy_and_elsewhere_are_said_to_be_left
     assert done.returncode == 0 and "Not carried: limits.max_restarts: 3" in done.stderr
 
 
+@pytest.mark.slow
+def test_a_pool_and_the_debugger_are_said_to_be_left_out_of_every_export(tmp_path):
+    """`preload` and `debug: {post_mortem}` act through jupyter-dist's node agent, which no
+    export ships: every format says it leaves them out, none carries their variables or
+    keys (Azure's own loader takes the YAML), and the job is otherwise the same."""
+    text = ("command: python train.py\nresources: {instance_count: 2}\n"
+            "distribution: {type: pytorch}\n")  # fmt: skip
+    plain = parse_spec(text)
+    spec = parse_spec(text + "preload: [torch, numpy]\ndebug: {post_mortem: true}\n")
+    for fmt in ("kubeflow", "jobset", "skypilot", "sbatch", "azureml"):
+        image = {"image": "img"} if fmt != "sbatch" else {}
+        exported = export(spec, fmt, ExportTarget.at(f"{tmp_path}/{fmt}/", **image))
+        notes = [n for n in exported.notes() if n.startswith("Not carried")]
+        assert notes == [
+            "Not carried: preload: torch, numpy (the ranks start cold: a node's pool is "
+            "jupyter-dist's own)",
+            "Not carried: debug: {post_mortem: true} (a failed rank exits at once: the "
+            "debugger is jupyter-dist's own)",
+        ], (fmt, notes)
+        manifest = exported.files[exported.manifest]
+        for word in ("DISTRUN_PRELOAD", "DISTRUN_POOL_IDLE", "DISTRUN_POST_MORTEM", "preload"):
+            assert word not in manifest, (fmt, word)
+        same = export(plain, fmt, ExportTarget.at(f"{tmp_path}/{fmt}/", **image))
+        assert same.files[same.manifest] == manifest, fmt
+        if fmt == "azureml":
+            (path,) = write(exported)
+            _azure_check(path)
+
+
 def _write(path: Path, text: str) -> Path:
     path.write_text(text)
     return path

@@ -33,7 +33,7 @@ from jupyter_dist.export.target import (
     script_file,
 )
 from jupyter_dist.masking import is_secret
-from jupyter_dist.spec import JobSpec
+from jupyter_dist.spec import JobSpec, spec_from_dict
 from jupyter_dist.store import write_atomic
 
 __all__ = ["FORMATS", "ExportTarget", "Exported", "Format", "export", "write"]
@@ -141,23 +141,48 @@ def export(spec: JobSpec, fmt: str, target: ExportTarget) -> Exported:
                     f"{fmt}: the cell's code must be written into the code folder it "
                     f"uploads ({code}); export into it, e.g. --export-to {code}/"
                 )
-    runnable = command_spec(spec, script_name)
+    runnable = _without_agents_own(command_spec(spec, script_name))
     code = None
     if chosen.carries_code and spec.code is not None and not target.code_in_image:
         code = read_code_folder(spec.code_dir(), ignore_files=True)
     manifest = chosen.render(runnable, target, files.get(script_file_name), code)
     secrets = tuple(sorted(name for name in spec.environment_variables if is_secret(name)))
-    not_carried = ()
-    if spec.max_restarts and not chosen.restarts:
-        restarting = ", ".join(name for name, f in FORMATS.items() if f.restarts)
-        not_carried = (
-            f"Not carried: limits.max_restarts: {spec.max_restarts} ({fmt} runs the job once; "
-            f"{restarting} starts the whole job again)",
-        )
     return Exported(
         format=fmt, folder=target.folder, files={manifest_name: manifest, **files},
-        secrets=secrets, left_out=code.left_out() if code else "", not_carried=not_carried,
+        secrets=secrets, left_out=code.left_out() if code else "",
+        not_carried=_not_carried(spec, fmt),
     )  # fmt: skip
+
+
+# Settings that jupyter-dist's node agent and the ranks' startup hook act on (a node's pool,
+# the debugger), which no export ships: carried, they would be keys another scheduler
+# refuses (Azure's schema) or variables nothing reads.
+AGENTS_OWN = ("preload", "debug")
+
+
+def _without_agents_own(spec: JobSpec) -> JobSpec:
+    data = spec.to_dict()
+    if not any(key in data for key in AGENTS_OWN):
+        return spec
+    for key in AGENTS_OWN:
+        data.pop(key, None)
+    return spec_from_dict(data, base_dir=spec._base_dir)
+
+
+def _not_carried(spec: JobSpec, fmt: str) -> tuple[str, ...]:
+    """A line for each setting of `spec` that the export to `fmt` cannot carry."""
+    said = []
+    if spec.max_restarts and not FORMATS[fmt].restarts:
+        restarting = ", ".join(name for name, f in FORMATS.items() if f.restarts)
+        said.append(f"Not carried: limits.max_restarts: {spec.max_restarts} ({fmt} runs the "
+                    f"job once; {restarting} starts the whole job again)")  # fmt: skip
+    if spec.preload is not None and spec.preload.modules:
+        said.append(f"Not carried: preload: {', '.join(spec.preload.modules)} (the ranks "
+                    "start cold: a node's pool is jupyter-dist's own)")  # fmt: skip
+    if spec.post_mortem_wait():
+        said.append("Not carried: debug: {post_mortem: true} (a failed rank exits at once: "
+                    "the debugger is jupyter-dist's own)")  # fmt: skip
+    return tuple(said)
 
 
 def write(exported: Exported) -> list[Path]:
