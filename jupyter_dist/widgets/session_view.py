@@ -35,8 +35,8 @@ class CellView(LiveView):
             session.job, names=[p.name for p in chosen], listener=listener, cell=cell,
             session=session.name, name=f"{session.name} · cell {cell}",
             summary=f"cell {cell} of session {session.name} on {ranges([p.label for p in chosen])}",
+            state="running",
         )  # fmt: skip
-        self.state = "running"
 
     def _clock(self) -> tuple[float | None, float | None]:
         return self._started, self._ended
@@ -61,13 +61,14 @@ class CellView(LiveView):
         else:
             self._outcome = {row["name"]: "stopped" for row in self.processes}
         self.tick(force=True)  # the last lines, and the rows of ranks that died
-        self.processes = [self._row(by_name[row["name"]]) for row in self.processes]
-        if result is not None:
-            self.state = "succeeded" if result.ok else "failed"
-            self.root_cause = "" if result.ok else result.describe()
-        elif not self.root_cause:  # a session that ended has the job's root cause
-            self.state = "cancelled"
-            self.root_cause = why
+        with self.hold_sync():  # the cell's end in one message, not one a trait
+            self.processes = [self._row(by_name[row["name"]]) for row in self.processes]
+            if result is not None:
+                self.state = "succeeded" if result.ok else "failed"
+                self.root_cause = "" if result.ok else result.describe()
+            elif not self.root_cause:  # a session that ended has the job's root cause
+                self.state = "cancelled"
+                self.root_cause = why
 
 
 def run_cell_with_view(
