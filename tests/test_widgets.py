@@ -243,6 +243,7 @@ def test_a_session_cell_has_a_live_view_of_its_own_ranks_and_lines(kernel_env):
         "import json\nfrom jupyter_dist.widgets.live import LiveView\nv = LiveView.last\n"
         "from jupyter_dist.widgets.session_view import CellView\n"
         "assert type(v) is CellView, type(v).__mro__  # no class of its own for each view\n"
+        "assert v.layout is None  # nor a Layout widget\n"
         "print(json.dumps([v.cell, v.name, v.state, [(p['label'], p['state']) "
         "for p in v.processes], v.lines_total, v.root_cause, v.stored_lines()]))"
     )

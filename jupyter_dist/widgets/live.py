@@ -24,7 +24,7 @@ from collections import deque
 from pathlib import Path
 
 import anywidget
-from traitlets import Dict, Float, Int, List, Unicode
+from traitlets import Any, Dict, Float, Int, List, Unicode
 
 from jupyter_dist.describe import attempt_caption, plan_rows
 from jupyter_dist.diagnose.debug import paused_text
@@ -56,6 +56,9 @@ class LiveView(anywidget.AnyWidget):
     _esm = Unicode((_HERE / "live.js").read_text()).tag(sync=True)
     _css = Unicode((_HERE / "live.css").read_text()).tag(sync=True)
     _anywidget_id = Unicode(f"{__name__}.LiveView").tag(sync=True)
+    # No Layout widget of its own (a DOMWidget's default: a second model, comm and message
+    # for every cell): live.css lays the view out; the front end takes none (null).
+    layout = Any(None, allow_none=True).tag(sync=True)
 
     job_id = Unicode("").tag(sync=True)
     name = Unicode("").tag(sync=True)  # the job's name, if it has one
