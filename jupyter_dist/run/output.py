@@ -48,12 +48,17 @@ class OutputPipeline:
         # session's rank reporting a cell, a rank's debugger pausing), not output; the text
         # before it still is.
         self.messages = tuple(messages)
+        # Each running process's stdout logs, open while its reader runs: a session's cell
+        # marker (`note`) is written through them, not through a file opened a cell.
+        self._stdout_logs: dict[str, _StreamLogs] = {}
 
     def read(self, proc: ProcessPlan, handle: ProcessHandle, stream: str) -> None:
         """Every line of `proc`'s `stream` until it ends (or breaks: the process watcher
         reports a dropped connection, not this)."""
         attribute = None if proc.line_tags == "plain" else attributor(proc)
         logs = _StreamLogs()
+        if stream == "stdout":
+            self._stdout_logs[proc.name] = logs
         partial = b""
         cut_report = False  # the rest of a report() line cut below, up to its newline
         try:
@@ -86,6 +91,8 @@ class OutputPipeline:
         except OSError:
             pass  # the link broke: the process watcher says so
         finally:
+            if self._stdout_logs.get(proc.name) is logs:
+                del self._stdout_logs[proc.name]
             logs.close()
 
     def note(self, proc: ProcessPlan, text: str) -> None:
@@ -93,7 +100,18 @@ class OutputPipeline:
         session's cell marker). Call only while `proc` prints nothing, so it lands between
         its lines, never inside one."""
         line = timestamp(time.time()) + " " + text + "\n"
+        logs = self._stdout_logs.get(proc.name)
         for key in proc.log_keys:
+            if logs is not None and not logs.failed:
+                try:
+                    log = logs.files.get(key)
+                    if log is None:
+                        log = logs.files[key] = self.record.open_log(key, "stdout")
+                    log.write(line)
+                    log.flush()
+                    continue
+                except ValueError:  # its reader closed it meanwhile: the process ended
+                    pass
             with self.record.open_log(key, "stdout") as log:
                 log.write(line)
 
