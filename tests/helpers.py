@@ -8,6 +8,7 @@ import os
 import subprocess
 import sys
 import tempfile
+from collections.abc import Sequence
 from pathlib import Path
 
 from jupyter_dist.store import JobStore
@@ -187,32 +188,62 @@ def paused_ranks(store: JobStore, job_id: str, count: int, timeout: float = 60) 
         time.sleep(0.2)
 
 
-def execute_notebook(
-    *sources: str, allow_errors: bool = False, timeout: int = 180, kernel_prefix: list[str] = ()
-):
-    """A notebook of `%load_ext jupyter_dist` and these cells, run in a real kernel. With
-    `kernel_prefix` the kernel starts under those words (`ip netns exec NS`: a test node's
-    network), and talks to this process over files (ZeroMQ's ipc), which cross namespaces."""
-    import nbformat
+@contextlib.contextmanager
+def ipc_kernel_manager(prefix: Sequence[str] = ()):
+    """A KernelManager whose kernel talks to this process over files (ZeroMQ's ipc, in a
+    folder of its own), not TCP ports: the ports jupyter_client picks as free can be taken
+    by another process before the kernel binds them (a kernel that died before replying
+    to kernel_info, with two workers' jobs opening ports beside it), and files cross
+    network namespaces. With `prefix`, the kernel starts under those words (`ip netns exec
+    NS`)."""
     from jupyter_client import KernelManager
-    from nbclient import NotebookClient
 
     class Prefixed(KernelManager):
         def format_kernel_cmd(self, extra_arguments=None):
-            return [*kernel_prefix, *super().format_kernel_cmd(extra_arguments)]
+            return [*prefix, *super().format_kernel_cmd(extra_arguments)]
+
+    with tempfile.TemporaryDirectory() as sockets:
+        yield Prefixed(kernel_name="python3", transport="ipc", ip=os.path.join(sockets, "kernel"))
+
+
+def execute_notebook(
+    *sources: str, allow_errors: bool = False, timeout: int = 180, kernel_prefix: list[str] = ()
+):
+    """A notebook of `%load_ext jupyter_dist` and these cells, run in a real kernel (over
+    ipc: `ipc_kernel_manager`). With `kernel_prefix` the kernel starts under those words
+    (`ip netns exec NS`: a test node's network)."""
+    import nbformat
 
     nb = nbformat.v4.new_notebook()
     nb.cells = [nbformat.v4.new_code_cell(s) for s in ("%load_ext jupyter_dist", *sources)]
-    options = {}
-    if kernel_prefix:
-        with tempfile.TemporaryDirectory() as sockets:
-            options["km"] = Prefixed(kernel_name="python3", transport="ipc",
-                                     ip=os.path.join(sockets, "kernel"))  # fmt: skip
-            client = NotebookClient(nb, timeout=timeout, allow_errors=allow_errors, **options)
-            client.execute()
-        return nb
-    NotebookClient(nb, timeout=timeout, kernel_name="python3", allow_errors=allow_errors).execute()
+    run_notebook(nb, timeout=timeout, allow_errors=allow_errors, kernel_prefix=kernel_prefix)
     return nb
+
+
+def run_notebook(nb, kernel_prefix: Sequence[str] = (), **options) -> None:
+    """Run `nb` in place, in a real kernel over ipc (`ipc_kernel_manager`); `options` go
+    to nbclient's NotebookClient (timeout, allow_errors, resources)."""
+    from nbclient import NotebookClient
+
+    with ipc_kernel_manager(kernel_prefix) as km:
+        NotebookClient(nb, km=km, **options).execute()
+
+
+@contextlib.contextmanager
+def started_kernel(startup_timeout: float = 60):
+    """A real kernel over ipc (`ipc_kernel_manager`): (manager, ready client). The caller
+    shuts it down (some tests do so politely, as JupyterLab asks)."""
+    with ipc_kernel_manager() as km:
+        km.start_kernel()
+        kc = km.client()
+        kc.start_channels()
+        try:
+            kc.wait_for_ready(timeout=startup_timeout)
+        except RuntimeError:
+            kc.stop_channels()
+            km.shutdown_kernel(now=True)
+            raise
+        yield km, kc
 
 
 def stream_text(cell) -> str:
@@ -271,15 +302,13 @@ def interrupt_and_reply(km, kc, msg_id: str) -> dict:
 @contextlib.contextmanager
 def running_kernel():
     """A real kernel with jupyter_dist loaded: (manager, client); shut down afterwards."""
-    from jupyter_client.manager import start_new_kernel
-
-    km, kc = start_new_kernel(kernel_name="python3")
-    try:
-        kc.execute_interactive("%load_ext jupyter_dist", timeout=60)
-        yield km, kc
-    finally:
-        kc.stop_channels()
-        km.shutdown_kernel(now=True)
+    with started_kernel() as (km, kc):
+        try:
+            kc.execute_interactive("%load_ext jupyter_dist", timeout=60)
+            yield km, kc
+        finally:
+            kc.stop_channels()
+            km.shutdown_kernel(now=True)
 
 
 def not_private(root: Path) -> list[str]:

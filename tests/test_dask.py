@@ -15,8 +15,7 @@ from pathlib import Path
 
 import pytest
 import yaml
-from helpers import execute_notebook, job_processes, stream_text
-from jupyter_client.manager import start_new_kernel
+from helpers import execute_notebook, job_processes, started_kernel, stream_text
 
 from jupyter_dist.dask_cluster import DaskCluster, running_clusters
 from jupyter_dist.errors import DistrunError
@@ -183,13 +182,13 @@ def _start_cluster_in_kernel(kc) -> str:
 
 @pytest.mark.slow
 def test_kernel_shutdown_stops_the_cluster(kernel_env):
-    km, kc = start_new_kernel(kernel_name="python3")
-    try:
-        job_id = _start_cluster_in_kernel(kc)
-        assert len(job_processes(job_id)) >= 3  # scheduler and two workers, with nannies
-    finally:
-        km.shutdown_kernel(now=False)  # a polite shutdown, as JupyterLab asks for one
-        kc.stop_channels()
+    with started_kernel() as (km, kc):
+        try:
+            job_id = _start_cluster_in_kernel(kc)
+            assert len(job_processes(job_id)) >= 3  # scheduler and two workers, with nannies
+        finally:
+            km.shutdown_kernel(now=False)  # a polite shutdown, as JupyterLab asks for one
+            kc.stop_channels()
     assert job_processes(job_id) == []
     status = JobStore(kernel_env).get(job_id).status()
     assert status["state"] == "succeeded" and status["message"] == "the kernel exited"
@@ -200,34 +199,34 @@ def test_a_cluster_whose_scheduler_dies_closes_its_client(kernel_env):
     """The scheduler killed (as the OOM killer would): the job fails and stops the workers;
     the kernel's client gives up within seconds (it was made with a short connect timeout,
     which bounds its reconnect attempts too) and the cluster is off the running list."""
-    km, kc = start_new_kernel(kernel_name="python3")
-    try:
-        job_id = _start_cluster_in_kernel(kc)
-        (scheduler,) = [
-            pid
-            for pid in job_processes(job_id)
-            if Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")[1:3]
-            == [b"-m", b"distributed.cli.dask_scheduler"]  # the scheduler, not its agent
-        ]
-        os.kill(scheduler, signal.SIGKILL)
-        record = JobStore(kernel_env).get(job_id)
-        assert wait_until_ended(record, timeout=60) == "failed"
-        assert job_processes(job_id) == []
-        text = _run_in_kernel(
-            kc,
-            "import time\n"
-            "deadline = time.monotonic() + 10\n"
-            "while client.status != 'closed' and time.monotonic() < deadline:\n"
-            "    time.sleep(0.2)\n"
-            "print('client', client.status)\n"
-            "%distrun dask\n",
-            timeout=60,
-        )
-        assert "client closed" in text
-        assert "No Dask cluster is running" in text
-    finally:
-        km.shutdown_kernel(now=False)
-        kc.stop_channels()
+    with started_kernel() as (km, kc):
+        try:
+            job_id = _start_cluster_in_kernel(kc)
+            (scheduler,) = [
+                pid
+                for pid in job_processes(job_id)
+                if Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")[1:3]
+                == [b"-m", b"distributed.cli.dask_scheduler"]  # the scheduler, not its agent
+            ]
+            os.kill(scheduler, signal.SIGKILL)
+            record = JobStore(kernel_env).get(job_id)
+            assert wait_until_ended(record, timeout=60) == "failed"
+            assert job_processes(job_id) == []
+            text = _run_in_kernel(
+                kc,
+                "import time\n"
+                "deadline = time.monotonic() + 10\n"
+                "while client.status != 'closed' and time.monotonic() < deadline:\n"
+                "    time.sleep(0.2)\n"
+                "print('client', client.status)\n"
+                "%distrun dask\n",
+                timeout=60,
+            )
+            assert "client closed" in text
+            assert "No Dask cluster is running" in text
+        finally:
+            km.shutdown_kernel(now=False)
+            kc.stop_channels()
 
 
 @pytest.mark.slow

@@ -9,8 +9,7 @@ import sys
 
 import nbformat
 import pytest
-from helpers import EXAMPLES, ROOT, job_processes
-from nbclient import NotebookClient
+from helpers import EXAMPLES, ROOT, job_processes, run_notebook
 
 from jupyter_dist.store import JobStore
 
@@ -31,8 +30,7 @@ def test_example_notebook_runs(name, tmp_path, monkeypatch):
     monkeypatch.delenv("DISTRUN_NODES_FILE", raising=False)
     nb = nbformat.read(EXAMPLES / name, as_version=4)
     assert all(not cell.get("outputs") for cell in nb.cells if cell.cell_type == "code")
-    NotebookClient(nb, timeout=300, kernel_name="python3",
-                   resources={"metadata": {"path": str(EXAMPLES)}}).execute()  # fmt: skip
+    run_notebook(nb, timeout=300, resources={"metadata": {"path": str(EXAMPLES)}})
     text = "".join(out.get("text", "") for cell in nb.cells for out in cell.get("outputs", []))
     if name == "pytorch_ddp.ipynb":
         assert "4 ranks, identical weights:" in text and "[rank 0] epoch 2: loss" in text
