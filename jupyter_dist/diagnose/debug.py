@@ -64,27 +64,27 @@ class _KeptHelper:
     def ask(self, words: list[str], timeout: float) -> tuple[int, str, str]:
         """The helper's answer to `words`; OSError where it has gone or is silent."""
         answer: Future = Future()
-        with self._lock:
-            if not self.alive:
-                raise OSError("the kept helper has ended")
-            ident = next(self._ids)
-            self._waiting[ident] = answer
-            self._kept.send(json.dumps([ident, words]).encode() + b"\n")
         try:
+            with self._lock:  # one request's line at a time: never two interleaved
+                if not self.alive:
+                    raise OSError("the kept helper has ended")
+                ident = next(self._ids)
+                self._waiting[ident] = answer
+                self._kept.send(json.dumps([ident, words]).encode() + b"\n")
             return answer.result(timeout)
         except NoAnswerYet:
             self.close()  # silent past its deadline: not to be trusted again
             raise OSError(f"no answer within {timeout:g} s") from None
-        finally:
-            with self._lock:
-                self._waiting.pop(ident, None)
+        except OSError:
+            self.close()  # its session ended: the next request starts another
+            raise
 
     def _read(self) -> None:
         for line in self._kept.lines():
             with contextlib.suppress(ValueError, TypeError):
                 ident, code, out, err = json.loads(line)
                 with self._lock:
-                    waiting = self._waiting.get(ident)
+                    waiting = self._waiting.pop(ident, None)
                 if waiting is not None and not waiting.done():
                     waiting.set_result((int(code), str(out), str(err)))
         self.close()
