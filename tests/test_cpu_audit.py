@@ -11,9 +11,11 @@ import cpu_audit
 
 def test_each_python_notes_its_test_and_cpu_and_the_summary_adds_them_up(tmp_path):
     """The hook, imported as the venv's .pth would (from a folder of the test's own, not the
-    venv: other tests run beside this one), in three real Pythons: one that spins, one that
-    imports a module the audit names, one started outside any test. Each notes its test and
-    its CPU in a file of its own (0600 in a 0700 folder), and the summary adds them up."""
+    venv: other tests run beside this one), in three real Pythons started with -S, so that
+    a run audited itself (DISTRUN_TEST_CPU) does not import its own hook in them first: one
+    that spins, one that imports a module the audit names, one started outside any test.
+    Each notes its test and its CPU in a file of its own (0600 in a 0700 folder), and the
+    summary adds them up."""
     audit, hook = tmp_path / "audit", tmp_path / "hook"
     audit.mkdir(mode=0o700)
     hook.mkdir()
@@ -27,7 +29,7 @@ def test_each_python_notes_its_test_and_cpu_and_the_summary_adds_them_up(tmp_pat
         env = {k: v for k, v in os.environ.items() if k != "PYTEST_CURRENT_TEST"}
         if test:
             env["PYTEST_CURRENT_TEST"] = test
-        subprocess.run([sys.executable, "-c", start + code], env=env, check=True, timeout=60)
+        subprocess.run([sys.executable, "-S", "-c", start + code], env=env, check=True, timeout=60)
     files = sorted(audit.iterdir())
     assert len(files) == 3 and {f.stat().st_mode & 0o777 for f in files} == {0o600}
     lines = cpu_audit.summary(audit)
