@@ -7,9 +7,11 @@ from __future__ import annotations
 
 import json
 import re
+import shutil
 import socket
 import subprocess
 import sys
+import tempfile
 import textwrap
 import time
 from pathlib import Path
@@ -111,6 +113,55 @@ def test_ddp_runs_as_job_steps_on_the_allocations_nodes(
         assert report["allreduce"] == 10.0  # 1 + 2 + 3 + 4: every rank took part
     assert "[rank 3] " in done.stdout
     assert not_private(store.root) == []  # what the agents wrote on the nodes too
+
+
+def test_a_preload_inside_an_allocation_starts_the_ranks_cold_and_says_so(
+    allocation, slurm_cluster, store, tmp_path
+):
+    """`preload: [torch]` inside an allocation. Each process is a job step of its own, and
+    Slurm ends what a step started with the step: a pool started by one rank's agent would
+    end with that rank, and the node's other ranks, forked from it, with it (they were
+    SIGKILLed before this). So the plan says the preload is not used, and the ranks start
+    cold: DDP meets across the nodes, no rank found torch imported, no pool is left."""
+    code = tmp_path / "code"
+    code.mkdir()
+    shutil.copy(Path(__file__).parent / "scripts" / "pool_probe.py", code / "probe.py")
+    pools = Path(tempfile.mkdtemp(prefix="dp", dir="/tmp"))  # short: a socket's path must be
+    spec = _spec(
+        tmp_path,
+        f"""\
+        code: {code}
+        command: python probe.py
+        environment_variables: {{GLOO_SOCKET_IFNAME: eth0, OMP_NUM_THREADS: "1",
+                                 TMPDIR: {pools}}}
+        resources: {{instance_count: 2}}
+        distribution: {{type: pytorch, process_count_per_instance: 2}}
+        preload: [torch]
+    """,
+    )
+    try:
+        planned = run_cli("plan", str(spec), store=store, env=allocation)
+        assert planned.returncode == 0, planned.stderr
+        said = "preload: torch not used: on slurm nodes a pool ends with the process"
+        assert said in planned.stdout + planned.stderr, planned.stdout
+        assert "DISTRUN_PRELOAD" not in planned.stdout
+        done = run_cli("run", str(spec), store=store, env=allocation, timeout=180)
+        assert done.returncode == 0, done.stderr[-3000:]
+        (record,) = store.jobs()
+        reports = result_reports(store, record.job_id)
+        assert sorted(reports) == [0, 1, 2, 3]
+        for rank, report in reports.items():
+            assert report["host"] == f"sln{rank // 2 + 1}" and report["allreduce"] == 10
+            assert not report["torch_before"] and report["cmdline"] == ["probe.py"]
+        assert len({report["ppid"] for report in reports.values()}) == 4  # each its agent's
+        assert list(pools.glob("distrun-pools-*/*.sock")) == []
+        for node in slurm_cluster.nodes:  # nothing of the job is left on a node
+            deadline = time.monotonic() + 30
+            while slurm_cluster.pids(node) and time.monotonic() < deadline:
+                time.sleep(0.2)
+            assert slurm_cluster.pids(node) == [], _described(slurm_cluster.pids(node))
+    finally:
+        shutil.rmtree(pools, ignore_errors=True)
 
 
 def test_a_failing_rank_stops_the_others_with_the_root_cause(allocation, store, tmp_path):

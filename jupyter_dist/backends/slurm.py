@@ -135,6 +135,8 @@ class SlurmBackend(LocalBackend):
 
     name = "slurm"
     options = SLURM_OPTIONS
+    # Each process is a job step of its own, and proctrack/cgroup ends what a step started.
+    pools_outlive_their_starter = False
 
     def __init__(self, job_id: str | None = None, report=None) -> None:
         self.job_id = job_id or os.environ.get("SLURM_JOB_ID", "")

@@ -109,8 +109,8 @@ class LaunchPlan:
     # What was set from what the nodes said, before they start, one line each (the gloo
     # interface of nodes whose hostname is a loopback address: diagnose/network.py).
     network_notes: list[str] = field(default_factory=list)
-    # Defaults the job took from the user's earlier jobs, one line each (the remembered
-    # preload: run/preload_memory.py).
+    # What the job made of its preload, one line each: one remembered from the user's
+    # earlier jobs (run/preload_memory.py), or one its backend cannot keep (run/launch.py).
     remembered: list[str] = field(default_factory=list)
 
     def process(self, name: str) -> ProcessPlan:

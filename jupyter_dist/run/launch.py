@@ -79,6 +79,7 @@ def make_plan(
         job_id = job_id or store.new_job_id()
         if hold_ports is not None:  # before they are checked: a holder is named, not a bind
             hold_ports(job_id, _fixed_ports(spec, nodes))
+        remembered = _preload_notes(spec, chosen, remembered)
         launch_plan = _plan_attempt(spec, nodes, chosen, job_id, extra_files, stdin)
         if remembered:
             launch_plan = dataclasses.replace(launch_plan, remembered=list(remembered))
@@ -88,6 +89,19 @@ def make_plan(
     except BaseException:
         chosen.release()
         raise
+
+
+def _preload_notes(spec: JobSpec, chosen: Backend, remembered: list[str] | None) -> list[str]:
+    """What the plan says of the job's preload: `remembered` (preload_memory.taken), or,
+    where the backend's pools die with the process that started them, that its ranks
+    start cold."""
+    if chosen.pools_outlive_their_starter or spec.preload is None or not spec.preload.modules:
+        return list(remembered or [])
+    return [
+        f"preload: {', '.join(spec.preload.modules)} not used: on {chosen.name} nodes a "
+        "pool ends with the process that started it, and the node's other ranks with it; "
+        "the ranks start cold"
+    ]
 
 
 def _plan_attempt(
@@ -101,6 +115,8 @@ def _plan_attempt(
 ) -> LaunchPlan:
     """One attempt's plan on checked nodes: free ports found now, the stack hook added,
     DISTRUN_RESTART_COUNT set (`make_plan` gives the first; a restart asks again)."""
+    if not chosen.pools_outlive_their_starter:  # said by _preload_notes
+        spec = spec.model_copy(update={"preload": None})
     ports = chosen.choose_ports(port_requests(spec, nodes), nodes)
     # Every node gets the startup hook that lets any Python of the job dump its stacks.
     files = {
