@@ -513,12 +513,17 @@ def serve(lines_in, out):
         except (ValueError, TypeError):
             continue
         threading.Thread(target=one, args=(ident, words), daemon=True).start()
+    with writing:  # every whole answer written is out before the caller leaves
+        out.flush()
 
 
 def main():
     if sys.argv[1:] == ["serve"]:
         serve(sys.stdin.buffer, sys.stdout)
-        return
+        # End of input: the owner closed it, or is gone. A request still running answers
+        # nobody, and a thread inside stdout's write at the interpreter's shutdown would
+        # abort it (SIGABRT, "could not acquire lock for <stdout>"): leave at once.
+        os._exit(0)
     code, out, err = answer(sys.argv[1:])
     sys.stdout.write(out)
     sys.stderr.write(err)
