@@ -5,16 +5,20 @@ and the backend's own options."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import re
+import shutil
 import signal
 import socket
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 import pytest
+import yaml
 from helpers import (
     EXAMPLES,
     await_text,
@@ -114,6 +118,41 @@ def test_ddp_across_two_ray_nodes(ray_cluster, store, mode):
     assert record.status()["nodes"] == [first, second]
     assert_private_on_the_nodes(ray_cluster, record.job_id)
     assert_nothing_left(ray_cluster, record.job_id)
+
+
+def test_a_nodes_ranks_fork_from_one_pool_and_none_dies_with_another(ray_cluster, store, tmp_path):
+    """`preload: [torch]` on Ray: one actor per Ray node starts all of the job's agents
+    there and lives until the job ends, so a node's two ranks fork from one pool (the
+    first agent's), torch already imported, and neither dies when the other's agent ends
+    first (as they did on Slurm, where the pool ended with its starter's job step); DDP
+    meets across the nodes; nothing of the job is left. The pools carry no job, like a
+    local node's; the test ends them."""
+    code = tmp_path / "code"
+    code.mkdir()
+    shutil.copy(Path(__file__).parent / "scripts" / "pool_probe.py", code / "probe.py")
+    spec = tmp_path / "job.yml"
+    spec.write_text(yaml.safe_dump({
+        "code": str(code), "command": "python probe.py",
+        "environment_variables": {"OMP_NUM_THREADS": "1"}, "resources": {"instance_count": 2},
+        "distribution": {"type": "pytorch", "process_count_per_instance": 2},
+        "preload": ["torch"],
+    }))  # fmt: skip
+    try:
+        done = distrun(ray_cluster, "client", "run", str(spec), store=store)
+        assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+        (record,) = store.jobs()
+        reports = result_reports(store, record.job_id)
+        assert sorted(reports) == [0, 1, 2, 3]
+        for report in reports.values():
+            assert report["allreduce"] == 10 and report["torch_before"]
+        assert reports[0]["host"] == reports[1]["host"] != reports[2]["host"]
+        ppids = [reports[rank]["ppid"] for rank in range(4)]
+        assert ppids[0] == ppids[1] != ppids[2] == ppids[3]  # one pool per node
+        assert_nothing_left(ray_cluster, record.job_id)
+    finally:
+        for info in ray_cluster.root.glob("*/tmp/distrun-pools-*/*.json"):
+            with contextlib.suppress(OSError, ValueError, KeyError):
+                os.kill(json.loads(info.read_text())["pid"], signal.SIGKILL)
 
 
 @pytest.mark.parametrize("mode", MODES)
