@@ -15,6 +15,9 @@ from jupyter_dist.store import JobStore
 
 ROOT = Path(__file__).resolve().parents[1]
 EXAMPLES = ROOT / "examples"
+# A rank that says what it found as it started (torch imported, parent, argv, ...) and
+# joins a gloo all_reduce: the pool tests' subject (tests/scripts/pool_probe.py).
+POOL_PROBE = ROOT / "tests" / "scripts" / "pool_probe.py"
 
 # A Dask job on two nodes whose client says where its workers run and sums on them
 # ("workers 4 on ['<host>', '<host>']", "total 328350").

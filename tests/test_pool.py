@@ -17,14 +17,13 @@ import time
 from pathlib import Path
 
 import pytest
-from helpers import job_processes, not_private, result_reports, run_cli
+from helpers import POOL_PROBE, job_processes, not_private, result_reports, run_cli
 
 from jupyter_dist.node_side import pool as pool_module
 from jupyter_dist.run.launch import launch, run
 from jupyter_dist.spec import parse_spec
 
 pytestmark = pytest.mark.torch
-PROBE = Path(__file__).parent / "scripts" / "pool_probe.py"
 
 
 @pytest.fixture
@@ -87,7 +86,7 @@ def test_ddp_forked_from_a_pool_is_what_a_cold_start_is(store, tmpdir_for_pools,
     carrying no job's id, shown by `nodes` and `pool list`, until `pool stop`."""
     code = tmp_path / "code"
     code.mkdir()
-    shutil.copy(PROBE, code / "probe.py")
+    shutil.copy(POOL_PROBE, code / "probe.py")
     extra = {"code": str(code)}
     cold = run(_spec("python probe.py --flag x", tmpdir_for_pools, None, extra=extra), store=store)
     assert cold.ok, cold.describe()
@@ -298,7 +297,7 @@ def test_ranks_on_ssh_nodes_fork_from_each_nodes_own_pool(ssh_nodes, store, tmp_
     both."""
     code = tmp_path / "code"
     code.mkdir()
-    shutil.copy(PROBE, code / "probe.py")
+    shutil.copy(POOL_PROBE, code / "probe.py")
     inventory = ssh_nodes.load_inventory(tmp_path)
     nodes_file = str(tmp_path / "nodes.yml")
     parents = []

@@ -15,12 +15,12 @@ import socket
 import subprocess
 import sys
 import time
-from pathlib import Path
 
 import pytest
 import yaml
 from helpers import (
     EXAMPLES,
+    POOL_PROBE,
     await_text,
     execute_notebook,
     not_private,
@@ -129,7 +129,7 @@ def test_a_nodes_ranks_fork_from_one_pool_and_none_dies_with_another(ray_cluster
     local node's; the test ends them."""
     code = tmp_path / "code"
     code.mkdir()
-    shutil.copy(Path(__file__).parent / "scripts" / "pool_probe.py", code / "probe.py")
+    shutil.copy(POOL_PROBE, code / "probe.py")
     spec = tmp_path / "job.yml"
     spec.write_text(yaml.safe_dump({
         "code": str(code), "command": "python probe.py",

@@ -21,6 +21,7 @@ from helpers import (
     DASK_JOB,
     EXAMPLES,
     LONG_JOB,
+    POOL_PROBE,
     SAVER,
     await_text,
     interrupt_and_reply,
@@ -46,12 +47,30 @@ def allocation(slurm_cluster):
     job = found.group(1)
     yield {**slurm_cluster.env, "SLURM_JOB_ID": job}
     slurm_cluster.run("scancel", job)
-    deadline = time.monotonic() + 30  # Slurm ends steps asynchronously (KillWait is 5 s)
-    while slurm_cluster.jobs() or any(slurm_cluster.pids(n) for n in slurm_cluster.nodes):
+    _wait_until_nothing_is_left(slurm_cluster, jobs_too=True)
+
+
+def _wait_until_nothing_is_left(slurm_cluster, timeout: float = 30, jobs_too: bool = False):
+    """Wait until no process is left on any node (with `jobs_too`, no Slurm job either);
+    fail naming what is left. Slurm ends steps asynchronously (KillWait is 5 s), so a job
+    that has ended may still have processes on its nodes for a few seconds."""
+    deadline = time.monotonic() + timeout
+    while (jobs_too and slurm_cluster.jobs()) or any(
+        slurm_cluster.pids(n) for n in slurm_cluster.nodes
+    ):
         if time.monotonic() > deadline:
             left = {n.name: _described(slurm_cluster.pids(n)) for n in slurm_cluster.nodes}
-            pytest.fail(f"left after the job: {slurm_cluster.jobs()} {left}")
+            pytest.fail(f"left on the nodes after {timeout:.0f} s: {slurm_cluster.jobs()} {left}")
         time.sleep(0.2)
+
+
+def _four_reports(done: subprocess.CompletedProcess, store) -> dict[int, dict]:
+    """The four ranks' reports of a `run` that succeeded with one job (each rank wrote one)."""
+    assert done.returncode == 0, done.stderr[-3000:]
+    (record,) = store.jobs()
+    reports = result_reports(store, record.job_id)
+    assert sorted(reports) == [0, 1, 2, 3]
+    return reports
 
 
 def _described(pids: list[int]) -> list[str]:
@@ -98,14 +117,11 @@ def test_ddp_runs_as_job_steps_on_the_allocations_nodes(
     """,
     )
     done = run_cli("run", str(spec), store=store, env=allocation, timeout=180)
-    assert done.returncode == 0, done.stderr[-3000:]
+    reports = _four_reports(done, store)
     said = re.match(
         r"job \S+: 4 ranks (in 2 torchrun processes )?on 2 nodes \(slurm\); ", done.stderr
     )
     assert said and bool(said.group(1)) == (launcher == "torchrun")
-    (record,) = store.jobs()
-    reports = result_reports(store, record.job_id)
-    assert sorted(reports) == [0, 1, 2, 3]
     node0 = slurm_cluster.nodes[0].host
     for rank, report in reports.items():
         assert report["host"] == f"sln{rank // 2 + 1}"  # really on that node
@@ -125,7 +141,7 @@ def test_a_preload_inside_an_allocation_starts_the_ranks_cold_and_says_so(
     cold: DDP meets across the nodes, no rank found torch imported, no pool is left."""
     code = tmp_path / "code"
     code.mkdir()
-    shutil.copy(Path(__file__).parent / "scripts" / "pool_probe.py", code / "probe.py")
+    shutil.copy(POOL_PROBE, code / "probe.py")
     pools = Path(tempfile.mkdtemp(prefix="dp", dir="/tmp"))  # short: a socket's path must be
     spec = _spec(
         tmp_path,
@@ -146,20 +162,13 @@ def test_a_preload_inside_an_allocation_starts_the_ranks_cold_and_says_so(
         assert said in planned.stdout + planned.stderr, planned.stdout
         assert "DISTRUN_PRELOAD" not in planned.stdout
         done = run_cli("run", str(spec), store=store, env=allocation, timeout=180)
-        assert done.returncode == 0, done.stderr[-3000:]
-        (record,) = store.jobs()
-        reports = result_reports(store, record.job_id)
-        assert sorted(reports) == [0, 1, 2, 3]
+        reports = _four_reports(done, store)
         for rank, report in reports.items():
             assert report["host"] == f"sln{rank // 2 + 1}" and report["allreduce"] == 10
             assert not report["torch_before"] and report["cmdline"] == ["probe.py"]
         assert len({report["ppid"] for report in reports.values()}) == 4  # each its agent's
         assert list(pools.glob("distrun-pools-*/*.sock")) == []
-        for node in slurm_cluster.nodes:  # nothing of the job is left on a node
-            deadline = time.monotonic() + 30
-            while slurm_cluster.pids(node) and time.monotonic() < deadline:
-                time.sleep(0.2)
-            assert slurm_cluster.pids(node) == [], _described(slurm_cluster.pids(node))
+        _wait_until_nothing_is_left(slurm_cluster)  # nothing of the job on a node
     finally:
         shutil.rmtree(pools, ignore_errors=True)
 
@@ -230,10 +239,7 @@ def test_mpi_allreduce_starts_its_ranks_through_slurm(allocation, slurm_cluster,
     """,
     )
     done = run_cli("run", str(spec), store=store, env=allocation, timeout=180)
-    assert done.returncode == 0, done.stderr[-3000:]
-    (record,) = store.jobs()
-    reports = result_reports(store, record.job_id)
-    assert sorted(reports) == [0, 1, 2, 3]
+    reports = _four_reports(done, store)
     node0, node1 = (n.host for n in slurm_cluster.nodes)
     for rank, report in reports.items():
         assert report["mpi_rank"] == rank and report["size"] == 4
@@ -304,10 +310,7 @@ def test_horovodrun_reaches_the_other_node_through_slurm(
     """,
     )
     done = run_cli("run", str(spec), store=store, env=allocation, timeout=180)
-    assert done.returncode == 0, done.stderr[-3000:]
-    (record,) = store.jobs()
-    reports = result_reports(store, record.job_id)
-    assert sorted(reports) == [0, 1, 2, 3]
+    reports = _four_reports(done, store)
     for rank, report in reports.items():
         assert report["size"] == 4 and report["allreduce"] == 10.0
         assert report["host"] == f"sln{rank // 2 + 1}" and report["local_rank"] == rank % 2
@@ -410,10 +413,7 @@ def test_ctrl_c_stops_every_step_and_leaves_nothing(allocation, slurm_cluster, s
     proc.send_signal(signal.SIGINT)
     assert proc.wait(timeout=60) == 130
     assert "cancelled: every process was stopped" in proc.stderr.read()
-    deadline = time.monotonic() + 20
-    while any(slurm_cluster.pids(n) for n in slurm_cluster.nodes):
-        assert time.monotonic() < deadline, [slurm_cluster.pids(n) for n in slurm_cluster.nodes]
-        time.sleep(0.2)
+    _wait_until_nothing_is_left(slurm_cluster, timeout=20)
 
 
 def test_a_killed_node_agent_fails_the_job_and_leaves_nothing(
@@ -436,10 +436,7 @@ def test_a_killed_node_agent_fails_the_job_and_leaves_nothing(
     assert proc.wait(timeout=60) == 1
     said = proc.stderr.read()
     assert "lost its node agent" in said and f"on {node.name}" in said, said
-    deadline = time.monotonic() + 20
-    while any(slurm_cluster.pids(n) for n in slurm_cluster.nodes):
-        assert time.monotonic() < deadline, [slurm_cluster.pids(n) for n in slurm_cluster.nodes]
-        time.sleep(0.2)
+    _wait_until_nothing_is_left(slurm_cluster, timeout=20)
     from jupyter_dist.node_side.agent import Cgroup
 
     # the node was swept: the dead agent's cgroup is gone too (it stayed, empty, before)
@@ -550,11 +547,7 @@ def test_a_restart_runs_in_the_same_allocation_and_gives_it_back_at_the_end(
         for rank in range(4):
             assert f"rank {rank} attempt {attempt} on sln{rank // 2 + 1} in job" in done.stdout
     assert slurm_cluster.jobs() == []  # given back when the job ended
-    deadline = time.monotonic() + 30  # Slurm ends steps asynchronously
-    while any(slurm_cluster.pids(n) for n in slurm_cluster.nodes) and time.monotonic() < deadline:
-        time.sleep(0.2)
-    left = {n.name: _described(slurm_cluster.pids(n)) for n in slurm_cluster.nodes}
-    assert not any(left.values()), left
+    _wait_until_nothing_is_left(slurm_cluster)
 
 
 def test_a_detached_jobs_allocation_never_outlives_its_supervisor(slurm_cluster, store, tmp_path):
@@ -573,13 +566,8 @@ def test_a_detached_jobs_allocation_never_outlives_its_supervisor(slurm_cluster,
     record = store.get(started.stdout.strip())
     assert len(slurm_cluster.jobs()) == 1  # its allocation
     os.kill(record.status()["owner_pid"], signal.SIGKILL)
-    deadline = time.monotonic() + 30
-    while (slurm_cluster.jobs() or any(slurm_cluster.pids(n) for n in slurm_cluster.nodes)) and (
-        time.monotonic() < deadline
-    ):
-        time.sleep(0.2)
-    assert slurm_cluster.jobs() == []  # given back, by salloc, when its holder's pipe closed
-    assert not any(slurm_cluster.pids(n) for n in slurm_cluster.nodes)
+    # given back, by salloc, when its holder's pipe closed; nothing on the nodes
+    _wait_until_nothing_is_left(slurm_cluster, jobs_too=True)
     assert effective_state(record.status()) == "lost"
 
 
@@ -787,11 +775,7 @@ def test_a_kernel_interrupt_stops_every_step_and_the_kernel_lives_on(
         assert all(slurm_cluster.pids(node) for node in slurm_cluster.nodes)
         reply = interrupt_and_reply(km, kc, msg_id)
         assert reply["content"]["ename"] == "KeyboardInterrupt"
-        deadline = time.monotonic() + 30  # Slurm's step daemons finish a few seconds later
-        while any(slurm_cluster.pids(node) for node in slurm_cluster.nodes):
-            left = {n.name: _described(slurm_cluster.pids(n)) for n in slurm_cluster.nodes}
-            assert time.monotonic() < deadline, f"left on the nodes: {left}"
-            time.sleep(0.2)
+        _wait_until_nothing_is_left(slurm_cluster)
         assert kc.execute_interactive("print(6 * 7)", timeout=30)["content"]["status"] == "ok"
 
 
