@@ -10,7 +10,7 @@ import subprocess
 from pathlib import Path
 
 import pytest
-from helpers import execute_notebook
+from helpers import execute_notebook, running_kernel
 
 import jupyter_dist.widgets.live as live
 
@@ -275,6 +275,39 @@ def test_a_session_cell_has_a_live_view_of_its_own_ranks_and_lines(kernel_env):
     cell, name, state, rows, total, cause, stored = json.loads(nb.cells[7].outputs[0].text)
     assert (cell, state, rows, cause) == (3, "succeeded", [["rank 0", "succeeded"]], "")
     assert [line[:4] for line in stored] == [["rank-0", "rank 0", "stdout", "third 0"]]
+
+
+@pytest.mark.slow
+def test_a_warm_cells_view_reaches_the_page_settled_in_one_opening_message(kernel_env):
+    """A session cell that ends within LIVE_AFTER_S: the page hears of its view once, as
+    it ended (the comm's opening message carries the final state), then its lines, then the
+    display; no state update follows (there were two, and one open as running, before)."""
+    with running_kernel() as (_km, kc):
+        for code in ("%config DistrunMagics.view = 'widget'",
+                     "%distrun session start --nodes 2",
+                     "%%distrun\nimport os\nrank = int(os.environ['RANK'])"):  # fmt: skip
+            assert kc.execute_interactive(code, timeout=120)["content"]["status"] == "ok"
+        heard: list[dict] = []
+        reply = kc.execute_interactive(
+            "%%distrun\nprint('hello from', rank)", timeout=60, output_hook=heard.append
+        )
+        assert reply["content"]["status"] == "ok"
+        kc.execute_interactive("%distrun session stop", timeout=60)
+    kinds = [m["msg_type"] for m in heard if m["msg_type"] != "status"]
+    opened = [m for m in heard if m["msg_type"] == "comm_open"]
+    assert len(opened) == 1, kinds
+    comm_id, state = opened[0]["content"]["comm_id"], opened[0]["content"]["data"]["state"]
+    assert (state["cell"], state["state"], state["lines_total"]) == (2, "succeeded", 2)
+    assert [row["state"] for row in state["processes"]] == ["succeeded", "succeeded"]
+    own = [m for m in heard if m["content"].get("comm_id") == comm_id]
+    sent = [m["content"]["data"] for m in own if m["msg_type"] == "comm_msg"]
+    assert [s["method"] for s in sent] == ["custom"], sent  # no "update"
+    lines = sent[0]["content"]
+    assert lines["type"] == "lines" and lines["total"] == 2
+    assert sorted(line[3] for line in lines["lines"]) == ["hello from 0", "hello from 1"]
+    assert kinds.index("comm_open") < kinds.index("comm_msg") < kinds.index("display_data")
+    (shown,) = [m for m in heard if m["msg_type"] == "display_data"]
+    assert shown["content"]["data"][WIDGET_MIME]["model_id"] == comm_id
 
 
 @pytest.mark.slow

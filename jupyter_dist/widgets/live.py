@@ -83,10 +83,14 @@ class LiveView(anywidget.AnyWidget):
     # them again, as for lines.
     metrics_total = Int(0).tag(sync=True)
 
-    def __init__(self, job, names: list[str] | None = None, listener=None, **kwargs):
+    def __init__(
+        self, job, names: list[str] | None = None, listener=None, opened: bool = True, **kwargs
+    ) -> None:
         """The view of `job`, or of its processes in `names` only. `listener`: a Collector
         already listening to the job (what it holds is sent at the first tick), else one of
-        its own from now on."""
+        its own from now on. `opened=False`: the page hears of the view only at
+        `open_now()` (see there)."""
+        self._opened, self._held = opened, []
         # Who is who (ranks, master, role, TF_CONFIG) is fixed by the plan (an attempt's:
         # a restart plans anew); states change.
         self._take_plan(job.plan)
@@ -117,6 +121,30 @@ class LiveView(anywidget.AnyWidget):
         self._metrics = MetricsReader(job.record)
         self.metrics_sent = 0  # records sent, for checks
         self.on_msg(self._on_message)
+
+    def open(self) -> None:
+        """As Widget's (it opens the comm as the view is made), unless made with
+        `opened=False`."""
+        if self._opened:
+            super().open()
+
+    def open_now(self) -> None:
+        """Open a view made with `opened=False`: the page gets its state as it is now, in
+        the comm's one opening message, then the messages it held (its lines). A view
+        settled before it is shown (a warm cell that took milliseconds) so costs one
+        message, not one for its start and one for each change since."""
+        self._opened = True
+        self.open()
+        held, self._held = self._held, []
+        for content, buffers in held:
+            self.send(content, buffers)
+
+    def send(self, content, buffers=None) -> None:
+        """As Widget's; held until `open_now()` in a view not opened yet (Widget drops them)."""
+        if not self._opened:
+            self._held.append((content, buffers))
+        else:
+            super().send(content, buffers)
 
     def add_traits(self, **traits) -> None:
         """As HasTraits's, for traits the class lacks: anywidget adds its own at each

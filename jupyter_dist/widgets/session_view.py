@@ -15,8 +15,9 @@ from jupyter_dist.plan.model import ProcessPlan
 from jupyter_dist.run.session import CellResult, Session
 from jupyter_dist.widgets.live import Collector, LiveView
 
-# A cell that ends sooner shows one view, made at its end; one that runs longer gets its
-# live view then, and a settled copy at its end (LiveView.settled). A warm cell takes
+# A cell that ends sooner shows one view, made at its end and opened settled (one message);
+# one that runs longer gets its live view then, and a settled copy at its end
+# (LiveView.settled). A warm cell takes
 # milliseconds, and each view is a widget the kernel makes (about 9 ms of its CPU here,
 # taken from the ranks on a small machine) that nobody could watch live.
 LIVE_AFTER_S = 0.5
@@ -25,17 +26,17 @@ LIVE_AFTER_S = 0.5
 class CellView(LiveView):
     def __init__(
         self, session: Session, chosen: list[ProcessPlan], cell: int, started: float,
-        listener: Collector,
+        listener: Collector, opened: bool = True,
     ) -> None:  # fmt: skip
         """Cell `cell` on `chosen`, started at `started` (epoch seconds); `listener` has
-        collected what the job said since then."""
+        collected what the job said since then. `opened`: as LiveView's."""
         self._started, self._ended = started, None
         self._outcome: dict[str, str] = {}  # process name -> its state for this cell
         super().__init__(
             session.job, names=[p.name for p in chosen], listener=listener, cell=cell,
             session=session.name, name=f"{session.name} · cell {cell}",
             summary=f"cell {cell} of session {session.name} on {ranges([p.label for p in chosen])}",
-            state="running",
+            state="running", opened=opened,
         )  # fmt: skip
 
     def _clock(self) -> tuple[float | None, float | None]:
@@ -80,16 +81,17 @@ def run_cell_with_view(
 ) -> CellResult:
     """Run a cell in `session` with its live view displayed in the cell (the magic's way
     when it shows widgets); arguments and errors as for Session.run_cell."""
-    from IPython.display import display
+    from IPython.display import display, publish_display_data
 
     cell, started, since = session.next_cell, time.time(), time.monotonic()
     listener = Collector()  # from the start: the view, made later, sends what it holds
     session.job.add_listener(listener)
     shown: dict[str, Any] = {}  # "view" and its display "handle", once the cell ran long
 
-    def view() -> CellView:
+    def view(opened: bool = True) -> CellView:
         if "view" not in shown:
-            shown["view"] = LiveView.last = CellView(session, chosen, cell, started, listener)
+            made = CellView(session, chosen, cell, started, listener, opened=opened)
+            shown["view"] = LiveView.last = made
         return shown["view"]
 
     def tick() -> None:
@@ -107,8 +109,18 @@ def run_cell_with_view(
             why = str(exc).splitlines()[0]
         raise
     finally:
-        view().finish(result, why)
         if "handle" in shown:
+            shown["view"].finish(result, why)
             shown["handle"].update(shown["view"].settled())  # see LiveView.settled
-        else:
-            display(shown["view"])
+        else:  # made at its end: the page hears of it once, as it ended
+            ended = view(opened=False)
+            ended.finish(result, why)
+            ended.open_now()
+            # Its bundle published as is: display() would ask each of IPython's formatters
+            # first (a widget answers all in _repr_mimebundle_), 0.3 ms of a warm cell.
+            publish_display_data(*_bundle(ended._repr_mimebundle_()))
+
+
+def _bundle(bundle: dict | tuple[dict, dict]) -> tuple[dict, dict]:
+    """A _repr_mimebundle_'s answer as (data, metadata)."""
+    return bundle if isinstance(bundle, tuple) else (bundle, {})
