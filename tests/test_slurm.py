@@ -64,6 +64,21 @@ def _wait_until_nothing_is_left(slurm_cluster, timeout: float = 30, jobs_too: bo
         time.sleep(0.2)
 
 
+@pytest.fixture(autouse=True)
+def no_slurm_client_is_left(request):
+    """After each test, no salloc (or other Slurm client) of the cluster runs on this
+    machine: the backend's allocation holder ends with the job that asked for it."""
+    yield
+    if "slurm_cluster" not in request.fixturenames:
+        return
+    cluster = request.getfixturevalue("slurm_cluster")
+    deadline = time.monotonic() + 30
+    while cluster.clients():
+        if time.monotonic() > deadline:
+            pytest.fail(f"Slurm clients left on this machine: {cluster.clients()}")
+        time.sleep(0.2)
+
+
 def _four_reports(done: subprocess.CompletedProcess, store) -> dict[int, dict]:
     """The four ranks' reports of a `run` that succeeded with one job (each rank wrote one)."""
     assert done.returncode == 0, done.stderr[-3000:]
@@ -569,6 +584,38 @@ def test_a_detached_jobs_allocation_never_outlives_its_supervisor(slurm_cluster,
     # given back, by salloc, when its holder's pipe closed; nothing on the nodes
     _wait_until_nothing_is_left(slurm_cluster, jobs_too=True)
     assert effective_state(record.status()) == "lost"
+
+
+def test_an_salloc_that_stays_after_its_allocation_is_given_back_is_stopped(tmp_path, monkeypatch):
+    """release() gives the allocation back (scancel) and ends salloc's command (its input
+    closes). An salloc that stays even so (one was found orphaned, spinning a core, 45
+    minutes after its test) is stopped: SIGTERM, then SIGKILL. Here salloc is a stand-in
+    that ignores both its input's end and SIGTERM; the real one's path is the tests above."""
+    import os
+
+    from jupyter_dist.backends import slurm
+    from jupyter_dist.spec import spec_from_dict
+
+    tools = tmp_path / "bin"
+    tools.mkdir()
+    (tools / "salloc").write_text(
+        "#!/bin/bash\ntrap '' TERM\necho 'salloc: Granted job allocation 4242' >&2\n"
+        "exec 0<&-\nwhile true; do sleep 0.1; done\n"
+    )
+    (tools / "scancel").write_text("#!/bin/sh\nexit 0\n")
+    for tool in tools.iterdir():
+        tool.chmod(0o755)
+    monkeypatch.setenv("PATH", f"{tools}:{os.environ['PATH']}")
+    monkeypatch.delenv("SLURM_JOB_ID", raising=False)
+    monkeypatch.setattr(slurm, "HOLDER_EXIT_S", 1.0)
+    backend = slurm.SlurmBackend()
+    spec = spec_from_dict({"command": "hostname", "resources": {"instance_count": 1}}, ".")
+    assert backend._allocate(spec) == "4242"
+    backend.allocated = True
+    salloc = backend._holder
+    backend.release()
+    assert salloc.poll() == -9  # stopped, and reaped: TERM was ignored, so KILL
+    backend.release()  # idempotent: nothing more to stop
 
 
 def test_a_bad_partition_is_one_line_naming_the_valid_ones(slurm_cluster, store, tmp_path):

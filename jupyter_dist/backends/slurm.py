@@ -42,6 +42,7 @@ from jupyter_dist.plan.summary import counted
 from jupyter_dist.spec import MAX_PROCS_PER_NODE, SALLOC_KEYS, JobSpec
 
 COMMAND_TIMEOUT_S = 60
+HOLDER_EXIT_S = 10.0  # how long a holding salloc has to end before it is stopped
 PENDING_POLL_S = 5.0  # how often a pending request's reason is asked again
 # Pending reasons that no wait cures (the request exceeds what the partition is or allows):
 # such a request is withdrawn at once, with what the partitions offer.
@@ -80,6 +81,22 @@ class SlurmProcess(LocalProcess):
 def _require(tool: str) -> None:
     if not shutil.which(tool):
         raise NodeError(f"slurm: {tool} not found on PATH (is Slurm's client installed?)")
+
+
+def _ended(salloc: subprocess.Popen) -> None:
+    """Wait for a holding salloc to end once its command's input closed (about a second),
+    and stop it where it does not: one was found still running, orphaned and spinning a
+    core, long after its allocation was given back and its command had ended. SIGTERM
+    first (salloc then gives back what it holds), SIGKILL last."""
+    for stop in (None, salloc.terminate, salloc.kill):
+        if stop is not None:
+            with contextlib.suppress(OSError):
+                stop()
+        try:
+            salloc.wait(timeout=HOLDER_EXIT_S)
+            return
+        except subprocess.TimeoutExpired:
+            continue
 
 
 def _cancel(job_id: str) -> None:
@@ -206,8 +223,7 @@ class SlurmBackend(LocalBackend):
         if holder is not None:  # its end is salloc's: the allocation is given back
             with contextlib.suppress(OSError):
                 holder.stdin.close()
-            with contextlib.suppress(subprocess.TimeoutExpired):
-                holder.wait(timeout=COMMAND_TIMEOUT_S)
+            _ended(holder)
 
     def _allocate(self, spec: JobSpec) -> str:
         """salloc sized from the spec, running HOLDER: its job id once granted. While it is
