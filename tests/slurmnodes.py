@@ -66,11 +66,11 @@ class SlurmCluster:
         ).stdout
         return [p for p in map(int, out.split()) if _live(p) and _name(p) not in ("slurmd", "sh")]
 
-    def clients(self) -> list[str]:
+    def clients(self) -> dict[int, str]:
         """This cluster's client commands still running on this machine (an salloc that
         holds an allocation, an srun, ...: a process named after one whose SLURM_CONF is
-        this cluster's), each as "PID: COMMAND LINE"."""
-        found = []
+        this cluster's): pid -> command line."""
+        found = {}
         for entry in Path("/proc").iterdir():
             if not entry.name.isdigit() or _name(int(entry.name)) not in SLURM_CLIENTS:
                 continue
@@ -78,7 +78,7 @@ class SlurmCluster:
                 environ = (entry / "environ").read_bytes().split(b"\0")
                 if f"SLURM_CONF={self.conf}".encode() in environ and _live(int(entry.name)):
                     cmd = (entry / "cmdline").read_bytes().replace(b"\0", b" ").decode()
-                    found.append(f"{entry.name}: {cmd.strip()}")
+                    found[int(entry.name)] = cmd.strip()
         return found
 
 
@@ -256,10 +256,11 @@ def _wait_idle(cluster: SlurmCluster, timeout: float = 30) -> None:
 def stop(cluster: SlurmCluster) -> list[str]:
     """Cancel every job, stop every daemon, remove the namespaces, the bridge and the
     nodes' cgroups; returns what was still running on a node besides slurmd."""
-    leftovers = [f"this machine: pid {line}" for line in cluster.clients()]
-    for line in leftovers:  # a client left running would spin once its controller is gone
-        with contextlib.suppress(OSError, ValueError):
-            os.kill(int(line.split()[3].rstrip(":")), signal.SIGKILL)
+    leftovers = []
+    for pid, cmd in cluster.clients().items():  # one left would spin once its controller is gone
+        leftovers.append(f"this machine: pid {pid}: {cmd}")
+        with contextlib.suppress(OSError):
+            os.kill(pid, signal.SIGKILL)
     if cluster.slurmctld and cluster.slurmctld.poll() is None:
         with contextlib.suppress(Exception):
             cluster.run("scancel", "--full", *cluster.jobs(timeout=10), timeout=10)

@@ -17,9 +17,9 @@ from jupyter_dist.widgets.live import Collector, LiveView
 
 # A cell that ends sooner shows one view, made at its end and opened settled (one message);
 # one that runs longer gets its live view then, and a settled copy at its end
-# (LiveView.settled). A warm cell takes
-# milliseconds, and each view is a widget the kernel makes (about 9 ms of its CPU here,
-# taken from the ranks on a small machine) that nobody could watch live.
+# (LiveView.settled). A warm cell takes milliseconds, and each view is a widget the kernel
+# makes (milliseconds of its CPU, taken from the ranks on a small machine) that nobody
+# could watch live.
 LIVE_AFTER_S = 0.5
 
 
