@@ -180,6 +180,16 @@ def _run_cell(page, index: int, wait: bool = False) -> None:
     pytest.fail(f"cell {index} did not run after three Shift+Enter")
 
 
+def _final_view(cell, state: str, timeout: float):
+    """`cell`'s final view of its job once it shows `state`: the one that replaces the live
+    view at the job's end (`distrun-final`, LiveView.settled). Waiting on the live view's
+    state alone races that replacement: a check right after can find the live view gone
+    and the final one not drawn yet (0 of 64 rank buttons, once, beside a second worker)."""
+    view = cell.locator(".distrun-live.distrun-final")
+    view.locator(".distrun-job-state", has_text=state).wait_for(timeout=timeout)
+    return view
+
+
 @contextmanager
 def _notebook(lab_page, lab, name: str, height: int = 1000) -> Iterator[tuple[object, list[str]]]:
     """A page of its own with notebook `name` open (in a workspace of that name), its kernel
@@ -209,8 +219,7 @@ def test_a_cell_shows_every_rank_and_the_inspector(lab_page):
     page = lab_page
     _run_cell(page, 0, wait=True)
     _run_cell(page, 1)
-    view = page.locator(".jp-Notebook .jp-Cell").nth(1).locator(".distrun-live")
-    view.locator(".distrun-job-state", has_text="succeeded").wait_for(timeout=120_000)
+    view = _final_view(page.locator(".jp-Notebook .jp-Cell").nth(1), "succeeded", 120_000)
     _shot(page, "1-ddp-cell")
     lines = view.locator(".distrun-lines").inner_text()
     for rank in range(4):
@@ -425,9 +434,8 @@ def test_64_ranks_stay_usable_and_the_failed_one_comes_first(lab_page):
     page = lab_page
     page.locator(".lm-TabBar-tab", has_text="distrun.ipynb").click()
     _run_cell(page, 3)
-    view = page.locator(".jp-Notebook .jp-Cell").nth(3).locator(".distrun-live")
     try:
-        view.locator(".distrun-job-state", has_text="failed").wait_for(timeout=180_000)
+        view = _final_view(page.locator(".jp-Notebook .jp-Cell").nth(3), "failed", 180_000)
     except PlaywrightTimeout:
         _shot(page, "8-64-ranks-timed-out")  # what the page showed instead
         raise
@@ -519,9 +527,7 @@ def test_each_cell_of_a_session_has_a_view_of_its_own(lab_page, lab):
         views = []
         for index in (2, 3):
             _run_cell(page, index)
-            view = cells.nth(index).locator(".distrun-live")
-            view.locator(".distrun-job-state", has_text="succeeded").wait_for(timeout=60_000)
-            views.append(view)
+            views.append(_final_view(cells.nth(index), "succeeded", 60_000))
         first, second = (view.locator(".distrun-lines").inner_text() for view in views)
         assert "first cell on rank 0" in first and "first cell on rank 1" in first
         assert "second cell" not in first
@@ -588,9 +594,9 @@ def test_the_live_views_console_steps_a_paused_rank_and_lets_it_go_on(lab_page, 
             _assert_readable(console.locator(".distrun-debug-head"))
             _assert_readable(lines.locator(".distrun-debug-line").first)
         console.get_by_role("button", name="Continue all").click()
-        view.locator(".distrun-job-state", has_text="succeeded").wait_for(timeout=60_000)
-        assert console.is_hidden()
-        assert "rank 1 ends with x = 100" in lines.inner_text()
+        view = _final_view(page.locator(".jp-Notebook .jp-Cell").nth(1), "succeeded", 60_000)
+        assert view.locator(".distrun-debug").is_hidden()
+        assert "rank 1 ends with x = 100" in view.locator(".distrun-lines").inner_text()
 
 
 def test_a_detached_cell_frees_the_kernel_and_its_view_follows_the_job(lab_page, lab):
@@ -603,7 +609,7 @@ def test_a_detached_cell_frees_the_kernel_and_its_view_follows_the_job(lab_page,
         page.locator(".jp-StatusBar-Widget", has_text="| Idle").first.wait_for()
         assert "line" in view.locator(".distrun-lines").inner_text()
         _shot(page, "10-detached-running")
-        view.locator(".distrun-job-state", has_text="succeeded").wait_for(timeout=60_000)
+        view = _final_view(page.locator(".jp-Notebook .jp-Cell").nth(1), "succeeded", 60_000)
         lines = view.locator(".distrun-lines").inner_text()
         for rank in range(4):
             assert f"[rank {rank}] line 30 of rank {rank}" in lines
@@ -639,7 +645,7 @@ def test_a_restarting_job_shows_its_attempt_and_the_earlier_cause_in_view_and_si
             _assert_readable(chip)
             _assert_readable(earlier.first)
             view.screenshot(path=str(ARTIFACTS / "live-view-restarted-dark.png"))
-        view.locator(".distrun-job-state", has_text="succeeded").wait_for(timeout=60_000)
+        view = _final_view(page.locator(".jp-Notebook .jp-Cell").nth(1), "succeeded", 60_000)
         lines = view.locator(".distrun-lines").inner_text()
         assert "rank 1 on attempt 0" in lines and "rank 1 on attempt 1" in lines
         assert "attempt 2 of 3" in view.locator(".distrun-attempt").inner_text()
@@ -658,8 +664,7 @@ def test_charts_and_progress_show_what_the_ranks_report(lab_page, lab):
         progress = view.locator(".distrun-progress-text")
         progress.wait_for(timeout=30_000)
         assert re.match(r"\d+/200", progress.inner_text()), progress.inner_text()
-        view.locator(".distrun-job-state", has_text="succeeded").wait_for(timeout=60_000)
-        view = page.locator(".jp-Notebook .jp-Cell").nth(1).locator(".distrun-live")  # settled
+        view = _final_view(page.locator(".jp-Notebook .jp-Cell").nth(1), "succeeded", 60_000)
         loss = view.locator(".distrun-chart[data-metric='loss']")
         assert loss.locator(".distrun-chart-line").count() == 4
         assert view.locator(".distrun-chart[data-metric='lr']").count() == 1
@@ -689,8 +694,7 @@ def test_charts_and_progress_show_what_the_ranks_report(lab_page, lab):
             _assert_readable(view.locator(".distrun-progress"))
             view.screenshot(path=str(ARTIFACTS / "live-view-metrics-dark.png"))
         _run_cell(page, 2)
-        wide = page.locator(".jp-Notebook .jp-Cell").nth(2).locator(".distrun-live")
-        wide.locator(".distrun-job-state", has_text="succeeded").wait_for(timeout=120_000)
+        wide = _final_view(page.locator(".jp-Notebook .jp-Cell").nth(2), "succeeded", 120_000)
         band = wide.locator(".distrun-chart[data-metric='loss']")
         band.locator(".distrun-chart-band").wait_for(timeout=30_000)
         assert band.locator(".distrun-chart-mean").count() == 1
@@ -734,7 +738,7 @@ def test_charts_and_progress_show_what_the_ranks_report(lab_page, lab):
         with _dark_theme(page):
             _assert_readable(cells.nth(2))
             slow.screenshot(path=str(ARTIFACTS / "live-view-progress-column-dark.png"))
-        slow.locator(".distrun-job-state", has_text="succeeded").wait_for(timeout=60_000)
+        _final_view(page.locator(".jp-Notebook .jp-Cell").nth(3), "succeeded", 60_000)
 
 
 def test_a_detached_job_outlives_the_jupyter_server_and_the_new_ones_sidebar_shows_it(

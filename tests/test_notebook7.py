@@ -7,7 +7,7 @@ import re
 
 import labserver
 import pytest
-from test_lab import ARTIFACTS, DDP_CELL, _run_cell
+from test_lab import ARTIFACTS, DDP_CELL, _final_view, _run_cell
 
 pytestmark = pytest.mark.browser
 
@@ -20,9 +20,7 @@ def test_a_cell_shows_every_rank_and_the_inspector_in_notebook7(tmp_path):
         with labserver.open_page(server, "/notebooks/nb7.ipynb") as page:
             _run_cell(page, 0, wait=True)  # asks again if the kernel was not ready yet
             _run_cell(page, 1)
-            view = page.locator(".jp-Notebook .jp-Cell").nth(1).locator(".distrun-live")
-            state = view.locator(".distrun-job-state", has_text="succeeded")
-            state.wait_for(timeout=120_000)
+            view = _final_view(page.locator(".jp-Notebook .jp-Cell").nth(1), "succeeded", 120_000)
             lines = view.locator(".distrun-lines").inner_text()
             for rank in range(4):
                 assert f"[rank {rank}] rank {rank} says the sum of ranks is 6" in lines

@@ -298,6 +298,7 @@ def test_a_warm_cells_view_reaches_the_page_settled_in_one_opening_message(kerne
     assert len(opened) == 1, kinds
     comm_id, state = opened[0]["content"]["comm_id"], opened[0]["content"]["data"]["state"]
     assert (state["cell"], state["state"], state["lines_total"]) == (2, "succeeded", 2)
+    assert state["final"] is True  # the page's last view of this cell (distrun-final)
     assert [row["state"] for row in state["processes"]] == ["succeeded", "succeeded"]
     own = [m for m in heard if m["content"].get("comm_id") == comm_id]
     sent = [m["content"]["data"] for m in own if m["msg_type"] == "comm_msg"]

@@ -484,7 +484,7 @@ function render({ model, el }) {
   let active = held.ui.active;
   let drawnKeys = new Set();  // the keys the rank bar has a chip for
 
-  const root = element("div", "distrun-live");
+  const root = element("div", "distrun-live" + (model.get("final") ? " distrun-final" : ""));
   root.dataset.jobId = model.get("job_id");
 
   // Header: job state, name, elapsed time, counts, actions.

@@ -24,7 +24,7 @@ from collections import deque
 from pathlib import Path
 
 import anywidget
-from traitlets import Any, Dict, Float, Int, List, Unicode
+from traitlets import Any, Bool, Dict, Float, Int, List, Unicode
 
 from jupyter_dist.describe import attempt_caption, plan_rows
 from jupyter_dist.diagnose.debug import paused_text
@@ -82,6 +82,10 @@ class LiveView(anywidget.AnyWidget):
     # Metric records the job stored so far (run/metrics.py): a page holding fewer asks for
     # them again, as for lines.
     metrics_total = Int(0).tag(sync=True)
+    # The cell's last display of the job, which changes no more (`settled()`, a session
+    # cell's view made at its end): its root says so (`distrun-final`), for a page or a
+    # test that must not read the live view the final one is about to replace.
+    final = Bool(False).tag(sync=True)
 
     def __init__(
         self, job, names: list[str] | None = None, listener=None, opened: bool = True, **kwargs
@@ -256,6 +260,7 @@ class LiveView(anywidget.AnyWidget):
                 "max_lines", "lines_total", "cell", "session", "checks", "attempt", "attempts",
                 "metrics_total",
             )},
+            final=True,
         )  # fmt: skip
         self._job.remove_listener(copy.listener)  # it changes no more
         copy._recent.extend(self._recent)

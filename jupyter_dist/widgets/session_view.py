@@ -115,6 +115,7 @@ def run_cell_with_view(
         else:  # made at its end: the page hears of it once, as it ended
             ended = view(opened=False)
             ended.finish(result, why)
+            ended.final = True
             ended.open_now()
             # Its bundle published as is: display() would ask each of IPython's formatters
             # first (a widget answers all in _repr_mimebundle_), 0.3 ms of a warm cell.
