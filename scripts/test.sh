@@ -35,10 +35,11 @@ npx --no-install jest --silent
 .venv/bin/python -m compileall -q jupyter_dist tests >/dev/null
 # DISTRUN_TEST_WORKERS=N runs the tests on N workers (pytest-xdist, --dist loadgroup: tests
 # that share a cluster or a module's fixture stay on one worker, tests/conftest.py); 1 runs
-# them in one process. The quick loop takes one worker per core (at most 4) by default. The
-# whole run takes one process by default until parallel whole runs have been green three
-# times in a row (docs/development.md: the count, and what broke the last streak).
+# them in one process. The quick loop takes one worker per core (at most 4) by default; the
+# whole run two where there are two cores or more (it is bound by CPU: more workers only
+# make each test slower). docs/development.md has the parallel runs, and what broke streaks.
 workers=1
+[[ $(nproc) -lt 2 ]] || workers=2
 if [[ $quick -eq 1 ]]; then
     workers=$(nproc)
     [[ $workers -le 4 ]] || workers=4
