@@ -270,7 +270,7 @@ COMMANDS = {"plan": cmd_plan, "export": cmd_export, "run": cmd_run}
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    args = _parser().parse_args(argv)
+    args = job_commands.parse_words(_parser(), argv)
     return job_commands.run_command(args, {**COMMANDS, **job_commands.COMMANDS})
 
 

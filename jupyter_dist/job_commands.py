@@ -817,4 +817,18 @@ def parse(argv: Sequence[str], prog: str = "%distrun") -> argparse.Namespace:
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     sub.required = True
     add_parsers(sub, common)
-    return parser.parse_args(argv)
+    return parse_words(parser, argv)
+
+
+def parse_words(parser: argparse.ArgumentParser, argv: Sequence[str] | None) -> argparse.Namespace:
+    """`parser.parse_args(argv)`, but a command's NODE words after its options are still
+    its nodes (`pool stop --slurm-job 12 sln2`): argparse takes a positional's words from
+    one run between options only."""
+    args, extra = parser.parse_known_args(argv)
+    nodes = getattr(args, "node", None)
+    if extra and isinstance(nodes, list) and not any(word.startswith("-") for word in extra):
+        args.node = [*nodes, *extra]
+        return args
+    if extra:
+        parser.error(f"unrecognized arguments: {' '.join(extra)}")
+    return args
