@@ -25,7 +25,12 @@ from typing import TextIO, TypeVar
 from jupyter_dist import debug_console
 from jupyter_dist.backends import backend_class, declared_options, inventory_backend
 from jupyter_dist.backends.node_pools import ACTIONS as POOL_ACTIONS
-from jupyter_dist.backends.node_pools import NodePools, pools_on_nodes
+from jupyter_dist.backends.node_pools import (
+    NodePools,
+    pools_for_jobs,
+    pools_in_allocation,
+    pools_on_nodes,
+)
 from jupyter_dist.describe import (
     INSPECT_COLUMNS,
     attempt_rows,
@@ -159,6 +164,12 @@ def add_parsers(sub: argparse._SubParsersAction, common: argparse.ArgumentParser
                       "end them (a pool with ranks running ends after its last)")  # fmt: skip
     pool.add_argument("node", nargs="*", help="only these nodes (default: every node)")
     pool.add_argument(*nodes_file.flags(), **nodes_file.argparse_kwargs())
+    # A Slurm allocation's nodes, where a job's pools are steps of their own; the
+    # inventory's nodes otherwise (ssh, local).
+    pool.add_argument("--backend", choices=["slurm"], help="slurm: the nodes of a Slurm "
+                      "allocation (default: the node inventory's)")  # fmt: skip
+    pool.add_argument("--slurm-job", metavar="ID", help="the Slurm allocation's job id "
+                      "(implies --backend slurm; default: SLURM_JOB_ID's)")  # fmt: skip
 
     jobs = sub.add_parser("jobs", parents=[common], help="list jobs in the store, newest first")
     jobs.add_argument("--json", action="store_true", help="a JSON list of every job's status")
@@ -387,11 +398,14 @@ def cmd_nodes(args: argparse.Namespace, store: JobStore) -> int:
 
 def cmd_pool(args: argparse.Namespace, store: JobStore) -> int:
     """`pool list|stop [NODE ...]`: each node's pools, as a table, or stopped."""
-    answers = pools_on_nodes(load_inventory(args.nodes_file), args.action, args.node or None)
+    if args.backend or args.slurm_job:  # --slurm-job alone says which backend too
+        answers = pools_in_allocation(args.slurm_job or "", args.action, args.node or None)
+    else:  # where jobs run by default: inside an allocation, its nodes
+        answers = pools_for_jobs(load_inventory(args.nodes_file), args.action, args.node or None)
     for answer in answers:
         if answer.problem:
             print(f"{answer.node}: {answer.problem}", file=sys.stderr)
-    if not _print_pools(answers, args.action):
+    if not _print_pools(answers, args.action) and not any(a.problem for a in answers):
         print("no pool on any node" if args.action == "list" else "no pool to stop")
     return EXIT_FAILED if any(answer.problem for answer in answers) else EXIT_OK
 

@@ -360,3 +360,18 @@ def test_a_job_on_local_nodes_never_imports_ssh(tmp_path: Path, store):
                           timeout=120)  # fmt: skip
     assert done.returncode == 0, done.stderr
     assert done.stdout.splitlines()[-1] == "[]", done.stdout
+
+
+def test_pool_on_slurm_outside_an_allocation_is_one_line(tmp_path: Path):
+    """`pool list --backend slurm` with no allocation to look in says so and what to name;
+    another backend is refused by the parser with the one it takes."""
+    env = {k: v for k, v in os.environ.items() if k != "SLURM_JOB_ID"}
+    listed = run_cli("pool", "list", "--backend", "slurm", env=env)
+    assert listed.returncode == 1 and listed.stdout == ""
+    assert listed.stderr == (
+        "slurm: not inside an allocation (no SLURM_JOB_ID): name one with --slurm-job ID\n"
+    )
+    refused = run_cli("pool", "list", "--backend", "ray", env=env)
+    assert refused.returncode == 2 and "invalid choice: 'ray' (choose from 'slurm')" in (
+        refused.stderr
+    )

@@ -146,18 +146,20 @@ def test_ddp_runs_as_job_steps_on_the_allocations_nodes(
     assert not_private(store.root) == []  # what the agents wrote on the nodes too
 
 
-def test_a_preload_inside_an_allocation_starts_the_ranks_cold_and_says_so(
+def test_a_preload_inside_an_allocation_forks_the_ranks_from_a_pool_step_on_each_node(
     allocation, slurm_cluster, store, tmp_path
 ):
-    """`preload: [torch]` inside an allocation. Each process is a job step of its own, and
-    Slurm ends what a step started with the step: a pool started by one rank's agent would
-    end with that rank, and the node's other ranks, forked from it, with it (they were
-    SIGKILLed before this). So the plan says the preload is not used, and the ranks start
-    cold: DDP meets across the nodes, no rank found torch imported, no pool is left."""
+    """`preload: [torch]` inside an allocation: each node's pool runs as a job step of its
+    own (`distrun-pool`), which the job's steps do not end (a pool one rank's agent
+    started would end with that rank's step, and take the node's other ranks with it).
+    Two jobs: DDP meets across the nodes with every rank forked from its node's pool, the
+    second job's from the same pools; `pool list` inside the allocation shows them, `pool
+    stop` ends them and their steps: nothing is left on a node, and no srun here."""
     code = tmp_path / "code"
     code.mkdir()
     shutil.copy(POOL_PROBE, code / "probe.py")
     pools = Path(tempfile.mkdtemp(prefix="dp", dir="/tmp"))  # short: a socket's path must be
+    env = {**allocation, "TMPDIR": str(pools)}  # where `pool list` looks, as the ranks do
     spec = _spec(
         tmp_path,
         f"""\
@@ -171,20 +173,46 @@ def test_a_preload_inside_an_allocation_starts_the_ranks_cold_and_says_so(
     """,
     )
     try:
-        planned = run_cli("plan", str(spec), store=store, env=allocation)
+        planned = run_cli("plan", str(spec), store=store, env=env)
         assert planned.returncode == 0, planned.stderr
-        said = "preload: torch not used: on slurm nodes a pool ends with the process"
-        assert said in planned.stdout + planned.stderr, planned.stdout
-        assert "DISTRUN_PRELOAD" not in planned.stdout
-        done = run_cli("run", str(spec), store=store, env=allocation, timeout=180)
-        reports = _four_reports(done, store)
-        for rank, report in reports.items():
-            assert report["host"] == f"sln{rank // 2 + 1}" and report["allreduce"] == 10
-            assert not report["torch_before"] and report["cmdline"] == ["probe.py"]
-        assert len({report["ppid"] for report in reports.values()}) == 4  # each its agent's
+        assert "DISTRUN_PRELOAD=torch" in planned.stdout and "not used" not in planned.stdout
+        parents = []
+        for _ in range(2):
+            done = run_cli("run", str(spec), store=store, env=env, timeout=180)
+            assert done.returncode == 0, done.stderr[-3000:]
+            assert "no pool" not in done.stderr, done.stderr  # no rank started cold
+            reports = result_reports(store, store.jobs()[0].job_id)
+            assert sorted(reports) == [0, 1, 2, 3]
+            for rank, report in reports.items():
+                assert report["host"] == f"sln{rank // 2 + 1}" and report["allreduce"] == 10
+                assert report["torch_before"] and report["cmdline"] == ["probe.py"]
+            # Each node's two ranks have one parent, its pool: one per node.
+            by_node = [{reports[r]["ppid"] for r in (0, 1)}, {reports[r]["ppid"] for r in (2, 3)}]
+            assert [len(p) for p in by_node] == [1, 1] and by_node[0] != by_node[1]
+            parents.append(by_node)
+        assert parents[0] == parents[1]  # the second job forked from the same pools
+        steps = slurm_cluster.run("squeue", "-h", "-s", "-o", "%j %N").stdout.split("\n")
+        assert sorted(line for line in steps if line.startswith("distrun-pool")) == [
+            "distrun-pool sln1",
+            "distrun-pool sln2",
+        ], steps  # its own steps, one per node, after both jobs ended
+        listed = run_cli("pool", "list", env=env)  # inside an allocation: its nodes
+        assert listed.returncode == 0, listed.stderr
+        for node, (pid,) in zip(("sln1", "sln2"), parents[0], strict=True):
+            row = next(line for line in listed.stdout.splitlines() if node in line)
+            assert "torch" in row and str(pid) in row, listed.stdout
+        outside = {k: v for k, v in env.items() if k != "SLURM_JOB_ID"}  # names it instead
+        stopped = run_cli("pool", "stop", "--slurm-job", env["SLURM_JOB_ID"], "sln2", env=outside)
+        assert stopped.returncode == 0 and "sln2" in stopped.stdout, stopped.stderr
+        assert "sln1" not in stopped.stdout  # only the node named
+        assert run_cli("pool", "stop", "--backend", "slurm", env=env).returncode == 0
+        _wait_until_nothing_is_left(slurm_cluster)  # the pools, and their steps
+        assert not [line for line in slurm_cluster.run("squeue", "-h", "-s", "-o", "%j")
+                    .stdout.split() if line == "distrun-pool"]  # fmt: skip
         assert list(pools.glob("distrun-pools-*/*.sock")) == []
-        _wait_until_nothing_is_left(slurm_cluster)  # nothing of the job on a node
+        assert not_private(store.root) == []
     finally:
+        run_cli("pool", "stop", "--backend", "slurm", env=env)
         shutil.rmtree(pools, ignore_errors=True)
 
 

@@ -151,11 +151,6 @@ class Backend(ABC):
     #: `backend` set to its name): the magic, the CLI and the form offer them, and their
     #: values go into the spec's `backend:` section (`spec_key`). Slurm's --partition is one.
     options: ClassVar[tuple[Option, ...]] = ()
-    #: Whether a node's pool (node_side/pool.py), which the first of a job's agents on the
-    #: node starts, outlives that agent's process. Where it does not (Slurm ends whatever a
-    #: job step started when the step ends), the pool would take the node's other ranks,
-    #: forked from it, down with it: such a backend's jobs start their ranks cold.
-    pools_outlive_their_starter: ClassVar[bool] = True
 
     def acquire(self, spec: JobSpec, inventory: Inventory, workdir: str, cwd: str) -> list[Node]:
         """The job's nodes: the ones `spec.nodes` names, else the first `instance_count` of

@@ -9,6 +9,13 @@ it dies, even by SIGKILL (`HOLDER`).
 No SSH: every process is one `srun --jobid JOB --nodelist NODE -N1 -n1 --overlap ...
 agent.py ...`, run from here, whose pipes carry the agent's protocol like a local process's.
 
+A job that preloads modules gets each node's pool (node_side/pool.py) as a job step of its
+own (`hold`), started here before its processes: Slurm ends whatever a step started when
+the step ends, so a pool one rank's agent started would end with that rank, and take the
+node's other ranks, forked from it, with it. The pool's step outlives the job's (its srun
+runs on here, in a session of its own, not this process's child) and ends with the pool:
+idle for its idle time, `jupyter distrun pool stop --backend slurm`, or the allocation's end.
+
 The nodes must see this machine's files at the same paths (a cluster's shared filesystem):
 the notebook's Python, the job store and the code folder are used in place.
 """
@@ -16,10 +23,12 @@ the notebook's Python, the job store and the code folder are used in place.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import os
 import posixpath
 import queue
 import re
+import selectors
 import shlex
 import shutil
 import subprocess
@@ -32,17 +41,19 @@ from jupyter_dist.backends.agent_client import AGENT_SOURCE, agent_argv, agents_
 from jupyter_dist.backends.local import LocalBackend, LocalProcess
 from jupyter_dist.backends.node_ports import on_every_node, ports_on_nodes
 from jupyter_dist.errors import DistrunError, NodeError
-from jupyter_dist.node_side.agent import PATH_FIRST_VAR
+from jupyter_dist.node_side.agent import PATH_FIRST_VAR, POOL_FILE
+from jupyter_dist.node_side.pool import HELD_VAR, PRELOAD_VAR
 from jupyter_dist.nodes import Inventory, Node
 from jupyter_dist.options import Option
 from jupyter_dist.plan.context import PlanContext, PortRequest
-from jupyter_dist.plan.model import MpiLaunch, PlannedFile, ProcessPlan
+from jupyter_dist.plan.model import LaunchPlan, MpiLaunch, PlannedFile, ProcessPlan
 from jupyter_dist.plan.mpi import runs_ssh
 from jupyter_dist.plan.summary import counted
 from jupyter_dist.spec import MAX_PROCS_PER_NODE, SALLOC_KEYS, JobSpec
 
 COMMAND_TIMEOUT_S = 60
 HOLDER_EXIT_S = 10.0  # how long a holding salloc has to end before it is stopped
+POOL_STEP_S = 30.0  # how long a node's pool step has to say it listens
 PENDING_POLL_S = 5.0  # how often a pending request's reason is asked again
 # Pending reasons that no wait cures (the request exceeds what the partition is or allows):
 # such a request is withdrawn at once, with what the partitions offer.
@@ -152,8 +163,6 @@ class SlurmBackend(LocalBackend):
 
     name = "slurm"
     options = SLURM_OPTIONS
-    # Each process is a job step of its own, and proctrack/cgroup ends what a step started.
-    pools_outlive_their_starter = False
 
     def __init__(self, job_id: str | None = None, report=None) -> None:
         self.job_id = job_id or os.environ.get("SLURM_JOB_ID", "")
@@ -170,16 +179,7 @@ class SlurmBackend(LocalBackend):
         if not self.job_id:
             self.job_id = self._allocate(spec)
             self.allocated = True
-        try:
-            found = _slurm("squeue", "-h", "-j", self.job_id, "-o", "%T %N")
-        except NodeError as exc:  # an unknown id, or no controller: Slurm's own words
-            raise NodeError(f"slurm: job {self.job_id}: {exc.args[0].split(': ', 2)[-1]}") from None
-        state, _, nodelist = found.partition(" ")
-        if state.strip() != "RUNNING":
-            raise NodeError(
-                f"slurm: job {self.job_id} is {state.strip().lower() or 'gone'}, not running"
-            )
-        names = _slurm("scontrol", "show", "hostnames", nodelist.strip()).split()
+        names = self._allocation_names()
         if spec.nodes:
             unknown = [n for n in spec.nodes if n not in names]
             if unknown:
@@ -193,19 +193,34 @@ class SlurmBackend(LocalBackend):
                 f"the job asks for {spec.instance_count} nodes but Slurm job {self.job_id} "
                 f"has {len(names)} ({', '.join(names)})"
             )
-        chosen = names[: spec.instance_count]
-        return [
-            Node(
-                name=name,
-                host=_address(name),
-                backend="slurm",
-                python=sys.executable,
-                workdir=workdir,
-                cwd=cwd,
-                shares_files=True,
+        return [_node(name, workdir, cwd) for name in names[: spec.instance_count]]
+
+    def allocation_nodes(self, names: list[str] | None = None) -> list[Node]:
+        """The allocation's nodes (or those of them `names` picks), for a look at them
+        outside any job (`jupyter distrun pool --backend slurm`). NodeError outside an
+        allocation, or for a name not in it."""
+        if not self.job_id:
+            raise NodeError("slurm: not inside an allocation (no SLURM_JOB_ID): name one "
+                            "with --slurm-job ID")  # fmt: skip
+        found = self._allocation_names()
+        unknown = [name for name in names or [] if name not in found]
+        if unknown:
+            raise NodeError(f"node {unknown[0]!r} is not in Slurm job {self.job_id} "
+                            f"(its nodes: {', '.join(found)})")  # fmt: skip
+        return [_node(name, "", "") for name in names or found]
+
+    def _allocation_names(self) -> list[str]:
+        """The names of the running allocation's nodes; NodeError in Slurm's words."""
+        try:
+            found = _slurm("squeue", "-h", "-j", self.job_id, "-o", "%T %N")
+        except NodeError as exc:  # an unknown id, or no controller: Slurm's own words
+            raise NodeError(f"slurm: job {self.job_id}: {exc.args[0].split(': ', 2)[-1]}") from None
+        state, _, nodelist = found.partition(" ")
+        if state.strip() != "RUNNING":
+            raise NodeError(
+                f"slurm: job {self.job_id} is {state.strip().lower() or 'gone'}, not running"
             )
-            for name in chosen
-        ]
+        return _slurm("scontrol", "show", "hostnames", nodelist.strip()).split()
 
     def preflight(self, nodes: list[Node]) -> list[Node]:
         return nodes  # acquire asked Slurm; a step that cannot start says why in confirm
@@ -280,6 +295,48 @@ class SlurmBackend(LocalBackend):
 
     def choose_ports(self, requests: list[PortRequest], nodes: list[Node]) -> dict[str, int]:
         return ports_on_nodes(requests, nodes, self.run_on_node, on_every_node)
+
+    def prepare(self, plan: LaunchPlan, nodes: list[Node]) -> None:
+        """The local backend's (the nodes see these files), then each node's pool where the
+        job preloads modules (see the module's docstring)."""
+        super().prepare(plan, nodes)
+        firsts: dict[str, ProcessPlan] = {}  # node -> its first process that would fork
+        for proc in plan.processes:
+            if proc.env.get(PRELOAD_VAR):
+                firsts.setdefault(proc.node, proc)
+        by_name = {node.name: node for node in nodes}
+        on_every_node([by_name[name] for name in firsts],
+                      lambda node: self._hold_pool(node, firsts[node.name]))  # fmt: skip
+
+    def _hold_pool(self, node: Node, proc: ProcessPlan) -> str:
+        """Start `node`'s pool for `proc`'s preload as a step of its own unless one runs
+        (pool.py `hold`, with the environment `proc` will have); what it said (`running`,
+        `started`), or "" when it said nothing in time: the agents then say that their
+        ranks start cold."""
+        pool = posixpath.join(proc.env["DISTRUN_JOB_DIR"], POOL_FILE)
+        # Not bound to one CPU (the step's): the ranks it forks take their fronts' CPUs.
+        argv = [*self._step(node), "--job-name=distrun-pool", "--cpu-bind=none",
+                node.python, pool, "hold"]  # fmt: skip
+        # Started through a process that ends at once: the srun is no child of this one
+        # (a kernel, a `run`), and outlives it, as the pool does.
+        starter = subprocess.Popen(
+            [sys.executable, "-c", "import subprocess, sys; "
+             "subprocess.Popen(sys.argv[1:], start_new_session=True)", *argv],
+            env={**os.environ, **proc.env}, stdin=subprocess.DEVNULL,
+            stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
+        )  # fmt: skip
+        starter.wait()
+        with starter.stdout, selectors.DefaultSelector() as waiting:
+            waiting.register(starter.stdout, selectors.EVENT_READ)
+            if not waiting.select(POOL_STEP_S):
+                return ""
+            return starter.stdout.readline().decode(errors="replace").strip()
+
+    def start(self, proc: ProcessPlan, node: Node, grace: float) -> LocalProcess:
+        return super().start(_uses_held_pool(proc), node, grace)
+
+    def command_line(self, proc: ProcessPlan, node: Node, grace: float) -> str:
+        return super().command_line(_uses_held_pool(proc), node, grace)
 
     def sweep(self, job_id: str, node_names: set[str]) -> list[int]:
         """The agent's sweep on every node where one did not report a clean exit."""
@@ -455,6 +512,20 @@ def _never_granted(reason: str, spec: JobSpec) -> DistrunError:
         f"slurm: no allocation for {asked}: it asks for {NEVER_GRANTED[reason]} "
         f"(Slurm: {reason}){where}"
     )
+
+
+def _uses_held_pool(proc: ProcessPlan) -> ProcessPlan:
+    """`proc`, whose agent uses the node's pool that `prepare` held where its ranks fork,
+    and never starts one (a pool it started would end with its step)."""
+    if not proc.env.get(PRELOAD_VAR):
+        return proc
+    return dataclasses.replace(proc, env={**proc.env, HELD_VAR: "1"})
+
+
+def _node(name: str, workdir: str, cwd: str) -> Node:
+    """An allocation's node, at the address Slurm knows it by; it sees this machine's files."""
+    return Node(name=name, host=_address(name), backend="slurm", python=sys.executable,
+                workdir=workdir, cwd=cwd, shares_files=True)  # fmt: skip
 
 
 def _address(name: str) -> str:

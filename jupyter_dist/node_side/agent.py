@@ -82,6 +82,7 @@ PATH_FIRST_VAR = "DISTRUN_PATH_FIRST"
 HOOK_FOLDER = "pyhook"
 # node_side/pool.py, in that folder where the job preloads modules (DISTRUN_PRELOAD).
 POOL_MODULE = "distrun_pool"
+POOL_FILE = f"{HOOK_FOLDER}/{POOL_MODULE}.py"  # its path in the job's folder
 
 
 def _stat_fields(pid):

@@ -22,7 +22,9 @@ folder as `$DISTRUN_JOB_DIR/pyhook/distrun_pool.py` when the job names modules t
   SIGTERM, which the agent's tree sends the rank itself), and exits as the rank did (its
   code, or the same signal).
 - **the agent's part** (`prepare`): starts the job's pool where none runs (outside the
-  job's process tree: it outlives the job) and writes the shims.
+  job's process tree: it outlives the job) and writes the shims. Where the backend holds
+  the node's pool itself (`HELD_VAR`: Slurm, whose steps end what they start), it starts
+  none: the backend ran `hold`, a pool in a job step of its own.
 
 A forked rank is what a started one would be: before any of its code runs it has its own
 session, stdin/stdout/stderr, environment (also what /proc/PID/environ shows: the pool
@@ -57,6 +59,9 @@ import time
 import types
 
 PRELOAD_VAR = "DISTRUN_PRELOAD"  # the modules, comma-separated
+# "1": the backend holds this node's pool (`hold`); an agent uses it and never starts one.
+HELD_VAR = "DISTRUN_POOL_HELD"
+_LOCK_FD_VAR = "DISTRUN_POOL_LOCK_FD"  # `hold` to `serve`: the start lock it holds
 IDLE_VAR = "DISTRUN_POOL_IDLE"  # seconds a pool waits, idle, before it ends
 IDLE_S = 600
 ROOM_VAR = "DISTRUN_POOL_ROOM"  # the pool's empty room for a rank's environment
@@ -118,6 +123,12 @@ def _namespaces():
         with contextlib.suppress(OSError):
             found.append(os.stat(f"/proc/self/ns/{name}").st_ino)
     return found
+
+
+def _here():
+    """What tells this node from another that shares the pools' folder (a TMPDIR on a shared
+    filesystem, or test nodes that share /tmp): its hostname and namespaces."""
+    return [socket.gethostname(), *_namespaces()]
 
 
 def pool_key(python, modules, pythonpath):
@@ -238,7 +249,8 @@ class Pool:
         info = {"pid": os.getpid(), "python": sys.executable, "modules": self.modules,
                 "started": self.started, "last_used": self.last_used,
                 "ranks": sum(1 for conn, _ in self.ranks.values() if conn is not None),
-                "ready": hasattr(self, "fingerprint"), "idle_limit": self.idle}  # fmt: skip
+                "ready": hasattr(self, "fingerprint"), "idle_limit": self.idle,
+                "where": _here()}  # fmt: skip
         with contextlib.suppress(OSError):
             _write_private(self.info_path, json.dumps(info))
 
@@ -468,6 +480,9 @@ class Pool:
         _rewrite_block(48, request["argv"])
         if hasattr(sys, "orig_argv"):
             sys.orig_argv = list(request["argv"])
+        if request.get("cpus"):  # the CPUs its front may use (a Slurm step's), not the pool's
+            with contextlib.suppress(OSError, ValueError):
+                os.sched_setaffinity(0, request["cpus"])
         try:
             os.chdir(request["cwd"])
         except OSError as exc:
@@ -628,8 +643,16 @@ def serve_main(argv):
         idle = float(IDLE_S)
     for name in [n for n in os.environ if n.startswith(ROOM_VAR)]:
         del os.environ[name]  # the room is the ranks'; the pool needs none of it
+    lock = os.environ.pop(_LOCK_FD_VAR, None)
     pool = Pool(key, modules, idle)
     pool.bind()
+    if lock is not None:  # `hold`'s: the lock freed once listening, said, then quiet
+        os.close(int(lock))
+        print("started", flush=True)
+        null = os.open(os.devnull, os.O_RDWR)
+        for fd in (0, 1, 2):  # its step's pipes carry nothing more
+            os.dup2(null, fd)
+        os.close(null)
     try:
         pool.preload()
     except BaseException:
@@ -725,7 +748,8 @@ def front(real_python, argv):
         conn.connect(socket_path(key))
         shown = [os.path.basename(sys.argv[0]), *argv]
         request = {"kind": kind, "target": target, "args": rest, "unbuffered": unbuffered,
-                   "env": dict(os.environ), "argv": shown, "cwd": os.getcwd()}  # fmt: skip
+                   "env": dict(os.environ), "argv": shown, "cwd": os.getcwd(),
+                   "cpus": sorted(os.sched_getaffinity(0))}  # fmt: skip
         socket.send_fds(conn, [json.dumps(request).encode() + b"\n"], [0, 1, 2])
         answer = _read_message(conn)
     except (OSError, ValueError):
@@ -812,8 +836,36 @@ def prepare(env, python):
     with os.fdopen(lock, "w") as lock:  # one agent of the node starts it; the others wait
         fcntl.flock(lock, fcntl.LOCK_EX)
         if not _answers(path):
+            if env.get(HELD_VAR) == "1":  # one started here would end with this agent
+                raise OSError("the node's pool, which the backend starts, does not answer")
             _start_pool(python, key, modules, _pool_env(env, hook))
     return _write_shims(job_dir, python)
+
+
+def hold_main():
+    """`hold`: be this node's pool of the modules the environment preloads, in this very
+    process, unless one runs; says `running` or `started` (once the new pool listens, before
+    it imports) on stdout, then nothing. Run as a Slurm job step of its own, held from
+    outside the job (backends/slurm.py): that step outlives the job's, where a pool an
+    agent started would end with the agent's step, and take the ranks it forked with it."""
+    env = dict(os.environ)
+    modules = modules_of(env)
+    if not modules or sys.version_info < (3, 9):
+        print("no pool: nothing to preload, or a Python older than 3.9", flush=True)
+        return 2
+    hook = os.path.dirname(os.path.abspath(__file__))
+    python = sys.executable
+    key = pool_key(python, modules, _pythonpath(env, hook))
+    lock = os.open(os.path.join(pools_folder(), START_LOCK), os.O_WRONLY | os.O_CREAT, 0o600)
+    fcntl.flock(lock, fcntl.LOCK_EX)  # held by the pool until it listens (serve_main)
+    if _answers(socket_path(key)):
+        print("running", flush=True)
+        return 0
+    os.set_inheritable(lock, True)
+    pool_env = {**_pool_env(env, hook), _LOCK_FD_VAR: str(lock)}
+    room = "-" * ARGV_ROOM
+    os.execve(python, [python, os.path.abspath(__file__), "serve", key, ",".join(modules), room],
+              pool_env)  # fmt: skip
 
 
 def _answers(path):
@@ -907,10 +959,12 @@ def _serves(pid, key):
 
 def list_pools():
     """This user's live pools here: pid, modules, python, ranks, rss (bytes), idle and
-    age (seconds). The files of pools that ended without a word are removed."""
+    age (seconds). The files of pools that ended without a word are removed; those of
+    another node's (a shared folder) are left alone."""
     found = []
     folder = pools_folder()
     now = time.time()
+    here = _here()
     for name in sorted(os.listdir(folder)):
         if not name.endswith(".json"):
             continue
@@ -920,6 +974,8 @@ def list_pools():
             with open(path) as handle:
                 info = json.load(handle)
         except (OSError, ValueError):
+            continue
+        if info.get("where", here) != here:  # its pid means nothing here
             continue
         if not _serves(info.get("pid", -1), key):
             for stale in (path, os.path.join(folder, key + ".sock")):
@@ -937,10 +993,13 @@ def list_pools():
 
 
 def main(argv=None):
-    """`serve KEY MODULES`: be a pool; `list`, `stop`: this user's pools here, as JSON."""
+    """`serve KEY MODULES`: be a pool; `hold`: be the environment's pool unless one runs;
+    `list`, `stop`: this user's pools here, as JSON."""
     argv = sys.argv[1:] if argv is None else argv
     if argv and argv[0] == "serve":
         return serve_main(argv[1:])
+    if argv and argv[0] == "hold":
+        return hold_main()
     if argv and argv[0] in ("list", "stop"):
         try:
             pools = list_pools() if argv[0] == "list" else stop_pools()
@@ -949,7 +1008,7 @@ def main(argv=None):
             return 1
         print(json.dumps(pools))
         return 0
-    print("usage: pool.py serve KEY MODULES | list | stop", file=sys.stderr)
+    print("usage: pool.py serve KEY MODULES | hold | list | stop", file=sys.stderr)
     return 2
 
 

@@ -15,7 +15,7 @@ from jupyter_dist.diagnose import network
 from jupyter_dist.diagnose.stall import DEFAULT_STALL_TIMEOUT_S
 from jupyter_dist.errors import NodeError, SpecError
 from jupyter_dist.events import JobListener, JobResult
-from jupyter_dist.node_side.agent import HOOK_FOLDER, POOL_MODULE
+from jupyter_dist.node_side.agent import HOOK_FOLDER, POOL_FILE
 from jupyter_dist.nodes import Inventory, Node
 from jupyter_dist.plan import LaunchPlan, plan, port_requests
 from jupyter_dist.run import preload_memory
@@ -31,8 +31,6 @@ STACK_HOOK_FILE = f"{HOOK_FOLDER}/sitecustomize.py"
 REPORT_FILE = f"{HOOK_FOLDER}/distrun.py"
 # And node_side/debugger.py, what PYTHONBREAKPOINT names in every rank (the agent sets it).
 DEBUGGER_FILE = f"{HOOK_FOLDER}/distrun_debug.py"
-# And node_side/pool.py, where the job preloads modules: the agent starts the node's pool.
-POOL_FILE = f"{HOOK_FOLDER}/{POOL_MODULE}.py"
 
 
 def _gpus_as_default(spec: JobSpec, nodes: list[Node]) -> JobSpec:
@@ -79,7 +77,6 @@ def make_plan(
         job_id = job_id or store.new_job_id()
         if hold_ports is not None:  # before they are checked: a holder is named, not a bind
             hold_ports(job_id, _fixed_ports(spec, nodes))
-        remembered = _preload_notes(spec, chosen, remembered)
         launch_plan = _plan_attempt(spec, nodes, chosen, job_id, extra_files, stdin)
         if remembered:
             launch_plan = dataclasses.replace(launch_plan, remembered=list(remembered))
@@ -89,19 +86,6 @@ def make_plan(
     except BaseException:
         chosen.release()
         raise
-
-
-def _preload_notes(spec: JobSpec, chosen: Backend, remembered: list[str] | None) -> list[str]:
-    """What the plan says of the job's preload: `remembered` (preload_memory.taken), or,
-    where the backend's pools die with the process that started them, that its ranks
-    start cold."""
-    if chosen.pools_outlive_their_starter or spec.preload is None or not spec.preload.modules:
-        return list(remembered or [])
-    return [
-        f"preload: {', '.join(spec.preload.modules)} not used: on {chosen.name} nodes a "
-        "pool ends with the process that started it, and the node's other ranks with it; "
-        "the ranks start cold"
-    ]
 
 
 def _plan_attempt(
@@ -115,8 +99,6 @@ def _plan_attempt(
 ) -> LaunchPlan:
     """One attempt's plan on checked nodes: free ports found now, the stack hook added,
     DISTRUN_RESTART_COUNT set (`make_plan` gives the first; a restart asks again)."""
-    if not chosen.pools_outlive_their_starter:  # said by _preload_notes
-        spec = spec.model_copy(update={"preload": None})
     ports = chosen.choose_ports(port_requests(spec, nodes), nodes)
     # Every node gets the startup hook that lets any Python of the job dump its stacks.
     files = {

@@ -37,7 +37,7 @@ from jupyter_server.utils import url_path_join
 from tornado import web
 
 from jupyter_dist.backends import inventory_backend
-from jupyter_dist.backends.node_pools import pools_on_nodes
+from jupyter_dist.backends.node_pools import pools_for_jobs
 from jupyter_dist.debug_console import OwnerLink, listed
 from jupyter_dist.describe import inspect_rows, job_summary
 from jupyter_dist.diagnose.meters import SERIES_POINTS, STORE_EVERY_S, node_series
@@ -100,7 +100,7 @@ def _health(inventory: Inventory) -> dict[str, Any]:
 
 
 def _pools(inventory: Inventory) -> dict[str, Any]:
-    answers = pools_on_nodes(inventory, "list")
+    answers = pools_for_jobs(inventory, "list")  # inside an allocation, its nodes
     return {"nodes": [{"node": a.node, "pools": a.pools, "problem": a.problem} for a in answers]}
 
 
