@@ -144,6 +144,10 @@ def _write_conf(cluster: SlurmCluster, controller_ip: str, ports: tuple[int, int
         for n in cluster.nodes
     ]
     names = ",".join(n.name for n in cluster.nodes)
+    # MinJobAge=0 keeps every ended job's record (a test cluster runs a few hundred): with
+    # Slurm's default (300 s), `sbatch --wait` polls after 2, 8 and then every 32 s (its
+    # backoff stops growing below MinJobAge, so a record is not purged between two polls),
+    # and a 12-second job took 42 s to be seen ended. Without purging it polls every 2 s.
     cluster.conf.write_text(
         "\n".join([
             "ClusterName=distrun",
@@ -167,6 +171,7 @@ def _write_conf(cluster: SlurmCluster, controller_ip: str, ports: tuple[int, int
             "SelectTypeParameters=CR_Core",
             "ReturnToService=2",
             "KillWait=5",
+            "MinJobAge=0",
             "MpiDefault=none",
             "AccountingStorageType=accounting_storage/none",
             "JobAcctGatherType=jobacct_gather/none",
