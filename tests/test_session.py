@@ -4,9 +4,11 @@ fails the cell, not the session; stopping leaves nothing."""
 
 from __future__ import annotations
 
+import contextlib
 import os
 import re
 import time
+from pathlib import Path
 
 import pytest
 from helpers import (
@@ -373,3 +375,44 @@ def test_an_interrupt_while_a_cell_is_handed_over_interrupts_it_on_every_rank(st
     finally:
         session.stop()
     assert job_processes(session.job.job_id) == []
+
+
+def _pipes(pid: int) -> dict[str, int]:
+    """The pipes process `pid` holds open: `pipe:[INODE]` -> its descriptor."""
+    held = {}
+    for fd in os.listdir(f"/proc/{pid}/fd"):
+        with contextlib.suppress(OSError):
+            target = os.readlink(f"/proc/{pid}/fd/{fd}")
+            if target.startswith("pipe:"):
+                held[target] = int(fd)
+    return held
+
+
+def test_a_local_ranks_cells_reach_it_without_its_agent(store):
+    """On local nodes each rank reads its cells from a pipe of its own that the launcher
+    writes to: its agent holds no end of it (a relay through the agent woke one more
+    process per rank on every warm cell). The pipe goes with the session."""
+    session = Session.start(
+        parse_spec("command: unused\nresources: {instance_count: 2}\n"),
+        store=store,
+    )  # fmt: skip
+    try:
+        commands = {p: Path(f"/proc/{p}/cmdline").read_text()
+                    for p in job_processes(session.job.job_id)}  # fmt: skip
+        ranks = [p for p, c in commands.items() if "session_worker" in c and "agent" not in c]
+        assert len(ranks) == 2, ranks
+        inputs = []
+        for rank in ranks:
+            stdin = os.readlink(f"/proc/{rank}/fd/0")
+            assert stdin.startswith("pipe:"), stdin
+            agent = int(Path(f"/proc/{rank}/stat").read_text().rsplit(")", 1)[1].split()[1])
+            assert "agent.py" in Path(f"/proc/{agent}/cmdline").read_text()
+            assert stdin not in _pipes(agent)  # the agent relays nothing
+            assert stdin in _pipes(os.getpid())  # the launcher writes it
+            inputs.append(stdin)
+        result = session.run_cell("import os\nprint('rank', os.environ['RANK'])\n")
+        assert result.ok and len(result.reports) == 2, result
+    finally:
+        session.stop()
+    assert job_processes(session.job.job_id) == []
+    assert not set(inputs) & set(_pipes(os.getpid()))  # closed once the ranks ended

@@ -77,11 +77,20 @@ def agents_say(
 
 
 def agent_argv(
-    python: str, agent_path: str, cwd: str, argv: list[str], grace: float, stdin: bool = False
+    python: str,
+    agent_path: str,
+    cwd: str,
+    argv: list[str],
+    grace: float,
+    stdin: bool = False,
+    stdin_fd: int | None = None,
 ) -> list[str]:
     """The agent running `argv`, reporting its usage every USAGE_EVERY_S; with `stdin`, the
-    process reads what `feed` sends it."""
+    process reads what `feed` sends it: relayed by the agent, or with `stdin_fd` (a pipe's
+    reading end the agent inherits) straight from that pipe."""
     wants = ["--stdin"] if stdin else []
+    if stdin and stdin_fd is not None:
+        wants = ["--stdin-fd", str(stdin_fd)]
     timing = ["--grace", f"{grace:g}", "--usage", f"{USAGE_EVERY_S:g}"]
     return [python, agent_path, "--cwd", cwd, *timing, *wants, "--", *argv]
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shlex
 import subprocess
@@ -48,10 +49,20 @@ def free_port() -> int:
 class LocalProcess(AgentProcess):
     """A process on this machine, started through the node agent."""
 
-    def __init__(self, popen: subprocess.Popen, label: str):
+    def __init__(self, popen: subprocess.Popen, label: str, feed: int | None = None):
         super().__init__()
         self.popen = popen
         self.label = label
+        self._feed = feed  # the process's own stdin, where the agent does not relay it
+
+    def feed(self, data: bytes) -> None:
+        if self._feed is None:
+            return super().feed(data)
+        # OSError: it closed its input or ended, which its exit tells.
+        with self._stdin_lock, contextlib.suppress(OSError):
+            view = memoryview(data)
+            while view and self._feed is not None:
+                view = view[os.write(self._feed, view) :]
 
     def _read(self, stream: str) -> bytes:
         pipe = self.popen.stdout if stream == "stdout" else self.popen.stderr
@@ -66,6 +77,9 @@ class LocalProcess(AgentProcess):
 
     def _close_stdin(self) -> None:
         self.popen.stdin.close()
+        if self._feed is not None:  # under _stdin_lock (AgentProcess._send)
+            os.close(self._feed)
+            self._feed = None
 
     def _wait(self) -> int:
         return self.popen.wait()
@@ -85,6 +99,10 @@ class LocalBackend(Backend):
     srun) subclasses it and changes `_argv` and `_handle`."""
 
     name = "local"
+    # A process that reads stdin (a warm session's rank) gets a pipe of its own from here,
+    # which the agent passes on: a cell reaches the rank without waking the agent (a
+    # relay per rank per cell, on the path every warm cell waits on). Not through srun.
+    feeds_directly = True
 
     def acquire(self, spec: JobSpec, inventory: Inventory, workdir: str, cwd: str) -> list[Node]:
         """Local nodes, whatever the inventory holds (`--backend local` forces them)."""
@@ -106,26 +124,48 @@ class LocalBackend(Backend):
         write_plan_files(plan, nodes)
 
     def start(self, proc: ProcessPlan, node: Node, grace: float) -> LocalProcess:
-        popen = subprocess.Popen(
-            self._argv(proc, node, grace),
-            env={**os.environ, **proc.env},
-            stdin=subprocess.PIPE,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE,
-            start_new_session=True,  # a Ctrl-C in the terminal reaches us, not the ranks
-        )
-        return self._handle(popen, proc, node)
+        feed = None
+        if proc.stdin and self.feeds_directly:  # its input straight from here, not relayed
+            reading, feed = os.pipe()
+            argv = self._argv(proc, node, grace, stdin_fd=reading)
+        else:
+            argv = self._argv(proc, node, grace)
+        try:
+            popen = subprocess.Popen(
+                argv,
+                env={**os.environ, **proc.env},
+                stdin=subprocess.PIPE,
+                stdout=subprocess.PIPE,
+                stderr=subprocess.PIPE,
+                start_new_session=True,  # a Ctrl-C in the terminal reaches us, not the ranks
+                pass_fds=() if feed is None else (reading,),
+            )
+        except BaseException:
+            if feed is not None:
+                os.close(feed)
+            raise
+        finally:
+            if feed is not None:
+                os.close(reading)
+        return self._handle(popen, proc, node, feed)
 
     def command_line(self, proc: ProcessPlan, node: Node, grace: float) -> str:
         env_words = [f"{name}={value}" for name, value in proc.env.items()]
         return shlex.join(["env", *env_words, *self._argv(proc, node, grace)])
 
-    def _argv(self, proc: ProcessPlan, node: Node, grace: float) -> list[str]:
-        """What this machine runs to start `proc`: its agent, here."""
-        return agent_argv(sys.executable, str(AGENT_SOURCE), proc.cwd, proc.argv, grace, proc.stdin)
+    def _argv(
+        self, proc: ProcessPlan, node: Node, grace: float, stdin_fd: int | None = None
+    ) -> list[str]:
+        """What this machine runs to start `proc`: its agent, here (`stdin_fd`: the pipe
+        its process reads as stdin, inherited)."""
+        return agent_argv(
+            sys.executable, str(AGENT_SOURCE), proc.cwd, proc.argv, grace, proc.stdin, stdin_fd
+        )
 
-    def _handle(self, popen: subprocess.Popen, proc: ProcessPlan, node: Node) -> LocalProcess:
-        return LocalProcess(popen, proc.label)
+    def _handle(
+        self, popen: subprocess.Popen, proc: ProcessPlan, node: Node, feed: int | None = None
+    ) -> LocalProcess:
+        return LocalProcess(popen, proc.label, feed)
 
     def collect(self, node: Node, folder: str) -> dict[str, bytes]:
         return read_folder(folder)

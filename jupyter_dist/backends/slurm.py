@@ -162,6 +162,7 @@ class SlurmBackend(LocalBackend):
     backend's, with srun in front)."""
 
     name = "slurm"
+    feeds_directly = False  # its agents run on the nodes, beyond srun: they relay
     options = SLURM_OPTIONS
 
     def __init__(self, job_id: str | None = None, report=None) -> None:
@@ -360,11 +361,15 @@ class SlurmBackend(LocalBackend):
             "--ntasks=1", "--overlap", "--kill-on-bad-exit=1", "--quiet",
         ]  # fmt: skip
 
-    def _argv(self, proc: ProcessPlan, node: Node, grace: float) -> list[str]:
+    def _argv(
+        self, proc: ProcessPlan, node: Node, grace: float, stdin_fd: int | None = None
+    ) -> list[str]:
         agent = agent_argv(node.python, str(AGENT_SOURCE), proc.cwd, proc.argv, grace, proc.stdin)
         return [*self._step(node), *agent]
 
-    def _handle(self, popen: subprocess.Popen, proc: ProcessPlan, node: Node) -> SlurmProcess:
+    def _handle(
+        self, popen: subprocess.Popen, proc: ProcessPlan, node: Node, feed: int | None = None
+    ) -> SlurmProcess:
         return SlurmProcess(popen, f"{proc.label} on {node.name}")
 
     def run_on_node(

@@ -3,7 +3,8 @@
 Standard library only, Python 3.8+: it is copied to SSH nodes as a single file and run with
 the node's Python. Usage::
 
-    python agent.py [--cwd DIR] [--grace SECONDS] [--stdin] [--usage SECONDS] -- COMMAND...
+    python agent.py [--cwd DIR] [--grace SECONDS] [--stdin | --stdin-fd N] [--usage SECONDS]
+                    -- COMMAND...
     python agent.py --sweep JOB_ID     (kill what is left of a job on this machine)
     python agent.py --term JOB_ID      (SIGTERM the job's MPI ranks that no agent holds)
 
@@ -18,7 +19,8 @@ or `HANDSHAKE failed REASON` and exit 127 without an exit report). Then it reads
 - `kill`: SIGKILL to the process tree at once;
 - `int`: SIGINT to the process (a warm session's rank: KeyboardInterrupt in its cell);
 - `feed BASE64`: these bytes to the process's standard input (with `--stdin`; without it,
-  the process's stdin is /dev/null);
+  the process's stdin is /dev/null; with `--stdin-fd N`, the process reads inherited
+  descriptor N, a pipe the launcher writes to itself, and the agent keeps no end of it);
 - end of input (the launcher died, the SSH connection dropped): as `term`.
 
 With `--usage S`, every S seconds it also reports what its process tree uses (and while it
@@ -729,8 +731,9 @@ class GpuUsage:
 
 
 class Agent:
-    def __init__(self, command, cwd, grace, stdin=False, usage_every=0.0):
+    def __init__(self, command, cwd, grace, stdin=False, usage_every=0.0, stdin_fd=None):
         self.command = command
+        self.stdin_fd = stdin_fd
         self.usage_every = usage_every
         self.stdin = stdin
         self.cwd = cwd
@@ -786,7 +789,7 @@ class Agent:
         try:
             self.child = subprocess.Popen(
                 self.command, cwd=self.cwd, env=env,
-                stdin=subprocess.PIPE if self.stdin else subprocess.DEVNULL,
+                stdin=self._child_stdin(),
                 start_new_session=True,
                 preexec_fn=cgroup.enter if cgroup else None,  # no thread runs yet: safe
             )  # fmt: skip
@@ -795,6 +798,8 @@ class Agent:
                 cgroup.remove()
             sys.stderr.write(f"distrun agent: cannot start {self.command[0]!r}: {exc}\n")
             return False
+        if self.stdin_fd is not None:
+            os.close(self.stdin_fd)  # the process holds the only reading end now
         if cgroup is not None and self.child.pid not in cgroup.pids():
             cgroup.remove()  # the move was refused: the subreaper and the links it is
             cgroup = None
@@ -802,6 +807,11 @@ class Agent:
         self.tree = Tree(self.child.pid, token, cgroup, forked)
         self.oom = OomWatch(cgroup.folder if cgroup else None)
         return True
+
+    def _child_stdin(self):
+        if self.stdin_fd is not None:  # the launcher writes to it itself (the local backend)
+            return self.stdin_fd
+        return subprocess.PIPE if self.stdin else subprocess.DEVNULL
 
     def _refuse(self, reason):
         sys.stderr.write(f"{HANDSHAKE} failed {reason}\n")
@@ -1028,12 +1038,14 @@ def sweep(job_id):
 
 
 def parse(argv):
-    cwd, grace, stdin, usage_every = None, 5.0, False, 0.0
+    cwd, grace, stdin, usage_every, stdin_fd = None, 5.0, False, 0.0, None
     args = list(argv)
     while args and args[0] != "--":
         flag = args.pop(0)
         if flag == "--stdin":
             stdin = True
+        elif flag == "--stdin-fd" and args:
+            stdin_fd = int(args.pop(0))
         elif flag == "--cwd" and args:
             cwd = args.pop(0)
         elif flag == "--grace" and args:
@@ -1044,7 +1056,7 @@ def parse(argv):
             raise SystemExit(f"distrun agent: unknown option {flag!r}")
     if not args or len(args) < 2:
         raise SystemExit("distrun agent: usage: agent.py [--cwd DIR] [--grace S] -- COMMAND...")
-    return args[1:], cwd, grace, stdin, usage_every
+    return args[1:], cwd, grace, stdin, usage_every, stdin_fd
 
 
 def main():
@@ -1054,8 +1066,8 @@ def main():
     if sys.argv[1:2] == ["--term"] and len(sys.argv) == 3:
         print(" ".join(str(pid) for pid in terminate_ranks(sys.argv[2])))
         sys.exit(0)
-    command, cwd, grace, stdin, usage_every = parse(sys.argv[1:])
-    agent = Agent(command, cwd, grace, stdin, usage_every)
+    command, cwd, grace, stdin, usage_every, stdin_fd = parse(sys.argv[1:])
+    agent = Agent(command, cwd, grace, stdin, usage_every, stdin_fd)
     code = agent.run()
     # The launcher's proof that the exit code is the process's, not a dead link's: every
     # process that was announced as started gets it, whatever its code (a shell's 127 for

@@ -90,6 +90,10 @@ class Session:
         self._reports: dict[int, dict[str, dict]] = {}
         self._flushed: dict[int, set[str]] = {}  # cell -> ranks whose stderr is all in
         self._changed = threading.Condition()
+        # What the thread in _wait waits for: a rank's message wakes it only once that holds
+        # (a cell's 2 reports per rank woke it each, and each wake takes the GIL from the
+        # readers while the other ranks' reports arrive).
+        self._awaited: Callable[[], bool] | None = None
         self._running_cell: int | None = None  # quiet ranks are a stall only while set
         self._running_names: list[str] = []  # the processes that run it
         self.failed_ranks: list[int] = []  # the ranks whose last cell raised (a post-mortem's)
@@ -312,7 +316,8 @@ class Session:
                 self.memory[proc.name] = {k: report[k] for k in ("rss", "gpu") if k in report}
             elif word == "flushed":
                 self._flushed.setdefault(int(rest), set()).add(proc.name)
-            self._changed.notify_all()
+            if self._awaited is None or self._awaited():
+                self._changed.notify_all()
 
     def _wait(
         self,
@@ -323,17 +328,22 @@ class Session:
         """Until `condition` holds; SessionEnded if the job ends first, TimeoutError after
         `timeout` seconds. Short waits keep KeyboardInterrupt deliverable."""
         deadline = None if timeout is None else time.monotonic() + timeout
-        while True:
+        try:
+            while True:
+                with self._changed:
+                    self._awaited = condition
+                    if condition():
+                        break
+                    if self.job.done:
+                        raise SessionEnded(self.ended_message())
+                    self._changed.wait(0.1)
+                if on_tick is not None:
+                    on_tick()
+                if deadline is not None and time.monotonic() > deadline:
+                    raise TimeoutError
+        finally:
             with self._changed:
-                if condition():
-                    break
-                if self.job.done:
-                    raise SessionEnded(self.ended_message())
-                self._changed.wait(0.1)
-            if on_tick is not None:
-                on_tick()
-            if deadline is not None and time.monotonic() > deadline:
-                raise TimeoutError
+                self._awaited = None
         if on_tick is not None:
             on_tick()
 
