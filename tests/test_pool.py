@@ -427,3 +427,34 @@ def test_a_wrong_preload_is_one_line_naming_it(preload, error, tmp_path):
     assert done.returncode != 0
     assert error in done.stderr and "Traceback" not in done.stderr
     assert len(done.stderr.strip().splitlines()) == 1, done.stderr
+
+
+def test_a_pool_whose_socket_another_pool_took_ends_and_a_start_waits_until_it_answers(
+    tmpdir_for_pools, monkeypatch
+):
+    """Two starts of one node's pool (the second agent found the first not answering yet):
+    the second pool takes the socket's path, and the first, which no job can reach any
+    more, ends by itself within seconds, not after its idle time (it was left running
+    past its job under load). A start returns once its pool answers, not once its socket
+    exists (the window between bind and listen let the next agent start a second pool)."""
+    import sys
+
+    monkeypatch.setenv("TMPDIR", str(tmpdir_for_pools))
+    env = {**os.environ, "TMPDIR": str(tmpdir_for_pools)}
+    key = pool_module.pool_key(sys.executable, ["json"], [])
+    info = Path(pool_module.socket_path(key)[: -len(".sock")] + ".json")
+    pool_module._start_pool(sys.executable, key, ["json"], env)
+    assert pool_module._answers(pool_module.socket_path(key))
+    first = json.loads(info.read_text())["pid"]
+    pool_module._start_pool(sys.executable, key, ["json"], env)  # the start that lost
+    deadline = time.monotonic() + 30  # (the first answered its wait: the second comes)
+    while (second := json.loads(info.read_text())["pid"]) == first:
+        assert time.monotonic() < deadline, "the second pool never took the socket"
+        time.sleep(0.05)
+    assert pool_module._answers(pool_module.socket_path(key))
+    assert second != first and _alive(first) and _alive(second)
+    assert _ends(first, within=pool_module.OWNED_CHECK_S + 10)
+    assert _alive(second)  # the node's pool, which the next job finds
+    stopped = run_cli("pool", "stop", env=env)
+    assert stopped.returncode == 0, stopped.stderr
+    assert _ends(second)

@@ -64,6 +64,10 @@ HELD_VAR = "DISTRUN_POOL_HELD"
 _LOCK_FD_VAR = "DISTRUN_POOL_LOCK_FD"  # `hold` to `serve`: the start lock it holds
 IDLE_VAR = "DISTRUN_POOL_IDLE"  # seconds a pool waits, idle, before it ends
 IDLE_S = 600
+# How often an idle pool looks whether its socket is still its own: one whose socket another
+# pool took (a start that lost a race) serves nobody, and ends once its last rank ends.
+OWNED_CHECK_S = 5.0
+START_WAIT_S = 30.0  # how long an agent that started the node's pool waits for it to listen
 ROOM_VAR = "DISTRUN_POOL_ROOM"  # the pool's empty room for a rank's environment
 ENV_ROOM = 96 * 1024  # bytes: in two variables (Linux takes at most 128 KiB in one)
 ARGV_ROOM = 4096  # bytes of command line a rank may have
@@ -289,12 +293,13 @@ class Pool:
         while True:
             if self.ranks:
                 timeout = None
-            elif self.stale:
+            elif self.stale or not self._owns_socket():
                 return None
             else:
                 timeout = last + self.idle - time.monotonic()
                 if timeout <= 0:
                     return None
+                timeout = min(timeout, OWNED_CHECK_S)
             for key, _ in self.selector.select(timeout):
                 if key.data == "listen":
                     rank = self._accept()
@@ -310,6 +315,14 @@ class Pool:
                         self.write_info()
                 else:
                     self._from_front(key.data)
+
+    def _owns_socket(self):
+        """Whether the socket at its path is still the one it bound (no other pool of the
+        same key took the path: no job can reach this one any more)."""
+        try:
+            return os.stat(self.path).st_ino == self.inode
+        except OSError:
+            return False
 
     def _on_signal(self, signum, _frame):
         if signum != signal.SIGCHLD:
@@ -890,9 +903,12 @@ def _start_pool(python, key, modules, env):
              "start_new_session=True, close_fds=True)", *argv],
             stdin=null_in, stdout=null_out, stderr=null_out, env=env, check=True, timeout=30,
         )  # fmt: skip
+    # Until it answers, not until its socket exists: between the pool's bind and its
+    # listen, a probe is refused, and the next agent (the lock freed) started a second
+    # pool that took the path, leaving this one serving its first ranks and then nobody.
     path = socket_path(key)
-    deadline = time.monotonic() + 10
-    while not os.path.exists(path) and time.monotonic() < deadline:
+    deadline = time.monotonic() + START_WAIT_S
+    while not _answers(path) and time.monotonic() < deadline:
         time.sleep(0.005)
 
 
