@@ -15,10 +15,11 @@ reply, as a front end sees it:
   cells, in the view a front end without widgets gets (`text`) and in the live view
   (`widget`, the default in JupyterLab: its messages are sent whether or not a page draws
   them).
-- nbdistributed: `%dist_init -n R`, then `%%distributed` cells.
+- nbdistributed: `%dist_init -n R`, then `%%distributed` cells; and again with its own
+  100 ms poll cut to 1 ms (`nbdistributed (fast)`: what its fast runs show, the baseline).
 - The floor: `x = 1` in the kernel itself, no rank involved.
 
-Prints each median, and the ratio jupyter-dist / nbdistributed per cell. Goal: <= 1.0.
+Prints each median, and the ratio jupyter-dist / nbdistributed (fast) per cell. Goal: <= 1.0.
 Beside each, the CPU a cell took, per cell: the kernel's own, and the rest of its process
 tree's (ranks, agents, workers: both tools start theirs under the kernel): on 2 cores, what
 the kernel spends is taken from the ranks.
@@ -27,6 +28,7 @@ the kernel spends is taken from the ranks.
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import os
 import re
@@ -141,8 +143,24 @@ def jupyter_dist(rounds: int, ranks: int, view: str, cpu: dict) -> dict[str, flo
     return {"x = 1": trivial, "ddp step": step}
 
 
-def nbdistributed(rounds: int, ranks: int, cpu: dict) -> dict[str, float]:
+# nbdistributed runs a cell in a thread and looks whether it ended every 100 ms
+# (`time.sleep(0.1)` in its magic): a cell that has not ended at the first look takes
+# 100 ms or more (its slow runs), one that has takes its own round trip (its fast runs).
+# Its fast figure, on any machine: its own sleeps, and only those, cut to 1 ms.
+FAST_NBDISTRIBUTED = """
+import sys, time
+_sleep = time.sleep
+def _sleep_briefly(seconds):
+    caller = sys._getframe(1).f_globals.get("__name__", "")
+    _sleep(min(seconds, 0.001) if caller.startswith("nbdistributed") else seconds)
+time.sleep = _sleep_briefly
+"""
+
+
+def nbdistributed(rounds: int, ranks: int, cpu: dict, fast: bool = False) -> dict[str, float]:
     with kernel() as kc:
+        if fast:
+            run(kc, FAST_NBDISTRIBUTED)
         run(kc, "%load_ext nbdistributed")
         run(kc, f"%dist_init -n {ranks}")
         try:
@@ -178,24 +196,26 @@ def main() -> None:
             ("jupyter-dist (text)", jupyter_dist, ("text",)),
             ("jupyter-dist (widget)", jupyter_dist, ("widget",)),
             ("nbdistributed", nbdistributed, ()),
+            ("nbdistributed (fast)", functools.partial(nbdistributed, fast=True), ()),
         )
     }
     found = {"rounds": args.rounds, "ranks": args.ranks, "kernel_floor_ms": floor, **figures,
              "cpu_ms_per_cell": cpu}  # fmt: skip
     print(json.dumps(_rounded(found)))
     print(f"the kernel alone, x = 1: {floor:.1f} ms")
-    base = figures["nbdistributed"]
+    # Against its fast runs: its slow ones only measure its 100 ms poll.
+    base = figures["nbdistributed (fast)"]
     for name, cells in figures.items():
         shown = ", ".join(
             f"{cell} {ms:.1f} ms"
-            + ("" if name == "nbdistributed" else f" ({ms / base[cell]:.2f}x)")
+            + ("" if name.startswith("nbdistributed") else f" ({ms / base[cell]:.2f}x)")
             for cell, ms in cells.items()
         )
         print(f"{name}: {shown}")
         for cell, used in cpu[name].items():
             spent = ", ".join(f"{who} {ms:.1f}" for who, ms in used.items())
             print(f"    CPU per {cell!r} cell (ms): {spent}")
-    print("goal: jupyter-dist / nbdistributed <= 1.0 for both cells")
+    print("goal: jupyter-dist / nbdistributed (fast) <= 1.0 for both cells")
 
 
 if __name__ == "__main__":

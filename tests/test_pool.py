@@ -429,6 +429,7 @@ def test_a_wrong_preload_is_one_line_naming_it(preload, error, tmp_path):
     assert len(done.stderr.strip().splitlines()) == 1, done.stderr
 
 
+@pytest.mark.slow
 def test_a_pool_whose_socket_another_pool_took_ends_and_a_start_waits_until_it_answers(
     tmpdir_for_pools, monkeypatch
 ):
