@@ -331,8 +331,8 @@ class Pool:
     def stop_taking(self):
         """Take no new rank: the socket goes (a later job starts a new pool)."""
         self.stale = True
-        with contextlib.suppress(OSError):
-            if os.stat(self.path).st_ino == self.inode:
+        if self._owns_socket():
+            with contextlib.suppress(OSError):
                 os.unlink(self.path)
         with contextlib.suppress(KeyError, ValueError):
             self.selector.unregister(self.listener)

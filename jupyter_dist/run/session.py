@@ -328,10 +328,11 @@ class Session:
         """Until `condition` holds; SessionEnded if the job ends first, TimeoutError after
         `timeout` seconds. Short waits keep KeyboardInterrupt deliverable."""
         deadline = None if timeout is None else time.monotonic() + timeout
+        with self._changed:
+            self._awaited = condition
         try:
             while True:
                 with self._changed:
-                    self._awaited = condition
                     if condition():
                         break
                     if self.job.done:
