@@ -595,3 +595,29 @@ def test_an_agents_look_at_its_tree_reads_its_own_processes_not_the_whole_machin
     assert set(found["first"]) <= set(found["reads"]), found
     assert not set(found["strangers"]) & set(found["reads"]), found  # known: not read again
     assert len(found["after"]) == 3, found
+
+
+@pytest.mark.slow
+def test_a_job_whose_ranks_end_together_finishes_once(store):
+    """Sixteen ranks leave at the same moment: each rank's watcher may see the job end, and
+    only one finishes it (one sweep, one copy of its outputs, one `on_finish`). Two did, in
+    about a third of such jobs, and two copies of a Ray node's outputs overran its limit.
+    Three jobs: the old code finished one of them twice in three runs of four."""
+
+    class Finishes(JobListener):
+        def __init__(self):
+            self.results = []
+
+        def on_finish(self, result):
+            self.results.append(result)
+
+    for _ in range(3):
+        finishes = Finishes()
+        at = time.time() + 3  # after every rank has started
+        wait = f"import time; time.sleep(max(0.0, {at} - time.time()))"
+        job = launch(_spec(f"{PY} -c {shlex.quote(wait)}", per_node=8), store=store,
+                     listeners=[finishes])  # fmt: skip
+        result = job.wait(60)
+        assert result is not None and result.state == "succeeded", result.describe()
+        time.sleep(0.3)  # a second finish would have come by now
+        assert len(finishes.results) == 1, finishes.results

@@ -154,6 +154,9 @@ class Job(Listened):
         self._stopping = False
         self._stop_started: float | None = None  # when we began stopping (epoch seconds)
         self._starting = False
+        # Set by the one thread that finishes the job: every rank's watcher may see the last
+        # rank end, and only one may sweep, copy the outputs and tell the listeners.
+        self._finishing = False
         self._done = threading.Event()
         self._result: JobResult | None = None
         self.usage: dict[str, dict] = {}  # process name -> its agent's last usage report
@@ -744,7 +747,7 @@ class Job(Listened):
 
     def _finish_when_all_gone(self) -> None:
         with self._state_lock:
-            if self._done.is_set() or self._starting or self._restarting:
+            if self._finishing or self._starting or self._restarting:
                 return
             if any(p.state == "running" for p in self.processes.values()):
                 return
@@ -773,6 +776,7 @@ class Job(Listened):
                 previous = None
                 self.state = final
                 self.ended = time.time()
+                self._finishing = True
         if previous is not None:
             self._begin_restart(previous)
             return
