@@ -114,8 +114,13 @@ _CPU_AT_START = pytest.StashKey[tuple[float, float]]()
 @pytest.hookimpl(hookwrapper=True)
 def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo):
     """The teardown's report carries the machine's busy and total CPU seconds over the
-    test's whole run (as a user property: pytest-xdist brings it to the controller)."""
+    test's whole run (as a user property: pytest-xdist brings it to the controller). A
+    failed Ray test's report carries the ends of Ray Client's server logs."""
     outcome = yield
+    cluster = getattr(item, "funcargs", {}).get("ray_cluster")
+    if call.when == "call" and cluster is not None and outcome.get_result().failed:
+        # Ray Client's failures name a log on the head that goes with the cluster.
+        outcome.get_result().sections.append(("Ray Client's server logs", cluster.server_logs()))
     start = item.stash.get(_CPU_AT_START, None)
     if call.when == "teardown" and start is not None and start[1]:
         busy, total = _machine_cpu()

@@ -135,6 +135,20 @@ class RayCluster:
                 return ""  # no answer in time, or the driver ended
             self._pending += data
 
+    def server_logs(self, newest: int = 3, lines: int = 30) -> str:
+        """The ends of Ray Client's server logs on the head (the proxy's and the newest
+        per-client servers'): what a failed connection's "see ray_client_server_PORT.err"
+        points to, for a failed test's report."""
+        logs = self.temp_dir / "session_latest" / "logs"
+        found = sorted(logs.glob("ray_client_server_*.err"), key=lambda p: p.stat().st_mtime)
+        chosen = [logs / "ray_client_server.err", *found[-newest:]]
+        said = []
+        for path in chosen:
+            with contextlib.suppress(OSError):
+                tail = path.read_text(errors="replace").splitlines()[-lines:]
+                said.append(f"--- {path.name} ---\n" + "\n".join(tail))
+        return "\n".join(said)
+
     def close_driver(self) -> None:
         if self.driver is None:
             return

@@ -80,7 +80,9 @@ WITHDRAW_WAIT_S = 10.0  # after Ctrl-C, how long the placing thread gets to give
 RELEASE_WAIT_S = 30.0  # how long giving the actors and the placement back may take
 PUT_BYTES = 16 << 20  # the most of the job's files one actor call carries
 
-CONNECT_TRIES = 3
+# Between tries of a connection Ray Client's server could not give (it starts a process per
+# client, and on a busy head that start fails now and then, for seconds at a time).
+CONNECT_RETRY_DELAYS_S = (1.0, 2.0, 4.0, 8.0)
 REACH_TIMEOUT_S = 10.0  # how long the head's port gets to accept a connection
 # Ray Client's server could not start its per-client process (it answers either way).
 _TRANSIENT = ("Starting Ray client server failed", "Initialization failure from server")
@@ -118,7 +120,7 @@ def connect(address: str):
         _check_reachable(address)
         # Sent by value: the Ray nodes need nothing of jupyter-dist to run the actor.
         ray.cloudpickle.register_pickle_by_value(ray_host)
-        for attempt in range(CONNECT_TRIES):
+        for delay in (*CONNECT_RETRY_DELAYS_S, None):
             try:
                 with warnings.catch_warnings():  # Ray Client's timeout warning: our line says it
                     warnings.simplefilter("ignore", UserWarning)
@@ -126,10 +128,9 @@ def connect(address: str):
                 break
             except Exception as exc:  # Ray's own words, on one line
                 said = " ".join(str(exc).split()) or type(exc).__name__
-                # Ray Client's server starts a process per client; on a busy head that start
-                # sometimes fails once, and works when asked again (as a user would).
-                if any(word in said for word in _TRANSIENT) and attempt + 1 < CONNECT_TRIES:
-                    time.sleep(1.0)
+                # Asked again, later each time, as a user would (CONNECT_RETRY_DELAYS_S).
+                if any(word in said for word in _TRANSIENT) and delay is not None:
+                    time.sleep(delay)
                     continue
                 hint = _token_hint() if any(w in said for w in _NOT_LET_IN) else ""
                 raise NodeError(f"ray: cannot connect to {address}: {said[:300]}{hint}") from None
