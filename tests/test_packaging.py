@@ -45,6 +45,7 @@ def test_wheel_and_sdist_carry_the_built_lab_extension_and_the_license(dist: Pat
     assert data + "etc/jupyter/jupyter_server_config.d/jupyter_dist.json" in names
     assert "jupyter_dist/server/handlers.py" in names
     assert "jupyter_dist/widgets/live.css" in names
+    assert "jupyter_dist/widgets/live_loader.js" in names
     assert not any("node_modules" in n or n.startswith("jupyter_dist/labextension") for n in names)
     assert "jupyter_dist-0.1.0.dist-info/licenses/LICENSE" in names
     assert "License-Expression: BSD-3-Clause" in metadata

@@ -102,8 +102,9 @@ def test_auto_picks_the_widget_under_a_jupyter_server(kernel_env, monkeypatch):
 
 
 @pytest.mark.skipif(shutil.which("node") is None, reason="node is not installed")
-def test_front_end_module_parses():
-    source = Path(live.__file__).with_name("live.js")
+@pytest.mark.parametrize("name", ["live.js", "live_loader.js"])
+def test_front_end_module_parses(name):
+    source = Path(live.__file__).with_name(name)
     done = subprocess.run(["node", "--check", str(source)], capture_output=True, text=True)
     assert done.returncode == 0, done.stderr
 
@@ -281,12 +282,16 @@ def test_a_session_cell_has_a_live_view_of_its_own_ranks_and_lines(kernel_env):
 def test_a_warm_cells_view_reaches_the_page_settled_in_one_opening_message(kernel_env):
     """A session cell that ends within LIVE_AFTER_S: the page hears of its view once, as
     it ended (the comm's opening message carries the final state), then its lines, then the
-    display; no state update follows (there were two, and one open as running, before)."""
+    display; no state update follows (there were two, and one open as running, before).
+    The view's code came once, with the kernel's first view (LiveCode): the cell's opening
+    message carries a loader that names it, not live.js and live.css (68 KB a cell)."""
+    earlier: list[dict] = []
     with running_kernel() as (_km, kc):
         for code in ("%config DistrunMagics.view = 'widget'",
                      "%distrun session start --nodes 2",
                      "%%distrun\nimport os\nrank = int(os.environ['RANK'])"):  # fmt: skip
-            assert kc.execute_interactive(code, timeout=120)["content"]["status"] == "ok"
+            reply = kc.execute_interactive(code, timeout=120, output_hook=earlier.append)
+            assert reply["content"]["status"] == "ok"
         heard: list[dict] = []
         reply = kc.execute_interactive(
             "%%distrun\nprint('hello from', rank)", timeout=60, output_hook=heard.append
@@ -297,6 +302,12 @@ def test_a_warm_cells_view_reaches_the_page_settled_in_one_opening_message(kerne
     opened = [m for m in heard if m["msg_type"] == "comm_open"]
     assert len(opened) == 1, kinds
     comm_id, state = opened[0]["content"]["comm_id"], opened[0]["content"]["data"]["state"]
+    assert len(json.dumps(opened[0]["content"])) < 8000
+    assert state["_esm"] == live.LiveView._esm.default_value  # the loader alone
+    code = {m["content"]["comm_id"]: m["content"]["data"]["state"]
+            for m in earlier if m["msg_type"] == "comm_open"}[state["_code"]]  # fmt: skip
+    assert code["code"] == Path(live.__file__).with_name("live.js").read_text()
+    assert code["style"] == Path(live.__file__).with_name("live.css").read_text()
     assert (state["cell"], state["state"], state["lines_total"]) == (2, "succeeded", 2)
     assert state["final"] is True  # the page's last view of this cell (distrun-final)
     assert [row["state"] for row in state["processes"]] == ["succeeded", "succeeded"]

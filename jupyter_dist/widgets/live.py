@@ -1,6 +1,8 @@
 """The live view of a running job (anywidget): the job's state and elapsed time, a chip per
 rank (its state; pick one to see its output), the output, the root cause, and the inspector
 folded under a one-line summary. Styled by live.css with JupyterLab's own variables.
+live.js and live.css reach a page once per kernel, in one LiveCode widget that every
+view names (`_code`); a view's own module is live_loader.js, which loads them from there.
 
 Lines reach the browser as deltas in custom messages, one message per tick at most (the
 cell's thread ticks about ten times a second), never re-sending history. The browser keeps
@@ -47,15 +49,42 @@ CHART_POINTS = 2000  # about the most points a chart draws per series (the brows
 _HERE = Path(__file__).parent
 
 
+class LiveCode(anywidget.AnyWidget):
+    """The live views' front-end code (live.js, live.css), sent once per kernel: each view
+    names it (`LiveView._code`) and its page loads the code from it once
+    (live_loader.js). Never shown itself. `live_code()` gives the kernel's one."""
+
+    _esm = Unicode("export default {};").tag(sync=True)
+    _anywidget_id = Unicode(f"{__name__}.LiveCode").tag(sync=True)
+    layout = Any(None, allow_none=True).tag(sync=True)
+    code = Unicode((_HERE / "live.js").read_text()).tag(sync=True)
+    style = Unicode((_HERE / "live.css").read_text()).tag(sync=True)
+
+
+_live_code: LiveCode | None = None
+_live_code_lock = threading.Lock()
+
+
+def live_code() -> LiveCode:
+    """The kernel's LiveCode, made at the first view (and again if it was closed)."""
+    global _live_code
+    with _live_code_lock:
+        if _live_code is None or _live_code.comm is None:
+            _live_code = LiveCode()
+        return _live_code
+
+
 class LiveView(anywidget.AnyWidget):
     last: LiveView | None = None  # the latest view shown, for inspection from the kernel
 
-    # The front end's code, read once, as traits of the class. Given as files, anywidget
-    # made each view a class of its own (HasTraits.add_traits) and tied it to the files'
-    # watcher for hot reloading: 1.5 ms of a warm cell's kernel time, 0.6 ms now.
-    _esm = Unicode((_HERE / "live.js").read_text()).tag(sync=True)
-    _css = Unicode((_HERE / "live.css").read_text()).tag(sync=True)
+    # The front end's code: a loader of the kernel's one LiveCode (`_code`), which holds
+    # live.js and live.css. Each view carried them once, 68 KB a cell, parsed and compiled
+    # again by the page for every cell. Traits of the class, read once: given as files,
+    # anywidget made each view a class of its own (HasTraits.add_traits) and tied it to
+    # the files' watcher for hot reloading.
+    _esm = Unicode((_HERE / "live_loader.js").read_text()).tag(sync=True)
     _anywidget_id = Unicode(f"{__name__}.LiveView").tag(sync=True)
+    _code = Unicode("").tag(sync=True)  # the model id of the kernel's LiveCode
     # No Layout widget of its own (a DOMWidget's default: a second model, comm and message
     # for every cell): live.css lays the view out; the front end takes none (null).
     layout = Any(None, allow_none=True).tag(sync=True)
@@ -106,7 +135,10 @@ class LiveView(anywidget.AnyWidget):
             "attempt": attempt_caption(job.attempt, job.attempts_allowed),
             "attempts": [attempt.summary() for attempt in job.attempts], **kwargs,
         }  # fmt: skip
-        super().__init__(job_id=job.job_id, log_dir=str(job.record.logs_dir), **kwargs)
+        super().__init__(
+            job_id=job.job_id, log_dir=str(job.record.logs_dir), _code=live_code().model_id,
+            **kwargs,
+        )  # fmt: skip
         self._job = job  # its start time, for the elapsed clock
         self._last_elapsed = 0.0
         if listener is None:
