@@ -65,14 +65,15 @@ def test_without_the_network_check_a_loopback_hostname_fails_with_a_hint(
     is on 127.0.1.1 sends the ranks to a loopback address, and the root cause's hint says
     why and what to do; `jupyter distrun plan` (the check on) says what it will set."""
     ssh_nodes = debian_ssh_nodes
-    script = tmp_path / "meet.py"
-    script.write_text(
+    code = tmp_path / "code"  # beside the nodes' own folders, not above them
+    code.mkdir()
+    (code / "meet.py").write_text(
         "import datetime, torch, torch.distributed as dist\n"
         "dist.init_process_group('gloo', timeout=datetime.timedelta(seconds=20))\n"
         "dist.all_reduce(torch.ones(1))\nprint('met')\n"
     )
     body = (
-        f"code: {tmp_path}\ncommand: python meet.py\n"
+        f"code: {code}\ncommand: python meet.py\n"
         "environment_variables: {OMP_NUM_THREADS: '1'}\nresources: {instance_count: 2}\n"
     )
     spec_file = tmp_path / "job.yml"
@@ -308,7 +309,11 @@ def test_hostile_environment_values_arrive_byte_for_byte(ssh_nodes, store, tmp_p
         assert not_private(node.workdir / result.job_id) == []
 
 
-def test_code_is_shipped_once_and_synced_by_change(ssh_nodes, tmp_path):
+def test_code_is_shipped_once_and_synced_by_change(ssh_nodes, tmp_path, monkeypatch):
+    """Only what changed travels; a file removed goes from the node too, also one removed
+    between the folder's listing and its copy (a folder that changes while it ships)."""
+    from jupyter_dist.backends import ssh
+
     node = ssh_nodes.load_inventory(tmp_path).nodes[0]
     code = tmp_path / "code"
     (code / "pkg").mkdir(parents=True)
@@ -322,8 +327,14 @@ def test_code_is_shipped_once_and_synced_by_change(ssh_nodes, tmp_path):
         (code / "train.py").write_text("print('version 2')\n")
         (code / "pkg" / "m0.py").unlink()
         assert sync_folder(sftp, code, remote) == (1, 4)
+        listed = ssh.read_code_folder(code, ignore_files=False)
+        (code / "pkg" / "m1.py").unlink()
+        monkeypatch.setattr(ssh, "read_code_folder", lambda *_args, **_kwargs: listed)
+        assert sync_folder(sftp, code, remote) == (0, 4)
     assert (Path(remote) / "train.py").read_text() == "print('version 2')\n"
     assert not (Path(remote) / "pkg" / "m0.py").exists()
+    assert not (Path(remote) / "pkg" / "m1.py").exists()
+    assert not [p for p in Path(remote).rglob("*") if p.name.endswith(".tmp")]
 
 
 def test_a_fifo_in_the_code_folder_is_skipped_and_named_and_sigterm_while_starting_cancels(

@@ -786,8 +786,8 @@ def _put_atomic(sftp: paramiko.SFTPClient, local: Path, remote: str) -> None:
     """Upload under a temporary name, then rename: a new file, never an edited one (a job's
     hard-linked snapshot of the code keeps the old content)."""
     tmp = f"{remote}.distrun-{os.getpid()}-{threading.get_ident()}.tmp"
+    st = local.stat()  # before the upload: a file gone meanwhile leaves no temporary file
     sftp.put(str(local), tmp)
-    st = local.stat()
     sftp.utime(tmp, (st.st_atime, st.st_mtime))
     sftp.chmod(tmp, _private_mode(st.st_mode))
     sftp.posix_rename(tmp, remote)
@@ -800,7 +800,8 @@ def _private_mode(mode: int) -> int:
 
 def sync_folder(sftp: paramiko.SFTPClient, local: Path, remote: str) -> tuple[int, int]:
     """Make `remote` a copy of `local`'s regular files (`read_code_folder`), sending only
-    files whose size or mtime differ. Returns (files sent, files unchanged)."""
+    files whose size or mtime differ; a file gone from `local` since it was listed is gone
+    from `remote` too. Returns (files sent, files unchanged)."""
     remote_files: dict[str, tuple[int, int]] = {}
     remote_dirs: set[str] = set()
     shared: list[str] = []  # what an earlier version left readable by others
@@ -833,15 +834,21 @@ def sync_folder(sftp: paramiko.SFTPClient, local: Path, remote: str) -> tuple[in
         if target_dir not in remote_dirs:
             _makedirs(sftp, target_dir)
     sent = kept = 0
+    wanted = set()
     for rel in shipped.files:
         path, target = local / rel, posixpath.join(remote, rel)
-        st = path.stat()
-        if remote_files.get(target) == (st.st_size, int(st.st_mtime)):
-            kept += 1
-            continue
-        _put_atomic(sftp, path, target)
-        sent += 1
-    wanted = {posixpath.join(remote, rel) for rel in shipped.files}
+        try:
+            st = path.stat()
+            if remote_files.get(target) == (st.st_size, int(st.st_mtime)):
+                kept += 1
+            else:
+                _put_atomic(sftp, path, target)
+                sent += 1
+        except FileNotFoundError:
+            if os.path.lexists(path):
+                raise  # the node's side (paramiko's errors are OSErrors too)
+            continue  # gone since the folder was listed (it changes as it ships): so there
+        wanted.add(target)
     for path in remote_files:
         if path not in wanted:
             with contextlib.suppress(OSError):
