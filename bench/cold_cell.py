@@ -66,7 +66,8 @@ def main() -> None:
         try:
             kc.execute_interactive("%load_ext jupyter_dist", timeout=60)
             kc.execute_interactive("%config DistrunMagics.view = 'text'", timeout=60)
-            cold_cell = CELL.format(preload="")
+            # Cold: a cell after a preloaded one takes its preload too (preload_memory).
+            cold_cell = CELL.format(preload=" --preload none")
             pooled_cell = CELL.format(preload=" --preload torch")
             timed_cell(kc, cold_cell)  # the page cache, for both
             timed_cell(kc, pooled_cell)  # starts the pool

@@ -3,11 +3,12 @@
     .venv/bin/python bench/launch.py [--runs 5] [--plan-only | --ray-only | --launch-only]
 
 1. A trivial 4-rank gloo job (bench/trivial_gloo.py) started by `jupyter distrun run`
-   (1 local node x 4 processes, per_process) and by `torchrun --standalone --nproc-per-node 4`
-   on the same script, alternating, wall time from command start to exit; and with
-   `--preload torch` (docs/pool.md): the first job, which starts the node's pool (after a
-   `pool stop`), and the next, which forks from it. Prints each median ratio against
-   torchrun. Goals: <= 1.0; with the pool, <= 1.1 for the first and <= 0.2 warm.
+   (1 local node x 4 processes, per_process; `--preload none`: cold) and by
+   `torchrun --standalone --nproc-per-node 4` on the same script, alternating, wall time
+   from command start to exit; and with `--preload torch` (docs/pool.md): the first job,
+   which starts the node's pool (after a `pool stop`), and the next, which forks from it.
+   Prints each median ratio against torchrun. Goals: <= 1.0; with the pool, <= 1.1 for
+   the first and <= 0.2 warm.
 2. Planning a 128-node x 8-rank pytorch job (pure, no I/O): median of many runs.
    Goal: < 50 ms.
 3. `jupyter distrun plan --json` of 1,024 and 16,384 processes (the spec's cap), every
@@ -72,6 +73,8 @@ def bench_launch(runs: int) -> None:
             str(SCRIPT),
         ]
         pooled_argv = [*ours_argv, "--preload", "torch"]
+        # Cold: a job after a preloaded one takes its preload too (run/preload_memory.py).
+        ours_argv = [*ours_argv, "--preload", "none"]
         stop_argv = [*front, "pool", "stop"]
         env["TMPDIR"] = tmp  # the bench's own pools, stopped at its end
         timed(ours_argv, env)  # warm the page cache for both before measuring

@@ -12,6 +12,7 @@ import shlex
 import shutil
 import signal
 import stat
+import sys
 import tempfile
 import time
 from pathlib import Path
@@ -82,18 +83,23 @@ def test_ddp_forked_from_a_pool_is_what_a_cold_start_is(store, tmpdir_for_pools,
     __name__, __file__, cwd, sys.path[0], torch's threads, command line, the job's startup
     hook and breakpoint hook and `report()` are what a cold start gives; `random`'s, numpy's
     and torch's seeds differ between ranks; the forked ranks found torch imported and are the
-    pool's children, both jobs' from one pool. Nothing of the jobs is left; the pool is,
-    carrying no job's id, shown by `nodes` and `pool list`, until `pool stop`."""
+    pool's children, both jobs' from one pool, the second one's rank 0 late to the store.
+    A rank collects its own garbage; a forked one leaves the pool's frozen. Nothing of the
+    jobs is left; the pool is, carrying no job's id, shown by `nodes` and `pool list`,
+    until `pool stop`."""
     code = tmp_path / "code"
     code.mkdir()
     shutil.copy(POOL_PROBE, code / "probe.py")
     extra = {"code": str(code)}
     cold = run(_spec("python probe.py --flag x", tmpdir_for_pools, None, extra=extra), store=store)
     assert cold.ok, cold.describe()
+    # The second comes with its rank 0 late: its other ranks wait for the store, and then
+    # join it, as cold ranks do.
     warm = [
-        run(_spec("python probe.py --flag x", tmpdir_for_pools, extra=extra), store=store)
-        for _ in range(2)
-    ]
+        run(_spec("python probe.py --flag x", tmpdir_for_pools, extra=extra,
+                  env={"PROBE_LATE_RANK0": late}), store=store)
+        for late in ("0", "1.5")
+    ]  # fmt: skip
     assert all(result.ok for result in warm), [r.describe() for r in warm]
     before = result_reports(store, cold.job_id)
     assert sorted(before) == [0, 1, 2, 3]
@@ -102,7 +108,8 @@ def test_ddp_forked_from_a_pool_is_what_a_cold_start_is(store, tmpdir_for_pools,
     assert "torch,numpy" in listed and str(pools[0]["pid"]) in listed
     pool_pid = pools[0]["pid"]
     same = ("allreduce", "argv", "name", "cwd", "path0", "threads", "proc_rank", "cmdline",
-            "hook", "breakpoint", "main_file", "stdout_line_buffered", "stdin")  # fmt: skip
+            "hook", "breakpoint", "main_file", "stdout_line_buffered", "stdin",
+            "collects")  # fmt: skip
     for result in warm:
         after = result_reports(store, result.job_id)
         assert sorted(after) == [0, 1, 2, 3]
@@ -112,6 +119,10 @@ def test_ddp_forked_from_a_pool_is_what_a_cold_start_is(store, tmpdir_for_pools,
             assert after[rank]["proc_job"] == result.job_id
             assert after[rank]["torch_before"] and not before[rank]["torch_before"]
             assert after[rank]["ppid"] == pool_pid
+            # The pool's objects are frozen (a rank's collection skips them); torch's store
+            # clients of a forked rank wait for its port (pool.py's _prompt_store_clients).
+            assert after[rank]["frozen"] and not before[rank]["frozen"]
+            assert after[rank]["store_wait"] and not before[rank]["store_wait"]
         for seeded in ("random", "numpy", "torch_rand"):  # each rank's own, as when cold
             assert len({json.dumps(after[r][seeded]) for r in range(4)}) == 4, seeded
             assert len({json.dumps(before[r][seeded]) for r in range(4)}) == 4, seeded
@@ -394,6 +405,65 @@ def test_a_forked_rank_ends_as_a_cold_one_does(ending, store, tmpdir_for_pools, 
                 "a KeyboardInterrupt": (130, "SIGINT"),
                 "a thread left running": (0, None)}[ending]  # fmt: skip
     assert cold[:2] == expected, cold
+
+
+def test_a_store_client_waits_for_a_refusing_port_and_nothing_else(monkeypatch):
+    """A forked rank's TCPStore client (pool.py's `_prompt_store_clients`): where nothing
+    listens yet, it waits until the port takes a connection; where the host cannot be
+    reached for another reason, it leaves the error to torch at once. torch's own function
+    is wrapped only when it has the parameters expected, and never for rank 0 or under
+    torchrun's agent store."""
+    import socket
+    import threading
+    import types
+
+    probe = socket.socket()
+    probe.bind(("127.0.0.1", 0))
+    port = probe.getsockname()[1]
+    probe.close()  # free: connections to it are refused until the thread listens
+    listening = threading.Event()
+
+    def listen_later():
+        time.sleep(0.3)
+        server = socket.create_server(("127.0.0.1", port))
+        listening.set()
+        server.accept()[0].close()
+        server.close()
+
+    thread = threading.Thread(target=listen_later)
+    thread.start()
+    pool_module._wait_for_listener("127.0.0.1", port, 60)
+    assert listening.is_set()  # it returned because the port took its connection
+    thread.join(10)
+    began = time.monotonic()
+    pool_module._wait_for_listener("no-such-host.invalid", port, 60)  # not a refusal
+    assert time.monotonic() - began < 30
+
+    calls = []
+
+    def _create_c10d_store(hostname, port, rank, world_size, timeout, use_libuv=True):
+        calls.append(rank)
+
+    waited = []
+    rendezvous = types.ModuleType("torch.distributed.rendezvous")
+    rendezvous._create_c10d_store = _create_c10d_store
+    monkeypatch.setitem(sys.modules, "torch.distributed.rendezvous", rendezvous)
+    monkeypatch.setattr(pool_module, "_wait_for_listener", lambda *a: waited.append(a))
+    pool_module._prompt_store_clients()
+    wrapped = rendezvous._create_c10d_store
+    assert wrapped.__wrapped__ is _create_c10d_store
+    wrapped("node-0", 29500, 0, 4, None)
+    wrapped("node-0", 29500, 3, 4, None)
+    monkeypatch.setenv("TORCHELASTIC_USE_AGENT_STORE", "True")
+    wrapped("node-0", 29500, 2, 4, None)
+    assert calls == [0, 3, 2] and waited == [("node-0", 29500, pool_module.STORE_POLL_LIMIT_S)]
+
+    def other(host, port, rank):  # not what it expects: left alone
+        pass
+
+    rendezvous._create_c10d_store = other
+    pool_module._prompt_store_clients()
+    assert rendezvous._create_c10d_store is other
 
 
 def test_a_front_reads_its_command_line_as_python_does(tmp_path):

@@ -5,15 +5,23 @@ import sys
 
 TORCH_BEFORE = "torch" in sys.modules  # a forked rank has it already: the one difference
 
+import gc  # noqa: E402
 import json  # noqa: E402
 import os  # noqa: E402
 import random  # noqa: E402
 import socket  # noqa: E402
+import time  # noqa: E402
 
 import numpy  # noqa: E402
 import torch  # noqa: E402
 import torch.distributed as dist  # noqa: E402
 
+cycle = []
+cycle.append(cycle)
+del cycle
+collected = gc.collect()  # the rank's own garbage goes, forked or not
+if os.environ["RANK"] == "0":  # the others ask for the store before it opens
+    time.sleep(float(os.environ.get("PROBE_LATE_RANK0") or 0))
 dist.init_process_group("gloo")
 total = torch.tensor([float(dist.get_rank() + 1)])
 dist.all_reduce(total)
@@ -50,6 +58,11 @@ print(
             "stdout_line_buffered": sys.stdout.line_buffering,
             "stdin": sys.stdin.fileno(),
             "host": socket.gethostname(),
+            "collects": collected >= 1,
+            "frozen": gc.get_freeze_count() > 0,  # the pool's objects, not the rank's
+            "store_wait": hasattr(
+                sys.modules["torch.distributed.rendezvous"]._create_c10d_store, "__wrapped__"
+            ),
         }
     ),
     flush=True,
