@@ -249,11 +249,11 @@ class Pool:
         finally:
             os.umask(old)
         self.inode = os.stat(self.path).st_ino
-        self.listener.listen(256)
         self.info_path = self.path[: -len(".sock")] + ".json"
         self.started = time.time()
         self.last_used = self.started
-        self.write_info()
+        self.write_info()  # first: whoever finds the pool answering finds what it is
+        self.listener.listen(256)
 
     def write_info(self):
         """What `list_pools` shows: the pool's modules, ranks and when it was last used."""
