@@ -8,8 +8,11 @@ with `--ranks` ranks on this machine, and the same two cells, each run `--rounds
 after a warm-up; the figure is the median time from the execute request to the kernel's
 reply, as a front end sees it:
 
-1. `x = 1` on every rank.
-2. One DDP forward/backward step on a model built in an earlier cell (gloo, CPU).
+1. `x = 1` on every rank (a quick cell that says nothing: jupyter-dist shows nothing for
+   it, in either view).
+2. `print(x)` on every rank: one line a rank, so a view (the live view's widget, or the
+   text view's lines).
+3. One DDP forward/backward step on a model built in an earlier cell (gloo, CPU).
 
 - jupyter-dist: `%distrun session start --nodes 2 --procs-per-node R/2`, then `%%distrun`
   cells, in the view a front end without widgets gets (`text`) and in the live view
@@ -136,11 +139,13 @@ def jupyter_dist(rounds: int, ranks: int, view: str, cpu: dict) -> dict[str, flo
         run(kc, f"%distrun session start --nodes 2 --procs-per-node {ranks // 2}")
         try:
             trivial = timed(kc, "%%distrun\nx = 1", rounds, kc.pid, cpu.setdefault("x = 1", {}))
+            printed = timed(kc, "%%distrun\nprint(x)", rounds, kc.pid,
+                            cpu.setdefault("print(x)", {}))  # fmt: skip
             build(kc, "%%distrun\n", ranks)
             step = timed(kc, "%%distrun\n" + STEP, rounds, kc.pid, cpu.setdefault("ddp step", {}))
         finally:
             run(kc, "%distrun session stop")
-    return {"x = 1": trivial, "ddp step": step}
+    return {"x = 1": trivial, "print(x)": printed, "ddp step": step}
 
 
 # nbdistributed runs a cell in a thread and looks whether it ended every 100 ms
@@ -166,12 +171,14 @@ def nbdistributed(rounds: int, ranks: int, cpu: dict, fast: bool = False) -> dic
         try:
             trivial = timed(kc, "%%distributed\nx = 1", rounds, kc.pid,
                             cpu.setdefault("x = 1", {}))  # fmt: skip
+            printed = timed(kc, "%%distributed\nprint(x)", rounds, kc.pid,
+                            cpu.setdefault("print(x)", {}))  # fmt: skip
             build(kc, "%%distributed\n", ranks)
             step = timed(kc, "%%distributed\n" + STEP, rounds, kc.pid,
                          cpu.setdefault("ddp step", {}))  # fmt: skip
         finally:
             run(kc, "%dist_shutdown")
-    return {"x = 1": trivial, "ddp step": step}
+    return {"x = 1": trivial, "print(x)": printed, "ddp step": step}
 
 
 def _rounded(value):
@@ -215,7 +222,10 @@ def main() -> None:
         for cell, used in cpu[name].items():
             spent = ", ".join(f"{who} {ms:.1f}" for who, ms in used.items())
             print(f"    CPU per {cell!r} cell (ms): {spent}")
-    print("goal: jupyter-dist / nbdistributed (fast) <= 1.0 for both cells")
+    print(
+        "goals: jupyter-dist / nbdistributed (fast) <= 1.0 for x = 1 and the ddp step; "
+        "x = 1 within 2 ms of the kernel alone"
+    )
 
 
 if __name__ == "__main__":

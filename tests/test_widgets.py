@@ -284,20 +284,35 @@ def test_a_warm_cells_view_reaches_the_page_settled_in_one_opening_message(kerne
     it ended (the comm's opening message carries the final state), then its lines, then the
     display; no state update follows (there were two, and one open as running, before).
     The view's code came once, with the kernel's first view (LiveCode): the cell's opening
-    message carries a loader that names it, not live.js and live.css (68 KB a cell)."""
+    message carries a loader that names it, not live.js and live.css (68 KB a cell). A
+    quick cell that succeeded and said nothing shows nothing (no widget, no display), as
+    a Python cell that prints nothing; one that failed without a word shows its view."""
     earlier: list[dict] = []
     with running_kernel() as (_km, kc):
         for code in ("%config DistrunMagics.view = 'widget'",
                      "%distrun session start --nodes 2",
-                     "%%distrun\nimport os\nrank = int(os.environ['RANK'])"):  # fmt: skip
+                     "%%distrun\nimport os\nrank = int(os.environ['RANK'])\nprint(1)"):  # fmt: skip
             reply = kc.execute_interactive(code, timeout=120, output_hook=earlier.append)
             assert reply["content"]["status"] == "ok"
+        silent: list[dict] = []
+        reply = kc.execute_interactive("%%distrun\nx = rank", timeout=60,
+                                       output_hook=silent.append)  # fmt: skip
+        assert reply["content"]["status"] == "ok"
         heard: list[dict] = []
         reply = kc.execute_interactive(
-            "%%distrun\nprint('hello from', rank)", timeout=60, output_hook=heard.append
+            "%%distrun\nprint('hello from', x)", timeout=60, output_hook=heard.append
         )
         assert reply["content"]["status"] == "ok"
+        failed: list[dict] = []
+        reply = kc.execute_interactive("%%distrun\nif rank == 1:\n    del x\nx", timeout=60,
+                                       output_hook=failed.append)  # fmt: skip
+        assert reply["content"]["status"] == "error"
         kc.execute_interactive("%distrun session stop", timeout=60)
+    assert [m["msg_type"] for m in silent] == ["status", "execute_input", "status"]
+    kinds = [m["msg_type"] for m in failed]
+    assert "comm_open" in kinds and "display_data" in kinds, kinds
+    (opened,) = [m for m in failed if m["msg_type"] == "comm_open"]
+    assert opened["content"]["data"]["state"]["state"] == "failed"
     kinds = [m["msg_type"] for m in heard if m["msg_type"] != "status"]
     opened = [m for m in heard if m["msg_type"] == "comm_open"]
     assert len(opened) == 1, kinds
@@ -308,7 +323,7 @@ def test_a_warm_cells_view_reaches_the_page_settled_in_one_opening_message(kerne
             for m in earlier if m["msg_type"] == "comm_open"}[state["_code"]]  # fmt: skip
     assert code["code"] == Path(live.__file__).with_name("live.js").read_text()
     assert code["style"] == Path(live.__file__).with_name("live.css").read_text()
-    assert (state["cell"], state["state"], state["lines_total"]) == (2, "succeeded", 2)
+    assert (state["cell"], state["state"], state["lines_total"]) == (3, "succeeded", 2)
     assert state["final"] is True  # the page's last view of this cell (distrun-final)
     assert [row["state"] for row in state["processes"]] == ["succeeded", "succeeded"]
     own = [m for m in heard if m["content"].get("comm_id") == comm_id]

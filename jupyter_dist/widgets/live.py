@@ -460,6 +460,11 @@ class Collector(JobListener):
         with self._lock:
             self._attempts.append((number, of, previous))
 
+    def heard_nothing(self) -> bool:
+        """Whether no line, stall news, restart or end of the job came since it listened."""
+        with self._lock:
+            return not (self._lines or self._attempts or self._result) and self._stall is None
+
     def take_attempts(self) -> list[tuple[int, int, Attempt]]:
         """The restarts since the last call: (number, of, the attempt that failed)."""
         with self._lock:
