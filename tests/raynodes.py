@@ -234,8 +234,13 @@ def start_node(cluster: RayCluster, node: RayNode) -> None:
     # Token authentication on or off, said outright: Ray 2.60 turns it on for `ray start`
     # where ~/.ray/auth_token exists (any local `ray.init()` leaves one), and the tests'
     # clients, given explicit addresses, would then be refused (InvalidAuthToken).
+    # gRPC's fork handlers off, as gRPC advises for a process that forks only to exec: Ray
+    # Client's proxy forks a server for each client while its other threads are in gRPC,
+    # and the child then died at times before its exec (abseil's "Mutex::Fer with pending
+    # CondVar queueing"), each such connection refused ("Starting Ray client server
+    # failed"). 11 of 80 connections, 4 at once, failed so; none of 80 with this set.
     env = {**os.environ, "RAY_USAGE_STATS_ENABLED": "0", "TMPDIR": str(tmp),
-           **cluster.auth_env}  # fmt: skip
+           "GRPC_ENABLE_FORK_SUPPORT": "0", **cluster.auth_env}  # fmt: skip
     with open(log_file, "w") as log:
         node.process = subprocess.Popen(
             argv, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT, env=env
