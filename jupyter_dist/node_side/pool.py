@@ -30,12 +30,15 @@ A forked rank is what a started one would be: before any of its code runs it has
 session, stdin/stdout/stderr, environment (also what /proc/PID/environ shows: the pool
 starts with room for it), command line, working folder, `sys.argv`, `sys.path`, fresh
 `__main__`, default signal handlers, the job's startup hook (sitecustomize on its
-PYTHONPATH), fresh numpy and torch seeds and torch's thread count from OMP_NUM_THREADS. It
-leaves without the interpreter's teardown (`_leave`). It dies with
-the pool (PR_SET_PDEATHSIG) and with its front (the pool kills it when the front's
-connection drops). The front moves it into its own cgroup before it runs, and names it in
-`$DISTRUN_JOB_DIR/pool-forks/TOKEN` for the agent, whose tree it joins: stopping, usage
-and the sweep see it as the agent's own.
+PYTHONPATH), fresh numpy and torch seeds and torch's thread count from OMP_NUM_THREADS.
+Two things are quicker than in a cold start, and nothing else differs for them: the
+pool's objects are frozen for the garbage collector (`gc.freeze()` before each fork), and
+its clients of torch's TCPStore wait for the store with a short poll instead of torch's
+backoff (`_prompt_store_clients`). It leaves without the interpreter's teardown
+(`_leave`). It dies with the pool (PR_SET_PDEATHSIG) and with its front (the pool kills
+it when the front's connection drops). The front moves it into its own cgroup before it
+runs, and names it in `$DISTRUN_JOB_DIR/pool-forks/TOKEN` for the agent, whose tree it
+joins: stopping, usage and the sweep see it as the agent's own.
 """
 
 import atexit
