@@ -9,6 +9,10 @@
    which starts the node's pool (after a `pool stop`), and the next, which forks from it.
    Prints each median ratio against torchrun. Goals: <= 1.0; with the pool, <= 1.1 for
    the first and <= 0.2 warm.
+   And a preload that cannot be imported (`--preload nosuchmod_xyz`, 2 local nodes x 2
+   ranks), then the next job that names none, each against the same job cold, alternating:
+   a failed preload says so and starts cold at once, and is not taken by later jobs. Goal:
+   <= 1.1 for both (`--preload-failure-only` runs this part alone).
 2. Planning a 128-node x 8-rank pytorch job (pure, no I/O): median of many runs.
    Goal: < 50 ms.
 3. `jupyter distrun plan --json` of 1,024 and 16,384 processes (the spec's cap), every
@@ -99,6 +103,36 @@ def bench_launch(runs: int) -> None:
                               ("--preload, warm pool", warm, 0.2)):  # fmt: skip
         ratio = median(o / t for o, t in zip(times, theirs, strict=True))
         print(f"launch ratio ({name} / torchrun, median of pairs): {ratio:.2f}  (goal <= {goal})")
+
+
+def bench_failed_preload(runs: int) -> None:
+    with tempfile.TemporaryDirectory() as tmp:
+        spec = Path(tmp) / "trivial.yml"
+        spec.write_text(
+            f"command: python {SCRIPT}\n"
+            "environment_variables: {OMP_NUM_THREADS: '1'}\n"
+            "resources: {instance_count: 2}\n"
+            "distribution: {type: pytorch, process_count_per_instance: 2}\n"
+        )
+        env = {**os.environ, "DISTRUN_HOME": tmp, "OMP_NUM_THREADS": "1", "TMPDIR": tmp}
+        run_argv = [sys.executable, "-m", "jupyter_dist.cli", "run", str(spec), "--color", "never"]
+        cold_argv = [*run_argv, "--preload", "none"]
+        failing_argv = [*run_argv, "--preload", "nosuchmod_xyz"]
+        timed(cold_argv, env)  # the page cache, warm for both
+        cold, failing, after = [], [], []
+        for _ in range(runs):
+            cold.append(timed(cold_argv, env))
+            failing.append(timed(failing_argv, env))
+            after.append(timed(run_argv, env))  # names none: takes no failed preload
+    median = statistics.median
+    print(
+        f"a preload that fails, 2 nodes x 2 ranks: cold {median(cold):.2f} s, --preload "
+        f"nosuchmod_xyz {median(failing):.2f} s, the next job {median(after):.2f} s; over "
+        f"{runs} alternating runs"
+    )
+    for name, times in (("failing preload", failing), ("the job after it", after)):
+        ratio = median(o / t for o, t in zip(times, cold, strict=True))
+        print(f"launch ratio ({name} / cold, median of pairs): {ratio:.2f}  (goal <= 1.1)")
 
 
 def bench_planning(repeats: int = 30) -> None:
@@ -302,7 +336,13 @@ def main() -> None:
     parser.add_argument(
         "--launch-only", action="store_true", help="only the launch against torchrun"
     )
+    parser.add_argument(
+        "--preload-failure-only", action="store_true", help="only a preload that fails"
+    )
     args = parser.parse_args()
+    if args.preload_failure_only:
+        bench_failed_preload(args.runs)
+        return
     if args.ray_only:
         bench_ray(args.runs)
         return
@@ -313,6 +353,7 @@ def main() -> None:
     bench_plan_command()
     if not args.plan_only:
         bench_launch(args.runs)
+        bench_failed_preload(args.runs)
         bench_network_check(args.runs)
         bench_ray(args.runs)
 

@@ -18,7 +18,15 @@ import time
 from pathlib import Path
 
 import pytest
-from helpers import POOL_PROBE, job_processes, not_private, result_reports, run_cli
+from helpers import (
+    POOL_PROBE,
+    job_processes,
+    not_private,
+    paused_ranks,
+    result_reports,
+    run_cli,
+    start_cli_run,
+)
 
 from jupyter_dist.node_side import pool as pool_module
 from jupyter_dist.run.launch import launch, run
@@ -189,6 +197,9 @@ def test_a_killed_rank_a_cancelled_job_and_a_killed_pool_leave_nothing(store, tm
     os.kill(pool["pid"], signal.SIGKILL)
     result = job.wait(60)
     assert result is not None and not result.ok
+    said = result.describe()  # the pool's end, not the out-of-memory killer
+    assert pool_module.POOL_ENDED in said and "its node's pool (--preload)" in said, said
+    assert "out-of-memory" not in said, said
     assert job_processes(job.job_id) == []
     assert _pools(tmpdir_for_pools)[0] == []  # its files went with it (at the next look)
 
@@ -512,12 +523,12 @@ def test_a_pool_whose_socket_another_pool_took_ends_and_a_start_waits_until_it_a
 
     monkeypatch.setenv("TMPDIR", str(tmpdir_for_pools))
     env = {**os.environ, "TMPDIR": str(tmpdir_for_pools)}
-    key = pool_module.pool_key(sys.executable, ["json"], [])
+    key = pool_module.pool_key(sys.executable, ["json"], [], env)
     info = Path(pool_module.socket_path(key)[: -len(".sock")] + ".json")
-    pool_module._start_pool(sys.executable, key, ["json"], env)
+    pool_module._start_pool(sys.executable, key, ["json"], env, time.time())
     assert pool_module._answers(pool_module.socket_path(key))
     first = json.loads(info.read_text())["pid"]
-    pool_module._start_pool(sys.executable, key, ["json"], env)  # the start that lost
+    pool_module._start_pool(sys.executable, key, ["json"], env, time.time())  # it lost
     deadline = time.monotonic() + 30  # (the first answered its wait: the second comes)
     while (second := json.loads(info.read_text())["pid"]) == first:
         assert time.monotonic() < deadline, "the second pool never took the socket"
@@ -529,3 +540,204 @@ def test_a_pool_whose_socket_another_pool_took_ends_and_a_start_waits_until_it_a
     stopped = run_cli("pool", "stop", env=env)
     assert stopped.returncode == 0, stopped.stderr
     assert _ends(second)
+
+
+STARTUP_PROBE = """\
+import faulthandler, json, os, pdb, sys, warnings
+import mypkg
+first = warnings.filters[0] if warnings.filters else None
+print("PROBE", json.dumps({
+    "value": mypkg.model.VALUE, "hash": hash("abc"), "executable": sys.executable,
+    "optimize": sys.flags.optimize, "dev_mode": sys.flags.dev_mode,
+    "safe_path": sys.flags.safe_path, "faulthandler": faulthandler.is_enabled(),
+    "warning": first and [first[0], first[2].__name__],
+    "path0": sys.path[0].replace(os.environ["DISTRUN_JOB_DIR"], "JOB"),
+    "ppid": os.getppid(), "ours": pdb.set_trace.__module__,
+}), flush=True)
+if os.environ.get("PROBE_PAUSE") == os.environ["RANK"]:
+    print("started", flush=True)
+    pdb.set_trace()
+    print("went on", flush=True)
+"""
+
+
+def _probe_code(tmp_path: Path) -> tuple[Path, Path]:
+    """(the job's code: probe.py; the library on its PYTHONPATH: mypkg, whose __init__
+    imports its submodule `model`, VALUE = 1)."""
+    code, lib = tmp_path / "code", tmp_path / "lib"
+    (lib / "mypkg").mkdir(parents=True)
+    code.mkdir()
+    (code / "probe.py").write_text(STARTUP_PROBE)
+    (lib / "mypkg" / "__init__.py").write_text("from mypkg import model\n")
+    (lib / "mypkg" / "model.py").write_text("VALUE = 1\n")
+    return code, lib
+
+
+def _probes(store, result) -> dict[int, dict]:
+    record = store.get(result.job_id)
+    return {int(key.split("-")[1]): json.loads(line.text.split(" ", 1)[1])
+            for key in record.log_keys() for line in record.iter_log(key, "stdout")
+            if line.text.startswith("PROBE ")}  # fmt: skip
+
+
+def _stderr(store, result) -> list[str]:
+    record = store.get(result.job_id)
+    return [line.text for key in record.log_keys() for line in record.iter_log(key, "stderr")]
+
+
+@pytest.mark.slow
+def test_a_forked_rank_sees_edited_submodules_and_the_startup_variables_a_cold_one_sees(
+    store, tmpdir_for_pools, tmp_path
+):
+    """A package's submodule edited after its pool imported it: the next job's ranks print
+    the new value (the pool is stale, the rank starts cold), the one after forks from a new
+    pool. Python's startup variables (PYTHONHASHSEED, PYTHONOPTIMIZE, PYTHONDEVMODE,
+    PYTHONFAULTHANDLER, PYTHONSAFEPATH, PYTHONWARNINGS) take effect in forked ranks as in
+    cold ones (a pool of their own); `sys.executable` is the one a cold start has; one a
+    pool cannot honour (PYTHONPROFILEIMPORTTIME) starts cold, saying so in one line."""
+    code, lib = _probe_code(tmp_path)
+    base = {"PYTHONPATH": str(lib)}
+
+    def job(preload, env=None):
+        spec = _spec("python probe.py", tmpdir_for_pools, preload, 1, 2, {**base, **(env or {})},
+                     extra={"code": str(code)})  # fmt: skip
+        result = run(spec, store=store)
+        assert result.ok, result.describe()
+        probes = _probes(store, result)
+        assert sorted(probes) == [0, 1]
+        return result, probes
+
+    pools = lambda: {p["pid"] for p in _pools(tmpdir_for_pools)[0]}  # noqa: E731
+    _, cold = job("none")
+    _, warm = job("mypkg")
+    (first,) = pools()
+    shared = ("value", "executable", "optimize", "dev_mode", "safe_path", "faulthandler",
+              "warning", "path0", "ours")  # fmt: skip
+    for rank in (0, 1):
+        assert warm[rank]["ppid"] == first and cold[rank]["ppid"] != first
+        assert {k: warm[rank][k] for k in shared} == {k: cold[rank][k] for k in shared}
+    assert warm[0]["value"] == 1 and warm[0]["ours"] == "sitecustomize"
+
+    (lib / "mypkg" / "model.py").write_text("VALUE = 2\n")  # the same size: its time says
+    _, edited = job("mypkg")
+    assert {p["value"] for p in edited.values()} == {2}
+    assert first not in {p["ppid"] for p in edited.values()}
+    assert _ends(first)
+    _, again = job("mypkg")
+    (second,) = pools()
+    assert {(p["value"], p["ppid"]) for p in again.values()} == {(2, second)}
+
+    startup = {"PYTHONHASHSEED": "0", "PYTHONOPTIMIZE": "1", "PYTHONDEVMODE": "1",
+               "PYTHONFAULTHANDLER": "1", "PYTHONSAFEPATH": "1",
+               "PYTHONWARNINGS": "error::DeprecationWarning"}  # fmt: skip
+    _, cold = job("none", startup)
+    _, warm = job("mypkg", startup)
+    (third,) = pools() - {second}  # a pool of their own; the plain one stays
+    for rank in (0, 1):
+        assert warm[rank]["ppid"] == third
+        assert {k: warm[rank][k] for k in (*shared, "hash")} == {
+            k: cold[rank][k] for k in (*shared, "hash")
+        }
+    assert cold[0]["optimize"] == 1 and cold[0]["dev_mode"] and cold[0]["safe_path"]
+    assert (
+        cold[0]["warning"] == ["error", "DeprecationWarning"] and cold[0]["path0"] == "JOB/pyhook"
+    )
+
+    result, verbose = job("mypkg", {"PYTHONPROFILEIMPORTTIME": "1"})
+    assert not {p["ppid"] for p in verbose.values()} & pools()
+    said = [line for line in _stderr(store, result) if line.startswith("distrun:")]
+    assert (
+        said
+        == [
+            "distrun: no pool of mypkg here (PYTHONPROFILEIMPORTTIME is set, which a forked rank "
+            "cannot honour); this rank starts cold"
+        ]
+        * 2
+    ), said
+
+
+@pytest.mark.slow
+def test_a_preload_that_fails_a_stopped_pool_and_a_shared_pools_folder_start_cold_in_a_line(
+    store, tmpdir_for_pools, tmp_path
+):
+    """A preload that cannot be imported: the job runs cold, says the import error once,
+    and the next job that names no preload does not take it. A pool stopped with SIGSTOP, and
+    a pools' folder open to other users: the job starts cold at once, saying why in a line
+    (no failed start). A later job's `idle` applies to the pool that runs. `pdb.set_trace()`
+    in a rank whose pool imported pdb pauses it in the debugger, as in a cold rank."""
+    code, lib = _probe_code(tmp_path)
+    env = {"PYTHONPATH": str(lib)}
+
+    def job(preload, extra_env=None, nodes=1):
+        spec = _spec("python probe.py", tmpdir_for_pools, preload, nodes, 2,
+                     {**env, **(extra_env or {})}, extra={"code": str(code)})  # fmt: skip
+        result = run(spec, store=store)
+        assert result.ok, result.describe()
+        said = [line for line in _stderr(store, result) if line.startswith("distrun:")]
+        return result, _probes(store, result), said
+
+    _, probes, said = job("nosuchmod_xyz", nodes=2)  # two agents start it at once
+    assert said == [
+        "distrun: cannot preload nosuchmod_xyz (ModuleNotFoundError: No module named "
+        "'nosuchmod_xyz'); this rank starts cold"
+    ], said
+    assert sorted(probes) == [0, 1, 2, 3] and _pools(tmpdir_for_pools)[0] == []
+    folder = tmpdir_for_pools / f"distrun-pools-{os.getuid()}"
+    assert not_private(folder) == []  # the import error's record too
+    later, _, said = job(None)
+    assert store.get(later.job_id).plan()["remembered"] == [] and said == []
+
+    _, probes, _ = job("mypkg")
+    (pool,) = _pools(tmpdir_for_pools)[0]
+    assert {p["ppid"] for p in probes.values()} == {pool["pid"]}
+    os.kill(pool["pid"], signal.SIGSTOP)
+    try:
+        _, probes, said = job("mypkg")
+    finally:
+        os.kill(pool["pid"], signal.SIGCONT)
+    assert pool["pid"] not in {p["ppid"] for p in probes.values()}
+    assert (
+        said
+        == [
+            f"distrun: no pool of mypkg here (the node's pool of these modules (pid {pool['pid']}) "
+            "is stopped); this rank starts cold"
+        ]
+        * 2
+    ), said
+
+    folder.chmod(0o755)
+    try:
+        _, probes, said = job("mypkg")
+    finally:
+        folder.chmod(0o700)
+    assert sorted(probes) == [0, 1] and len(said) == 2, said
+    assert f"{folder} is open to other users (mode 755)" in said[0]
+
+    # The running pool (idle 600 s) takes the next job's idle time.
+    _, probes, _ = job({"modules": ["mypkg"], "idle": 1})
+    assert {p["ppid"] for p in probes.values()} == {pool["pid"]}
+    assert _ends(pool["pid"], within=20)
+
+    spec = tmp_path / "pause.yml"
+    spec.write_text(json.dumps({
+        "command": "python probe.py", "code": str(code), "preload": ["mypkg", "pdb"],
+        "resources": {"instance_count": 1},
+        "distribution": {"type": "pytorch", "process_count_per_instance": 1},
+        "environment_variables": {**env, "TMPDIR": str(tmpdir_for_pools), "PROBE_PAUSE": "0"},
+    }))  # fmt: skip
+    proc, job_id = start_cli_run(spec, store, ranks=1)
+    try:
+        (paused,) = paused_ranks(store, job_id, 1)
+        assert paused["rank"] == 0 and paused["reason"] == "breakpoint", paused
+        going = run_cli("debug", job_id, "--rank", "0", "--do", "c", store=store)
+        assert going.returncode == 0, going.stderr
+        assert proc.wait(60) == 0
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    record = store.get(job_id)
+    (probe,) = [json.loads(line.text.split(" ", 1)[1]) for line in
+                record.iter_log("rank-0", "stdout") if line.text.startswith("PROBE ")]  # fmt: skip
+    assert probe["ppid"] in {p["pid"] for p in _pools(tmpdir_for_pools)[0]}  # forked
+    assert [line.text for line in record.iter_log("rank-0", "stdout")][-1] == "went on"

@@ -92,7 +92,9 @@ def agent_argv(
     if stdin and stdin_fd is not None:
         wants = ["--stdin-fd", str(stdin_fd)]
     timing = ["--grace", f"{grace:g}", "--usage", f"{USAGE_EVERY_S:g}"]
-    return [python, agent_path, "--cwd", cwd, *timing, *wants, "--", *argv]
+    # -E: the job's PYTHON* variables are its processes', not the agent's (PYTHONVERBOSE or
+    # PYTHONPROFILEIMPORTTIME would write ahead of its handshake); its children get them.
+    return [python, "-E", agent_path, "--cwd", cwd, *timing, *wants, "--", *argv]
 
 
 class AgentProcess:
@@ -110,6 +112,7 @@ class AgentProcess:
         self.agent_exit: int | None = None  # the code the agent reported as it exited
         self.oom: dict[str, Any] | None = None  # the agent's evidence of an OOM kill
         self.on_usage: Callable[[dict[str, Any]], None] | None = None
+        self.on_preload_failed: Callable[[str], None] | None = None
         self.last_heard: float | None = None  # monotonic time of its last report
         self.silent_for: float | None = None  # set when `wait` gave up on a silent agent
 
@@ -191,6 +194,9 @@ class AgentProcess:
             elif word == b"usage" and self.on_usage is not None:
                 with contextlib.suppress(ValueError, TypeError):
                     self.on_usage(json.loads(detail))
+            elif word == b"preload-failed" and self.on_preload_failed is not None:
+                with contextlib.suppress(ValueError, TypeError):
+                    self.on_preload_failed(str(json.loads(detail)))
             held = held[:start] + held[end:]
             start = held.find(_REPORT, start)
         return held

@@ -121,6 +121,10 @@ class ProcessHandle(Protocol):
     #: Set before the streams are read.
     on_usage: Callable[[dict[str, Any]], None] | None
 
+    #: Called, from the stderr reader, with the line its agent said where the job's preload
+    #: could not be imported on the node (node_side/pool.py): its ranks start cold there.
+    on_preload_failed: Callable[[str], None] | None
+
 
 @dataclass(frozen=True)
 class NodeHealth:

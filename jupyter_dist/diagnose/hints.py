@@ -11,6 +11,7 @@ from __future__ import annotations
 import re
 
 from jupyter_dist.events import RootCause, ranges
+from jupyter_dist.node_side.pool import POOL_ENDED
 
 # A collective that gave up waiting: gloo's and NCCL's words for it.
 _TIMED_OUT = re.compile(
@@ -97,6 +98,12 @@ def hint_for(cause: RootCause) -> str | None:
         )
     if cause.signal == "SIGKILL" and cause.oom:
         return _oom_hint(cause, cause.oom)
+    if cause.signal == "SIGKILL" and any(line.startswith(POOL_ENDED) for line in cause.stderr_tail):
+        return (
+            f"Hint: {cause.label} was forked from its node's pool (--preload), and the pool "
+            f"ended under it, taking its ranks: see `jupyter distrun pool list` on {cause.node}; "
+            "the next job starts a new pool, or run with --preload none to start cold."
+        )
     if cause.signal == "SIGKILL" and not cause.note:
         return (
             f"Hint: {cause.label} got SIGKILL from outside (not from jupyter-dist): on "

@@ -770,7 +770,7 @@ class Agent:
             # take the source's 0600), as everything in the job's folder is.
             with contextlib.suppress(OSError):
                 os.makedirs(os.path.join(hook, "__pycache__"), mode=0o700, exist_ok=True)
-        pool = _pool_of(hook, env)
+        pool, no_pool = _pool_of(hook, env)
         if pool is not None:  # its `python` first: forks from the node's pool
             env["PATH"] = os.pathsep.join([pool.prepared, env["PATH"]])
         # Check first, then say "started", then start: once the child runs, its output
@@ -780,6 +780,11 @@ class Agent:
         if not shutil.which(self.command[0], path=env["PATH"]):
             return self._refuse(f"{self.command[0]!r} not found")
         sys.stderr.write(f"{HANDSHAKE} started {os.getpid()}\n")
+        if no_pool is not None:  # after the handshake, which the launcher reads first
+            line, failed = no_pool
+            if failed:  # for the owner: a preload that cannot be imported is not kept
+                sys.stderr.write(f"{HANDSHAKE} preload-failed {json.dumps(line)}\n")
+            sys.stderr.write(line + "\n")
         sys.stderr.flush()
         self.announced = True
         become_subreaper()
@@ -909,15 +914,17 @@ class Agent:
 
 
 def _pool_of(hook, env):
-    """The job's pool module (pool.py, shipped where the job preloads modules), with the
-    node's pool started and the job's `python` shims written (`.prepared`: their folder);
-    None where the job preloads nothing, or no pool can be had here (its ranks start cold,
-    and the reason is said once on stderr)."""
+    """(the job's pool module, why not), the module being pool.py, shipped where the job
+    preloads modules, with the node's pool started and the job's `python` shims written
+    (`.prepared`: their folder). The module is None where the job preloads nothing or no
+    pool can be had here: its ranks start cold. Why not: None, or (one line for the job's
+    output, whether the modules could not be imported)."""
     if not hook or not env.get("DISTRUN_PRELOAD"):
-        return None
+        return None, None
     path = os.path.join(hook, POOL_MODULE + ".py")
     if not os.path.isfile(path):
-        return None
+        return None, None
+    modules = env["DISTRUN_PRELOAD"]
     try:
         import importlib.util
 
@@ -926,10 +933,10 @@ def _pool_of(hook, env):
         spec.loader.exec_module(module)
         module.prepared = module.prepare(env, sys.executable)
     except Exception as exc:  # a pool is a speed-up: never the job's failure
-        sys.stderr.write(f"distrun agent: no pool for {env['DISTRUN_PRELOAD']} here ({exc}); "
-                         "this rank starts without it\n")  # fmt: skip
-        return None
-    return module if module.prepared else None
+        failed = bool(getattr(exc, "failed", False))
+        what = f"cannot preload {modules}" if failed else f"no pool of {modules} here"
+        return None, (f"distrun: {what} ({exc}); this rank starts cold", failed)
+    return (module if module.prepared else None), None
 
 
 # What processes write into the job's folder with the umask they were given (torchrun's

@@ -10,9 +10,12 @@ folder as `$DISTRUN_JOB_DIR/pyhook/distrun_pool.py` when the job names modules t
   (`$TMPDIR/distrun-pools-UID`, 0700, socket 0600), imports the modules, then forks a rank
   for each request. A pool is keyed by its Python, its modules and its PYTHONPATH; it ends
   itself once idle for `DISTRUN_POOL_IDLE` seconds (IDLE_S by default) with no rank
-  running, at `stop`, and once a module it imported changed on disk (a `pip install`):
-  then it answers "stale", takes no new rank and ends after its last. (Its key also holds
-  the network and mount namespaces and pool.py's own text: `pool_key`.)
+  running (the latest job's `DISTRUN_POOL_IDLE`), at `stop`, and once the file of any
+  module it imported changed on disk (a `pip install`, an edited submodule): then it
+  answers "stale", takes no new rank and ends after its last. (Its key also holds Python's
+  startup variables, the network and mount namespaces and pool.py's own text: `pool_key`.)
+  One that cannot import its modules leaves its error (`KEY.failed`) and ends; a ready one
+  answers a ping.
 - **the front** (`front`): what `python` and `python3` are for the job's commands (the agent
   puts shims that call it first on PATH). It reads its command line like Python does; a
   script, `-m module` or `-c code` (with `-u`, `-B`) goes to the pool with its environment,
@@ -22,23 +25,28 @@ folder as `$DISTRUN_JOB_DIR/pyhook/distrun_pool.py` when the job names modules t
   SIGTERM, which the agent's tree sends the rank itself), and exits as the rank did (its
   code, or the same signal).
 - **the agent's part** (`prepare`): starts the job's pool where none runs (outside the
-  job's process tree: it outlives the job) and writes the shims. Where the backend holds
-  the node's pool itself (`HELD_VAR`: Slurm, whose steps end what they start), it starts
-  none: the backend ran `hold`, a pool in a job step of its own.
+  job's process tree: it outlives the job), waits for its import's end where it started
+  it, and writes the shims; or says why the ranks start cold here (`NoPool`: an import
+  error, a pool stopped or silent, a startup variable a fork cannot honour). Where the
+  backend holds the node's pool itself (`HELD_VAR`: Slurm, whose steps end what they
+  start), it starts none: the backend ran `hold`, a pool in a job step of its own.
 
 A forked rank is what a started one would be: before any of its code runs it has its own
 session, stdin/stdout/stderr, environment (also what /proc/PID/environ shows: the pool
-starts with room for it), command line, working folder, `sys.argv`, `sys.path`, fresh
-`__main__`, default signal handlers, the job's startup hook (sitecustomize on its
-PYTHONPATH), fresh numpy and torch seeds and torch's thread count from OMP_NUM_THREADS.
-Two things are quicker than in a cold start, and nothing else differs for them: the
-pool's objects are frozen for the garbage collector (`gc.freeze()` before each fork), and
-its clients of torch's TCPStore wait for the store with a short poll instead of torch's
-backoff (`_prompt_store_clients`). It leaves without the interpreter's teardown
-(`_leave`). It dies with the pool (PR_SET_PDEATHSIG) and with its front (the pool kills
-it when the front's connection drops). The front moves it into its own cgroup before it
-runs, and names it in `$DISTRUN_JOB_DIR/pool-forks/TOKEN` for the agent, whose tree it
-joins: stopping, usage and the sweep see it as the agent's own.
+starts with room for it), command line, working folder, `sys.argv`, `sys.path`,
+`sys.executable`, fresh `__main__`, default signal handlers, the job's startup hook
+(sitecustomize on its PYTHONPATH), fresh numpy and torch seeds and torch's thread count
+from OMP_NUM_THREADS; Python's startup variables are the pool's own, since they are in
+its key (`startup_variables`). What a fork cannot be given: a string hash salt of its
+own (one per interpreter: the pool's). Two things are quicker than in a cold start, and
+nothing else differs for them: the pool's objects are frozen for the garbage collector
+(`gc.freeze()` before each fork), and its clients of torch's TCPStore wait for the store
+with a short poll instead of torch's backoff (`_prompt_store_clients`). It leaves
+without the interpreter's teardown (`_leave`). It dies with the pool (PR_SET_PDEATHSIG)
+and with its front (the pool kills it when the front's connection drops). The front
+moves it into its own cgroup before it runs, and names it in `$DISTRUN_JOB_DIR/pool-
+forks/TOKEN` for the agent, whose tree it joins: stopping, usage and the sweep see it as
+the agent's own.
 """
 
 import atexit
@@ -54,6 +62,7 @@ import io
 import json
 import os
 import selectors
+import shutil
 import signal
 import socket
 import subprocess
@@ -72,6 +81,10 @@ IDLE_S = 600
 # pool took (a start that lost a race) serves nobody, and ends once its last rank ends.
 OWNED_CHECK_S = 5.0
 START_WAIT_S = 30.0  # how long an agent that started the node's pool waits for it to listen
+# What a front says where its rank ended because the pool it was forked from ended
+# (diagnose/hints.py reads it, in place of the out-of-memory killer's hint).
+POOL_ENDED = "distrun: the node's pool that forked this rank ended"
+PING_S = 2.0  # how long a pool that has imported its modules may take to answer a ping
 ROOM_VAR = "DISTRUN_POOL_ROOM"  # the pool's empty room for a rank's environment
 ENV_ROOM = 96 * 1024  # bytes: in two variables (Linux takes at most 128 KiB in one)
 ARGV_ROOM = 4096  # bytes of command line a rank may have
@@ -145,18 +158,81 @@ def _here():
     return [socket.gethostname(), *_namespaces()]
 
 
-def pool_key(python, modules, pythonpath):
-    """A pool serves ranks of the same Python, modules, PYTHONPATH, namespaces and pool.py."""
+# Python's own variables that a fork needs nothing for: read again by the rank itself
+# (PYTHONBREAKPOINT at each breakpoint(), PYTHONIOENCODING and PYTHONUNBUFFERED by `_stdio`),
+# in the key already (PYTHONPATH), or only for an interactive prompt (PYTHONSTARTUP).
+_READ_BY_THE_RANK = ("PYTHONPATH", "PYTHONBREAKPOINT", "PYTHONIOENCODING", "PYTHONUNBUFFERED",
+                     "PYTHONSTARTUP")  # fmt: skip
+# Those whose effect a pool cannot pass on: what they do happens while the interpreter
+# starts and imports (the pool's output goes nowhere) or after the script (a prompt).
+UNFORKABLE = ("PYTHONINSPECT", "PYTHONVERBOSE", "PYTHONDEBUG", "PYTHONPROFILEIMPORTTIME",
+              "PYTHONTRACEMALLOC")  # fmt: skip
+
+
+def startup_variables(env):
+    """The job's variables that Python reads as it starts (PYTHONHASHSEED, PYTHONOPTIMIZE,
+    PYTHONWARNINGS, PYTHONDEVMODE, PYTHONSAFEPATH, PYTHON_GIL, ...), sorted: a pool started
+    with them is what a cold start with them is, so they are part of its key. A
+    PYTHONHASHSEED of `random` is Python's default, as if unset."""
+    found = []
+    for name in sorted(env):
+        if not name.startswith("PYTHON") or name in _READ_BY_THE_RANK:
+            continue
+        if name == "PYTHONHASHSEED" and env[name] == "random":
+            continue
+        found.append((name, env[name]))
+    return found
+
+
+def unforkable(env):
+    """The first of the job's variables a pool cannot honour (UNFORKABLE), or None."""
+    return next((name for name in UNFORKABLE if env.get(name)), None)
+
+
+def pool_key(python, modules, pythonpath, env):
+    """A pool serves ranks of the same Python, modules, PYTHONPATH, startup variables,
+    namespaces and pool.py."""
     with open(__file__, "rb") as handle:
         source = hashlib.sha256(handle.read()).hexdigest()
-    text = json.dumps(
-        [os.path.realpath(python), sorted(modules), pythonpath, _namespaces(), source]
-    )
+    text = json.dumps([os.path.realpath(python), sorted(modules), pythonpath,
+                       startup_variables(env), _namespaces(), source])  # fmt: skip
     return hashlib.sha256(text.encode()).hexdigest()[:16]
 
 
 def socket_path(key):
     return os.path.join(pools_folder(), f"{key}.sock")
+
+
+class NoPool(Exception):
+    """Why a job's ranks start cold on this node, in words for the job's output; `failed`:
+    its modules could not be imported (the preload itself is wrong, not this node's pool)."""
+
+    def __init__(self, reason, failed=False):
+        super().__init__(reason)
+        self.failed = failed
+
+
+def _failure_path(key):
+    return os.path.join(pools_folder(), f"{key}.failed")
+
+
+def _write_failure(key, exc):
+    """What a pool that could not import its modules leaves for the agent that started it."""
+    text = "".join(f"{type(exc).__name__}: {exc}".splitlines()[:1])[:500]
+    with contextlib.suppress(OSError):
+        _write_private(_failure_path(key), json.dumps({"error": text, "where": _here()}))
+
+
+def _failure_since(key, since):
+    """The import error of a pool of `key` that failed here after `since` (epoch s), or None."""
+    path = _failure_path(key)
+    with contextlib.suppress(OSError, ValueError, KeyError):
+        if os.stat(path).st_mtime >= since:
+            with open(path) as handle:
+                info = json.load(handle)
+            if info.get("where", _here()) == _here():
+                return info["error"]
+    return None
 
 
 def _write_private(path, text, mode=0o600):
@@ -172,19 +248,33 @@ def _write_private(path, text, mode=0o600):
 # -- the pool ---------------------------------------------------------------------------
 
 
-def _fingerprint(modules):
-    """What changes when a module is installed again: its file's, its folder's and the
-    folder above's times (site-packages changes when any distribution is installed)."""
+def _imported_files(modules):
+    """What a pool's ranks would read again if they started cold: the file of every module
+    it imported (a package's `__init__` and each submodule alike: an edited `model.py` is
+    as stale as a new version of torch), and the named modules' folders and the folders
+    above (site-packages changes when any distribution is installed)."""
     paths = set()
-    for name in modules:
-        module = sys.modules.get(name)
+    for module in list(sys.modules.values()):
         path = getattr(module, "__file__", None)
+        if isinstance(path, str) and os.path.isabs(path):
+            paths.add(path)
+    for name in modules:
+        path = getattr(sys.modules.get(name), "__file__", None)
         if path:
-            paths.update({path, os.path.dirname(path), os.path.dirname(os.path.dirname(path))})
+            paths.update({os.path.dirname(path), os.path.dirname(os.path.dirname(path))})
+    return sorted(paths)
+
+
+def _fingerprint(paths):
+    """Each path's time, size and inode: what an edit, a copy over it or a new version
+    installed changes (a missing path is None: removed is changed too)."""
     found = {}
-    for path in sorted(paths):
-        with contextlib.suppress(OSError):
-            found[path] = os.stat(path).st_mtime_ns
+    for path in paths:
+        try:
+            info = os.stat(path)
+            found[path] = (info.st_mtime_ns, info.st_size, info.st_ino)
+        except OSError:
+            found[path] = None
     return found
 
 
@@ -225,6 +315,7 @@ class _Rank:
         self.target = request["target"]
         self.args = request["args"]
         self.unbuffered = request["unbuffered"]
+        self.executable = request.get("executable")
         self.base_path = base_path
         self.pythonpath = _pythonpath(request["env"], None)
         # What the rank's PYTHONPATH adds (the job's startup hook): its sitecustomize runs.
@@ -256,6 +347,8 @@ class Pool:
         self.started = time.time()
         self.last_used = self.started
         self.write_info()  # first: whoever finds the pool answering finds what it is
+        with contextlib.suppress(OSError):  # an earlier pool's import error is not this one's
+            os.unlink(_failure_path(self.key))
         self.listener.listen(256)
 
     def write_info(self):
@@ -281,7 +374,8 @@ class Pool:
         and the ranks' own import says what is wrong)."""
         for name in self.modules:
             importlib.import_module(name)
-        self.fingerprint = _fingerprint(self.modules)
+        self.watched = _imported_files(self.modules)
+        self.fingerprint = _fingerprint(self.watched)
         _prompt_store_clients()
         # What a forked rank's sys.path is built from: the pool's, less its PYTHONPATH
         # (the rank's own comes first, as in a cold start).
@@ -362,9 +456,10 @@ class Pool:
                     break
                 message += more
             request = json.loads(message.decode())
-            if request.get("stop"):
-                self.stop_taking()
-                conn.sendall(b'{"stopped": true}\n')
+            if request.get("stop") or request.get("ping"):
+                if request.get("stop"):
+                    self.stop_taking()
+                conn.sendall(b'{"stopped": true}\n' if request.get("stop") else b'{"pong": true}\n')
                 conn.close()
                 return None
             if len(fds) != 3:
@@ -374,6 +469,8 @@ class Pool:
                 conn.sendall(json.dumps({"refused": str(exc)}).encode() + b"\n")
             conn.close()
             return None
+        with contextlib.suppress(ValueError, TypeError):  # the latest job's idle time
+            self.idle = float(request["env"].get(IDLE_VAR) or self.idle)
         refusal = self._refusal(request)
         if refusal:
             with contextlib.suppress(OSError):
@@ -409,7 +506,7 @@ class Pool:
     def _refusal(self, request):
         if self.stale:
             return "stale"
-        if _fingerprint(self.modules) != self.fingerprint:
+        if _fingerprint(self.watched) != self.fingerprint:
             self.stop_taking()
             return "stale"
         if len(_nul_block(_env_words(request["env"]))) > ENV_ROOM:
@@ -653,7 +750,10 @@ def run_rank(rank):
     else:
         sys.argv = ["-c", *rank.args]
         first = ""
-    sys.path[:] = [first, *rank.pythonpath, *rank.base_path]
+    if rank.executable:
+        sys.executable = rank.executable
+    before = [] if getattr(sys.flags, "safe_path", False) else [first]  # PYTHONSAFEPATH
+    sys.path[:] = [*before, *rank.pythonpath, *rank.base_path]
     _run_hooks(rank.hook_paths)
     _fresh_state()
     try:
@@ -709,7 +809,9 @@ def _leave(main, code, die_of=0):
 def serve_main(argv):
     """`serve KEY MODULES [ROOM]`: run a pool (what `prepare` starts)."""
     key, modules = argv[0], [m for m in argv[1].split(",") if m]
-    sys.path.pop(0)  # the job's hook folder this file came from: not the pool's
+    here = os.path.dirname(os.path.abspath(__file__))
+    if sys.path and sys.path[0] == here:  # the job's hook folder this file came from
+        sys.path.pop(0)  # (not there under PYTHONSAFEPATH): not the pool's
     try:
         idle = float(os.environ.get(IDLE_VAR) or IDLE_S)
     except ValueError:
@@ -728,10 +830,11 @@ def serve_main(argv):
         os.close(null)
     try:
         pool.preload()
-    except BaseException:
+    except BaseException as exc:
         pool.stop_taking()
         pool.remove_info()
-        raise
+        _write_failure(key, exc)  # for the agent that started it: one line, and cold
+        return 1
     pool.write_info()
     rank = pool.serve()
     if rank is None:
@@ -809,26 +912,30 @@ def front(real_python, argv):
     real Python in this process's place."""
     parsed = parse_command(argv)
     modules = modules_of(os.environ)
-    if parsed is None or not modules:
-        return _cold(real_python, argv)
+    executable = _executable(real_python)
+    if parsed is None or not modules or unforkable(os.environ):
+        return _cold(executable, argv)
+    if os.path.realpath(executable) != os.path.realpath(real_python):
+        return _cold(executable, argv)  # another Python comes first on PATH: the user's
     kind, target, rest, unbuffered = parsed
     unbuffered = unbuffered or bool(os.environ.get("PYTHONUNBUFFERED"))
     hook = os.path.dirname(os.path.abspath(__file__))
     try:
-        key = pool_key(real_python, modules, _pythonpath(os.environ, hook))
+        key = pool_key(real_python, modules, _pythonpath(os.environ, hook), os.environ)
         conn = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         conn.settimeout(START_S)
         conn.connect(socket_path(key))
         shown = [os.path.basename(sys.argv[0]), *argv]
         request = {"kind": kind, "target": target, "args": rest, "unbuffered": unbuffered,
                    "env": dict(os.environ), "argv": shown, "cwd": os.getcwd(),
+                   "executable": executable,
                    "cpus": sorted(os.sched_getaffinity(0))}  # fmt: skip
         socket.send_fds(conn, [json.dumps(request).encode() + b"\n"], [0, 1, 2])
         answer = _read_message(conn)
     except (OSError, ValueError):
-        return _cold(real_python, argv)
+        return _cold(executable, argv)
     if not answer or "pid" not in answer:
-        return _cold(real_python, argv)
+        return _cold(executable, argv)
     pid = answer["pid"]
     for sig in FORWARDED:
         signal.signal(sig, lambda signum, _f: _pass_on(pid, signum))
@@ -843,6 +950,9 @@ def front(real_python, argv):
         ended = None
     if named:
         _unname(named, pid)
+    if not ended:  # the pool's end took the rank (PR_SET_PDEATHSIG): say so, not an OOM kill
+        with contextlib.suppress(OSError):
+            os.write(2, f"{POOL_ENDED} (it was killed or crashed); this rank with it\n".encode())
     code = ended["exit"] if ended else -signal.SIGKILL
     if code < 0:  # the same signal ends us: the agent reads 128+N, as for a cold rank
         with contextlib.suppress(OSError, ValueError):
@@ -868,8 +978,21 @@ def _unname(path, pid):
             os.unlink(path)
 
 
-def _cold(real_python, argv):
-    os.execv(real_python, [real_python, *argv])
+def _executable(real_python):
+    """The Python a cold start of this command would be: the shim's name (`python` or
+    `python3`) found on PATH after the shims' folder, as the shell would have found it
+    without them (its `sys.executable`); the real Python where none is."""
+    shims = os.path.dirname(os.path.abspath(sys.argv[0]))
+    path = os.pathsep.join(
+        p for p in os.environ.get("PATH", "").split(os.pathsep)
+        if p and os.path.abspath(p) != shims
+    )  # fmt: skip
+    found = shutil.which(os.path.basename(sys.argv[0]), path=path)
+    return os.path.abspath(found) if found else real_python
+
+
+def _cold(python, argv):
+    os.execv(python, [python, *argv])
 
 
 # -- the agent's part ---------------------------------------------------------------------
@@ -895,24 +1018,101 @@ def _pool_env(env, hook):
 def prepare(env, python):
     """For an agent whose job preloads modules: start this node's pool for them unless one
     runs, and write the job's `python` shims. Returns the shims' folder (first on PATH),
-    or None: the ranks start cold (no modules, or no pool can be had here)."""
+    or None: the ranks start cold and nothing need be said (no modules; another agent of
+    the node started the pool and said why it failed). Raises NoPool (or OSError: the
+    pools' folder is not private) where they start cold and the job's output should say
+    why: a pool that cannot import its modules, a pool that is stopped or does not answer,
+    a startup variable a fork cannot honour."""
     modules = modules_of(env)
     job_dir = env.get("DISTRUN_JOB_DIR")
     if not modules or not job_dir or sys.version_info < (3, 9):
         return None
+    variable = unforkable(env)
+    if variable:
+        raise NoPool(f"{variable} is set, which a forked rank cannot honour")
     hook = os.path.dirname(os.path.abspath(__file__))
-    key = pool_key(python, modules, _pythonpath(env, hook))
+    key = pool_key(python, modules, _pythonpath(env, hook), env)
     path = socket_path(key)
+    asked = time.time() - 0.05
+    started = None
     # One lock for the folder, not one per pool (those would pile up, one per key ever
     # used): a start holds it only until the new pool listens, before it imports.
     lock = os.open(os.path.join(pools_folder(), START_LOCK), os.O_WRONLY | os.O_CREAT, 0o600)
     with os.fdopen(lock, "w") as lock:  # one agent of the node starts it; the others wait
         fcntl.flock(lock, fcntl.LOCK_EX)
-        if not _answers(path):
-            if env.get(HELD_VAR) == "1":  # one started here would end with this agent
-                raise OSError("the node's pool, which the backend starts, does not answer")
-            _start_pool(python, key, modules, _pool_env(env, hook))
+        if _answers(path):
+            _check_responsive(key)
+        elif _failure_since(key, asked) is not None:
+            return None  # one started while this agent waited, and failed: its agent said so
+        elif env.get(HELD_VAR) == "1":  # one started here would end with this agent
+            error = _failure_since(key, 0)  # a held pool that started well left none
+            if error is not None:
+                raise NoPool(error, failed=True)
+            raise OSError("the node's pool, which the backend starts, does not answer")
+        else:
+            # (less a little: a file's time comes from the kernel's coarser clock)
+            started = time.time() - 0.05
+            _start_pool(python, key, modules, _pool_env(env, hook), started)
+    if started is not None:  # its import's end, outside the lock: the others go on meanwhile
+        _wait_until_ready(key, started)
     return _write_shims(job_dir, python)
+
+
+def _info(key):
+    path = os.path.join(pools_folder(), f"{key}.json")
+    with contextlib.suppress(OSError, ValueError), open(path) as handle:
+        return json.load(handle)
+    return {}
+
+
+def _state(pid):
+    """The process's state letter (/proc/PID/stat: R, S, T for stopped, Z, ...), or None."""
+    with contextlib.suppress(OSError, IndexError, TypeError), open(f"/proc/{pid}/stat") as f:
+        return f.read().rsplit(")", 1)[1].split()[0]
+    return None
+
+
+def _check_responsive(key):
+    """NoPool where the running pool of `key` would leave its ranks waiting: stopped
+    (SIGSTOP, a debugger), or imported and yet silent to a ping within PING_S."""
+    info = _info(key)
+    pid = info.get("pid")
+    if _state(pid) in ("T", "t"):
+        raise NoPool(f"the node's pool of these modules (pid {pid}) is stopped")
+    if not info.get("ready"):
+        return  # still importing: its fronts wait for it, as they would for a cold start
+    conn = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    conn.settimeout(PING_S)
+    try:
+        conn.connect(socket_path(key))
+        conn.sendall(b'{"ping": true}\n')
+        if (_read_message(conn) or {}).get("pong"):
+            return
+    except (OSError, ValueError):
+        pass
+    finally:
+        conn.close()
+    if _failure_since(key, info.get("started", 0)) is None:
+        raise NoPool(f"the node's pool of these modules (pid {pid}) does not answer")
+
+
+def _wait_until_ready(key, since):
+    """Until the pool started at `since` has imported its modules; NoPool (failed) with its
+    import error where it could not, or where it ended without one. A pool still
+    importing after START_S is left to its fronts, which wait for it."""
+    deadline = time.monotonic() + START_S
+    while time.monotonic() < deadline:
+        error = _failure_since(key, since)
+        if error is not None:
+            raise NoPool(error, failed=True)
+        info = _info(key)
+        if info.get("ready"):
+            return
+        if info and _state(info.get("pid")) in (None, "Z"):
+            error = _failure_since(key, since)
+            raise NoPool(error or "the pool ended as it imported",
+                         failed=True)  # fmt: skip
+        time.sleep(0.005)
 
 
 def hold_main():
@@ -928,7 +1128,7 @@ def hold_main():
         return 2
     hook = os.path.dirname(os.path.abspath(__file__))
     python = sys.executable
-    key = pool_key(python, modules, _pythonpath(env, hook))
+    key = pool_key(python, modules, _pythonpath(env, hook), env)
     lock = os.open(os.path.join(pools_folder(), START_LOCK), os.O_WRONLY | os.O_CREAT, 0o600)
     fcntl.flock(lock, fcntl.LOCK_EX)  # held by the pool until it listens (serve_main)
     if _answers(socket_path(key)):
@@ -952,7 +1152,7 @@ def _answers(path):
         probe.close()
 
 
-def _start_pool(python, key, modules, env):
+def _start_pool(python, key, modules, env, since):
     """A pool outside the agent's tree: started through a process that ends at once, so
     the pool belongs to no job. Returns once its socket listens."""
     room = "-" * ARGV_ROOM
@@ -969,6 +1169,9 @@ def _start_pool(python, key, modules, env):
     path = socket_path(key)
     deadline = time.monotonic() + START_WAIT_S
     while not _answers(path) and time.monotonic() < deadline:
+        error = _failure_since(key, since)
+        if error is not None:  # it failed before this probe found it listening
+            raise NoPool(error, failed=True)
         time.sleep(0.005)
 
 

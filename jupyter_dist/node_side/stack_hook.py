@@ -163,6 +163,8 @@ if __name__ == "sitecustomize":
         enable_stack_dumps()
         if os.environ.get("PYTHONBREAKPOINT") == "distrun_debug.set_trace":
             sys.meta_path.insert(0, PdbSetTrace())
+            if "pdb" in sys.modules:  # imported already (a pool's, that forked this rank)
+                sys.modules["pdb"].set_trace = _pdb_set_trace
             pause_on_signal()
         if os.environ.get("DISTRUN_POST_MORTEM"):
             pause_on_uncaught_exceptions()

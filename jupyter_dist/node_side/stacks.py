@@ -87,7 +87,8 @@ def is_python(pid, argv):
 
 def is_agent(argv):
     """A node agent (agent.py locally, agent-DIGEST.py as shipped over SSH) or its sweep."""
-    script = os.path.basename(argv[1]) if len(argv) > 1 else ""
+    words = [w for w in argv[1:3] if not w.startswith("-")]  # (`python -E agent.py`)
+    script = os.path.basename(words[0]) if words else ""
     return script.startswith("agent") and script.endswith(".py")
 
 

@@ -160,6 +160,9 @@ class Job(Listened):
         self._done = threading.Event()
         self._result: JobResult | None = None
         self.usage: dict[str, dict] = {}  # process name -> its agent's last usage report
+        # Called with an agent's line where the job's preload cannot be imported on its node
+        # (set by whoever keeps the preload: run/launch.py forgets it then).
+        self.on_preload_failed: Callable[[str], None] | None = None
         self.meters = Meters()  # each rank's CPU share and memory, as last reported
         self._usage_stored: dict[str, float] = {}  # process name -> when last written
         self._usage_lock = threading.Lock()
@@ -619,6 +622,7 @@ class Job(Listened):
     def _attach(self, proc: ProcessPlan, handle: ProcessHandle) -> None:
         self._handles[proc.name] = handle
         handle.on_usage = lambda sample, name=proc.name: self._on_usage(name, sample)
+        handle.on_preload_failed = self.on_preload_failed
         state = self.processes[proc.name]
         state.state, state.started = "running", time.time()
         self._emit_process(state)

@@ -242,6 +242,9 @@ def prepare_job(
     )  # fmt: skip
     job.add_listener(ReleaseClaims(claims, job.job_id))
     preload_memory.keep(named, store, job.job_id)
+    if spec.preload is not None and spec.preload.modules:
+        modules = list(spec.preload.modules)
+        job.on_preload_failed = lambda _line: preload_memory.forget_if(store, modules)
     for listener in listeners:
         job.add_listener(listener)
     return job

@@ -9,6 +9,8 @@ Contract:
   `python3 ...`: a cell is one) that jupyter-dist starts once per rank (no torchrun, mpirun
   or horovodrun between). Anything else starts cold, as without a pool, and starts no pool.
 - `--preload none` (`preload: none`) starts that job cold and forgets what was remembered.
+- A job whose preload a node cannot import (its agent says so: `forget_if`) forgets it: the
+  next job that says nothing starts cold, and asks for no pool that would fail again.
 
 Kept in the store's root as `preload.json` (0600, store.write_atomic): the store is the
 user's, so is the memory, and a second store (`--store`, DISTRUN_HOME) has its own.
@@ -81,6 +83,14 @@ def remember(store: JobStore, section: PreloadSection, job_id: str) -> None:
 
 def forget(store: JobStore) -> None:
     (store.root / FILE).unlink(missing_ok=True)
+
+
+def forget_if(store: JobStore, modules: list[str]) -> None:
+    """Forget what was remembered where it is `modules`: a node could not import them (a
+    preload that fails is not taken by later jobs)."""
+    kept = remembered(store)
+    if kept is not None and list(kept[0].modules) == list(modules):
+        forget(store)
 
 
 def remembered(store: JobStore, now: float | None = None) -> tuple[PreloadSection, str] | None:
