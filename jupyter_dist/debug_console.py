@@ -26,6 +26,7 @@ from typing import Any, TextIO
 from jupyter_dist.describe import visible
 from jupyter_dist.diagnose.debug import PausedRank, check_command, rank_not_paused
 from jupyter_dist.errors import DistrunError
+from jupyter_dist.events import state_words
 from jupyter_dist.rank_sets import parse_rank_set
 from jupyter_dist.run.requests import request_debug
 from jupyter_dist.store import JobRecord
@@ -250,7 +251,7 @@ class DebugConsole:
     def _end_unless_running(self) -> None:
         state = self.link.record.status().get("state")
         if state != "running":
-            raise _JobOver(f"job {self.job_id} is {state}: the console ends")
+            raise _JobOver(f"job {self.job_id} {state_words(state)}: the console ends")
 
 
 class _JobOver(Exception):

@@ -9,6 +9,15 @@ from typing import Any, NamedTuple
 
 # Job states: pending -> running -> succeeded | failed | cancelled | timed_out
 FINAL_STATES = ("succeeded", "failed", "cancelled", "timed_out")
+# A state after "job X ...", as a sentence says it: "job X has succeeded", "was cancelled".
+_STATE_WORDS = {"pending": "has not started yet", "running": "is running",
+                "succeeded": "has succeeded", "failed": "has failed",
+                "cancelled": "was cancelled", "timed_out": "timed out"}  # fmt: skip
+
+
+def state_words(state: str) -> str:
+    """`state` as the rest of a sentence that starts "job X": "has succeeded"."""
+    return _STATE_WORDS.get(state, f"is {state}")
 
 
 class OutputLine(NamedTuple):

@@ -14,6 +14,7 @@ from __future__ import annotations
 import argparse
 import collections
 import json
+import math
 import os
 import re
 import sys
@@ -137,6 +138,18 @@ class TerminalPrinter(JobListener):
             self.err.flush()
 
 
+def seconds(text: str) -> float:
+    """A wait in seconds, for argparse: a positive, finite number (-1, 0, nan and inf are
+    refused in one line by the parser, naming the option)."""
+    try:
+        value = float(text)
+    except ValueError:
+        value = math.nan
+    if not (math.isfinite(value) and value > 0):
+        raise argparse.ArgumentTypeError(f"{text!r} is not a positive number of seconds")
+    return value
+
+
 def wants_colour(choice: str, out: TextIO = sys.stdout) -> bool:
     """--color auto|always|never: auto is a terminal's, unless NO_COLOR is set."""
     if choice == "auto":
@@ -196,7 +209,7 @@ def add_parsers(sub: argparse._SubParsersAction, common: argparse.ArgumentParser
     )
     cancel.add_argument("job", help="job id (or a unique prefix)")
     cancel.add_argument(
-        "--wait", type=float, default=30.0, metavar="SECONDS",
+        "--wait", type=seconds, default=30.0, metavar="SECONDS",
         help="how long to wait for every process to stop (default 30; 0: do not wait)",
     )  # fmt: skip
 
@@ -214,7 +227,7 @@ def add_parsers(sub: argparse._SubParsersAction, common: argparse.ArgumentParser
     stacks.add_argument("--brief", action="store_true", help="one line per group of ranks")
     stacks.add_argument("--json", action="store_true", help="the dump as JSON")
     stacks.add_argument(
-        "--timeout", type=float, default=60.0, metavar="SECONDS",
+        "--timeout", type=seconds, default=60.0, metavar="SECONDS",
         help="how long to wait for the job's owner to answer (default 60)",
     )  # fmt: skip
 
@@ -247,7 +260,7 @@ def add_parsers(sub: argparse._SubParsersAction, common: argparse.ArgumentParser
         "pdb's answer",
     )  # fmt: skip
     debug.add_argument(
-        "--timeout", type=float, default=30.0, metavar="SECONDS",
+        "--timeout", type=seconds, default=30.0, metavar="SECONDS",
         help="how long to wait for the answer (default 30)",
     )  # fmt: skip
 

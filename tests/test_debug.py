@@ -133,6 +133,8 @@ def test_a_breakpoint_pauses_its_rank_and_a_terminal_steps_it_then_the_job_succe
             "set, one not paused": run_cli(
                 "debug", job_id, "--ranks", "0-1", "--do", "p x", store=store
             ),
+            "no such rank": do(9, "p x"),
+            "a negative rank": do(-1, "p x"),
         }
         for case, done in refused.items():
             assert done.returncode != 0, case
@@ -142,6 +144,18 @@ def test_a_breakpoint_pauses_its_rank_and_a_terminal_steps_it_then_the_job_succe
             assert refused[case].stderr.strip() == (
                 f"error: rank 0 of job {job_id} is not paused (paused: 1, 3)"
             ), case
+        for case, rank in (("no such rank", 9), ("a negative rank", -1)):
+            assert refused[case].stderr.strip() == (
+                f"error: job {job_id} has ranks 0 to 3, not {rank}"
+            ), refused[case].stderr
+        for value in ("-1", "nan", "0"):  # argparse's usage, then the line that says why
+            done = run_cli("debug", job_id, "--rank", "1", "--do", "p x", "--timeout", value,
+                           store=store)  # fmt: skip
+            assert done.returncode == 2 and "Traceback" not in done.stderr, done.stderr
+            assert done.stderr.strip().splitlines()[-1] == (
+                f"jupyter distrun debug: error: argument --timeout: '{value}' is not a "
+                "positive number of seconds"
+            ), done.stderr
         assert refused["not a set"].stderr.strip() == (
             "error: --ranks: '1-x' is not a set of ranks (e.g. 3, 0,2-3 or all)"
         )
@@ -183,7 +197,7 @@ def test_a_breakpoint_pauses_its_rank_and_a_terminal_steps_it_then_the_job_succe
     ended = run_cli("debug", job_id, store=store)
     assert ended.returncode != 0
     assert ended.stderr.strip() == (
-        f"error: job {job_id} is succeeded; only a running job's ranks pause"
+        f"error: job {job_id} has succeeded; only a running job's ranks pause"
     )
     for job_dir in job_dirs:
         assert not job_dir.exists() or not list(job_dir.glob("debug/*")), job_dir
@@ -696,7 +710,7 @@ def test_the_magic_lists_and_steps_the_paused_ranks_of_a_detached_cell(kernel_en
         assert wait_until_ended(record, 60) == "succeeded"
         said, reply = run(kc, "%distrun debug")
         assert reply["status"] == "error"
-        assert f"job {record.job_id} is succeeded; only a running job's ranks pause" in said
+        assert f"job {record.job_id} has succeeded; only a running job's ranks pause" in said
 
 
 LOOPING = """\

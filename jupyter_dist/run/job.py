@@ -49,6 +49,7 @@ from jupyter_dist.events import (
     ProcessState,
     RootCause,
     describe_exit,
+    state_words,
 )
 from jupyter_dist.nodes import Node
 from jupyter_dist.plan.model import MPI_LAUNCHER_ROLES, LaunchPlan, ProcessPlan
@@ -295,7 +296,7 @@ class Job(Listened):
         ended."""
         if self.state != "running":
             raise DistrunError(
-                f"job {self.job_id} is {self.state}; stacks are read from a running job"
+                f"job {self.job_id} {state_words(self.state)}; stacks are read from a running job"
             )
         nodes = list(self._nodes.values())
         dump = take_stacks(self._backend.run_on_node, nodes, self.job_id, method)
@@ -317,7 +318,7 @@ class Job(Listened):
         """The debugger reaches a running job's ranks only: DistrunError in one line else."""
         if self.state != "running":
             raise DistrunError(
-                f"job {self.job_id} is {self.state}; only a running job's ranks pause"
+                f"job {self.job_id} {state_words(self.state)}; only a running job's ranks pause"
             )
 
     def paused(self) -> tuple[list[PausedRank], list[str]]:
@@ -357,10 +358,7 @@ class Job(Listened):
         None where it was signalled but had not paused within `timeout`. DistrunError in
         one line where the job has no such rank running, or it cannot be paused."""
         self._refuse_unless_running()
-        if not 0 <= rank < self.plan.world_size:
-            raise DistrunError(
-                f"job {self.job_id} has ranks 0 to {self.plan.world_size - 1}, not {rank}"
-            )
+        self._check_rank(rank)
         # The node of its own process, where it has one; else (torchrun's, mpirun's
         # workers) each node that runs some of the job's ranks.
         own = [p.node for p in self.plan.processes if p.rank == rank]
@@ -383,10 +381,19 @@ class Job(Listened):
             + ("; ".join(problems) or "no node runs it")
         )
 
+    def _check_rank(self, rank: int) -> None:
+        """DistrunError in one line where the job has no rank `rank`."""
+        if not 0 <= rank < self.plan.world_size:
+            raise DistrunError(
+                f"job {self.job_id} has ranks 0 to {self.plan.world_size - 1}, not {rank}"
+            )
+
     def debug_send(self, rank: int, command: str, timeout: float = 30.0) -> dict:
         """`command` to paused rank `rank`'s pdb: {"answer", "paused"} (diagnose/debug.py).
-        DistrunError in one line where that rank is not paused, or the command is empty."""
+        DistrunError in one line where the job has no such rank, it is not paused, or the
+        command is empty."""
         command = check_command(command)
+        self._check_rank(rank)
         # Where the rank paused before is where it is asked first (its process stays the
         # same between pauses): one helper on one node a command, no listing of them all.
         known = self._paused_at.get(rank)
@@ -408,6 +415,8 @@ class Job(Listened):
         {"rank", "answer", "paused"} per rank, by rank. DistrunError in one line, before
         anything is sent, where one of them is not paused or none is."""
         command = check_command(command)
+        for rank in ranks or ():
+            self._check_rank(rank)
         # Ranks named whose pauses their debuggers have told (a line each, on their stdout)
         # are asked at once; `all`, or a rank not known paused, asks every node first.
         with self._state_lock:

@@ -25,7 +25,7 @@ from typing import Any, TypeVar
 
 from jupyter_dist.diagnose.stacks import check_method
 from jupyter_dist.errors import DamagedJob, DistrunError
-from jupyter_dist.events import FINAL_STATES
+from jupyter_dist.events import FINAL_STATES, state_words
 from jupyter_dist.store import JobRecord, read_regular, write_atomic
 
 CANCEL_FILE = "cancel.json"
@@ -164,7 +164,7 @@ def request_stacks(record: JobRecord, method: str, timeout: float) -> dict[str, 
     state = _ask_owner(record, "read its stacks")
     if state != "running":
         raise DistrunError(
-            f"job {record.job_id} is {state}; stacks are read from a running job "
+            f"job {record.job_id} {state_words(state)}; stacks are read from a running job "
             f"(the last ones taken: jupyter distrun stacks {record.job_id} --last)"
         )
     request_id = uuid.uuid4().hex
@@ -242,7 +242,9 @@ def request_debug(record: JobRecord, request: dict[str, Any], timeout: float) ->
     no answer comes within `timeout`."""
     state = _ask_owner(record, "reach its ranks' debugger")
     if state != "running":
-        raise DistrunError(f"job {record.job_id} is {state}; only a running job's ranks pause")
+        raise DistrunError(
+            f"job {record.job_id} {state_words(state)}; only a running job's ranks pause"
+        )
     request_id = uuid.uuid4().hex
     answer_path = record.path / f"{DEBUG_ANSWER_PREFIX}{request_id}.json"
     request_path = record.path / f"{DEBUG_REQUEST_PREFIX}{request_id}.json"
