@@ -997,7 +997,8 @@ def _runs_agent(pid):
             argv = handle.read().split(b"\0")
     except OSError:
         return False
-    script = os.path.basename(argv[1]) if len(argv) > 1 else b""
+    words = [w for w in argv[1:3] if not w.startswith(b"-")]  # (`python -E agent.py`)
+    script = os.path.basename(words[0]) if words else b""
     helper = b"--sweep" in argv or b"--term" in argv  # a one-shot, not a process's agent
     return script.startswith(b"agent") and script.endswith(b".py") and not helper
 
