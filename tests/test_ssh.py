@@ -782,12 +782,22 @@ def test_what_a_job_leaves_in_a_nodes_workdir_is_private(ssh_nodes, store, tmp_p
         resources: {{instance_count: 2}}
         limits: {{max_restarts: 1}}
     """)
-    result = run(spec, store=store, inventory=ssh_nodes.load_inventory(tmp_path))
+    # Workdirs that do not exist yet: each is made by the job, and private, parent too.
+    entries = ssh_nodes.inventory_entries()
+    for entry in entries:
+        entry["workdir"] = f"{entry['workdir']}-made/work"
+    (tmp_path / "nodes.yml").write_text(yaml.safe_dump({"nodes": entries}))
+    inventory = load_inventory(tmp_path / "nodes.yml")
+    old = os.umask(0o022)  # what most machines have: what the job makes is private anyway
+    try:
+        result = run(spec, store=store, inventory=inventory)
+    finally:
+        os.umask(old)
     assert result.ok and len(result.attempts) == 1, result.describe()
-    for node in ssh_nodes.nodes:
-        work = Path(node.workdir)
+    for entry in entries:
+        work = Path(entry["workdir"])
         assert (work / "code").is_dir() and any(work.glob("agent*"))
-        assert [p for p in not_private(work) if not p.startswith(f"{work} ")] == []
+        assert not_private(work.parent) == []  # the workdir itself, and the folder made for it
         snapshot = work / result.job_id / "code"
         assert sorted(p.name for p in snapshot.iterdir()) == ["pkg", "run.sh"]
         assert os.access(snapshot / "run.sh", os.X_OK)

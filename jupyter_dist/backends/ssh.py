@@ -73,8 +73,16 @@ _CHUNK = 65536
 _PROBE = r"""
 import json, os, platform, shutil, subprocess, sys
 work = os.path.abspath(os.path.expanduser(sys.argv[1]))
-try:
-    os.makedirs(work, exist_ok=True)
+try:  # what is made is private (0700), parents too; a folder that exists is left as it is
+    missing, folder = [], work
+    while not os.path.isdir(folder):
+        missing.append(folder)
+        folder = os.path.dirname(folder)
+    for folder in reversed(missing):
+        try:
+            os.mkdir(folder, 0o700)
+        except FileExistsError:
+            pass
 except OSError as exc:
     sys.exit(f"workdir {work}: {exc.strerror or exc}")
 gpus = None
