@@ -119,6 +119,10 @@ def test_ddp_across_two_ssh_nodes(launcher, debian_ssh_nodes, store, tmp_path):
         f"{ssh_nodes.nodes[0].host}: their hostnames resolve to 127.0.1.1, which gloo would "
         "advertise to the other nodes"
     ]
+    # Said once in the header too: the job's summary, which the views print first.
+    assert plan.network_choice == (
+        "gloo over eth0 on node0, node1 (their hostnames resolve to 127.0.1.1)"
+    )
     results = result_reports(store, result.job_id)
     assert sorted(results) == [0, 1, 2, 3]
     node0 = ssh_nodes.nodes[0].host

@@ -164,7 +164,15 @@ def gloo_interfaces(run_on_node: RunOnNode, plan: LaunchPlan, nodes: list[Node])
         )
         for (interface, resolved), names in why.items()
     ]
-    return dataclasses.replace(plan, processes=procs, network_notes=[*plan.network_notes, *notes])
+    choice = "; ".join(
+        f"gloo over {interface} on {', '.join(names)} ("
+        + f"{'its hostname' if len(names) == 1 else 'their hostnames'} "
+        + (f"resolve{'s' * (len(names) == 1)} to {resolved})" if resolved
+           else f"do{'es' * (len(names) == 1)} not resolve)")
+        for (interface, resolved), names in why.items()
+    )  # fmt: skip
+    return dataclasses.replace(plan, processes=procs, network_choice=choice,
+                               network_notes=[*plan.network_notes, *notes])  # fmt: skip
 
 
 def _routes(run_on_node: RunOnNode, plan: LaunchPlan, nodes: list[Node]) -> list[tuple[Node, dict]]:

@@ -109,6 +109,9 @@ class LaunchPlan:
     # What was set from what the nodes said, before they start, one line each (the gloo
     # interface of nodes whose hostname is a loopback address: diagnose/network.py).
     network_notes: list[str] = field(default_factory=list)
+    # The same choice in a few words, for the job's header line: "gloo over eth0 on node0,
+    # node1 (their hostnames resolve to 127.0.1.1)"; "" where nothing was chosen.
+    network_choice: str = ""
     # What the job made of its preload, one line each: one remembered from the user's
     # earlier jobs (run/preload_memory.py), or one its backend cannot keep (run/launch.py).
     remembered: list[str] = field(default_factory=list)
@@ -134,6 +137,7 @@ class LaunchPlan:
             "read_as": self.read_as,
             "outputs": self.outputs,
             "network_notes": self.network_notes,
+            "network_choice": self.network_choice,
             "remembered": self.remembered,
         }
 
@@ -166,6 +170,7 @@ class LaunchPlan:
             read_as=[str(line) for line in data.get("read_as") or []],
             outputs=dict(data.get("outputs") or {}),
             network_notes=[str(line) for line in data.get("network_notes") or []],
+            network_choice=str(data.get("network_choice") or ""),
             remembered=[str(line) for line in data.get("remembered") or []],
         )
 

@@ -619,8 +619,11 @@ class Job(Listened):
 
     @property
     def summary(self) -> str:
-        """What it starts and where, in words: "4 ranks on 2 nodes (slurm)"."""
-        return f"{launch_summary(self.plan)} ({self._backend.name})"
+        """What it starts and where, in words: "4 ranks on 2 nodes (slurm)", and the network
+        interface chosen for it where one was: ", gloo over eth0 on node0, node1 (their
+        hostnames resolve to 127.0.1.1)"."""
+        choice = f", {self.plan.network_choice}" if self.plan.network_choice else ""
+        return f"{launch_summary(self.plan)} ({self._backend.name}){choice}"
 
     @property
     def done(self) -> bool:
