@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import argparse
 import collections
+import contextlib
 import json
 import math
 import os
@@ -57,6 +58,7 @@ from jupyter_dist.events import (
     JobListener,
     OutputLine,
     ProcessState,
+    RootCause,
     exit_text,
 )
 from jupyter_dist.nodes import load_inventory, this_machines_gpus
@@ -523,6 +525,12 @@ def cmd_inspect(args: argparse.Namespace, store: JobStore) -> int:
     status = record.status()
     title = f"job {record.job_id} ({plan.job_type}, {effective_state(status)})"
     print_table(inspect_rows(plan, status), INSPECT_COLUMNS, title=title)
+    cause = status.get("root_cause")
+    if isinstance(cause, dict) and status.get("state") == "failed":  # where a user looks first
+        with contextlib.suppress(TypeError):
+            print("\n" + RootCause(**cause).format())
+    elif status.get("message") and status.get("state") in ("failed", "timed_out"):
+        print(f"\n{status['message']}")
     paused = [PausedRank.from_dict(p) for p in paused_records(status)]
     if paused and status.get("state") == "running":
         print(f"\nPaused in the debugger (jupyter distrun debug {record.job_id}):")

@@ -126,6 +126,9 @@ def test_jobs_and_logs_read_the_store(tmp_path: Path, store):
     assert status["state"] == "failed" and status["root_cause"]["rank"] == 1
     assert status["name"] == "exp3"
     job_id = status["job_id"]
+    inspected = run_cli("inspect", job_id, store=store).stdout  # why, where one looks first
+    assert "Root cause: rank 1 on local0 (127.0.0.1) exited with code 1: warning 1" in inspected
+    assert "Last stderr lines of rank 1:\n  warning 1\n" in inspected, inspected
     table = run_cli("jobs", store=store, env={**os.environ, "COLUMNS": "250"})
     assert job_id in table.stdout and "failed" in table.stdout
     assert "1 rank" not in table.stdout and "2 ranks" in table.stdout
