@@ -455,7 +455,7 @@ def test_a_breakpoint_in_a_distrun_cell_pauses_and_the_cell_ends_once_continued(
                     if row.get("paused"):
                         marked[row["name"]] = row["paused"]
         assert marked == {
-            f"rank-{rank}": ["paused at script.py:4 in <module> (breakpoint)"] for rank in (0, 1)
+            f"rank-{rank}": ["paused at cell line 4 in <module> (breakpoint)"] for rank in (0, 1)
         }, marked
         (record,) = store.jobs()
         found = paused_ranks(store, record.job_id, 2)
@@ -463,6 +463,11 @@ def test_a_breakpoint_in_a_distrun_cell_pauses_and_the_cell_ends_once_continued(
             (0, 4, "<module>"),
             (1, 4, "<module>"),
         ]  # the cell's lines, as its tracebacks number them (the magic's line is not one)
+        listed = run_cli("debug", record.job_id, "--list", store=store).stdout.splitlines()
+        assert listed == [
+            f"rank {rank} (local{rank}): cell line 4 in <module> (breakpoint): x += 10"
+            for rank in (0, 1)
+        ], listed
         for rank in (0, 1):
             done = run_cli("debug", record.job_id, "--rank", str(rank), "--do", "p x",
                            store=store)  # fmt: skip
@@ -494,6 +499,19 @@ def test_a_breakpoint_in_a_distrun_cell_pauses_and_the_cell_ends_once_continued(
         (session,) = [r for r in store.jobs() if r.job_id not in (record.job_id, failed.job_id)]
         looked = run_cli("debug", session.job_id, "--rank", "1", "--do", "p kept", store=store)
         assert looked.stdout == "5\n", looked.stderr
+
+        # What would read the rank's stdin (the session's feed of cells) is refused at once,
+        # in one line, and the rank stays reachable: interact, input() by ! and by p.
+        def do(command: str) -> str:
+            done = run_cli("debug", session.job_id, "--rank", "1", "--do", command,
+                           "--timeout", "20", store=store)  # fmt: skip
+            assert done.returncode == 0, done.stderr
+            return done.stdout
+
+        assert do("interact").startswith("*** interact is not available in jupyter-dist's")
+        no_input = "*** EOFError: no input to read in jupyter-dist's debugger"
+        assert do("!input()").startswith(no_input) and do("p input()").startswith(no_input)
+        assert do("p kept + 1") == "6\n"
         run_cli("debug", session.job_id, "--rank", "1", "--do", "c", store=store)
         assert _reply(kc, msg_id)["status"] == "ok"
         msg_id = kc.execute("%%distrun\nprint('kept', kept)")
@@ -637,11 +655,42 @@ def test_post_mortem_pauses_a_failed_rank_and_the_job_fails_as_it_would_have(tmp
             proc.wait()
     assert root_cause(job_id) == expected
 
+    # A rank that joined a process group: torch holds its stderr back until it exits, and
+    # the announcement still reaches the job's output while the rank waits.
+    grouped = tmp_path / "grouped.py"
+    grouped.write_text("import torch.distributed as dist\ndist.init_process_group('gloo')\n"
+                       + FAILING)  # fmt: skip
+    (tmp_path / "grouped.yml").write_text(body.replace(str(script), str(grouped)))
+    before = {r.job_id for r in store.jobs()}
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "jupyter_dist.cli", "run", str(tmp_path / "grouped.yml"),
+         "--post-mortem", "--store", str(store.root)],
+        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+    )  # fmt: skip
+    try:
+        deadline = time.monotonic() + 60
+        while not (new := [r.job_id for r in store.jobs() if r.job_id not in before]):
+            assert time.monotonic() < deadline, "no job started"
+            time.sleep(0.1)
+        (grouped_id,) = new
+        paused_ranks(store, grouped_id, 1)
+        record, deadline = store.get(grouped_id), time.monotonic() + 30
+        while not any("paused after ValueError" in line.text
+                      for line in record.iter_log("rank-1", "stderr")):  # fmt: skip
+            assert time.monotonic() < deadline, "the pause was not announced while it lasts"
+            time.sleep(0.1)
+        run_cli("debug", grouped_id, "--rank", "1", "--do", "q", store=store)
+        assert proc.wait(60) == 1
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+
     started = time.monotonic()
     done = run_cli("run", str(waiting), store=store)
     assert done.returncode == 1 and time.monotonic() - started >= 2
     assert "or in 2 s if nobody looks" in done.stdout + done.stderr
-    (last,) = [r.job_id for r in store.jobs() if r.job_id not in (without, job_id)]
+    (last,) = [r.job_id for r in store.jobs() if r.job_id not in (without, job_id, grouped_id)]
     assert root_cause(last) == expected
 
 

@@ -171,6 +171,13 @@ class PausedRank:
     reason: str  # "breakpoint", "post-mortem"
     since: float
     exception: str | None = None  # post-mortem: the error's one line
+    cell: bool = False  # paused in a %%distrun cell (the job's script.py)
+    source: str | None = None  # the text of the line it waits at
+
+    @property
+    def where(self) -> str:
+        """`bp.py:7` (the file by its path), or `cell line 7` in a %%distrun cell."""
+        return f"cell line {self.line}" if self.cell else f"{self.file}:{self.line}"
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -191,20 +198,26 @@ class PausedRank:
             line=int(found.get("line", 0)), function=str(found.get("function", "?")),
             reason=str(found.get("reason", "breakpoint")), since=float(found.get("since", 0.0)),
             exception=str(found["exception"]) if found.get("exception") else None,
+            cell=found.get("cell") is True,
+            source=str(found["source"]) if found.get("source") else None,
         )  # fmt: skip
 
     def line_text(self) -> str:
         """One line: `rank 1 (node-1): bp.py:3 in main (breakpoint)`, or `(post-mortem:
-        ValueError: bad)`."""
+        ValueError: bad)`; in a cell `rank 1 (node-1): cell line 3 in <module> (breakpoint):
+        x += 1`, the line's text after it."""
         who = f"rank {self.rank}" if self.rank is not None else f"pid {self.pid}"
         why = f"{self.reason}: {self.exception}" if self.exception else self.reason
-        return f"{who} ({self.node}): {self.file}:{self.line} in {self.function} ({why})"
+        text = f": {self.source}" if self.cell and self.source else ""
+        return f"{who} ({self.node}): {self.where} in {self.function} ({why}){text}"
 
 
 def paused_text(paused: dict[str, Any]) -> str:
     """A paused rank (a PausedRank's dict) where the views say it: `paused at bp.py:7 in
     main (breakpoint)`, the file by its name alone."""
     where = f"{str(paused.get('file', '?')).rsplit('/', 1)[-1]}:{paused.get('line', '?')}"
+    if paused.get("cell"):
+        where = f"cell line {paused.get('line', '?')}"
     why = paused.get("reason", "?")
     if paused.get("exception"):
         why = f"{why}: {paused['exception']}"
@@ -226,6 +239,12 @@ def check_command(command: str) -> str:
     one line."""
     if not command.strip() or "\n" in command.strip():
         raise DistrunError("a pdb command is one line of text, such as 'p x', 'n' or 'c'")
+    try:
+        command.encode("utf-8")
+    except UnicodeEncodeError:  # bytes a terminal sent that are no text (surrogateescape)
+        raise DistrunError(
+            "a pdb command is text: this one holds bytes that are not UTF-8"
+        ) from None
     return command.strip()
 
 

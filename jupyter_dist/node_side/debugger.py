@@ -184,12 +184,19 @@ class _Console:
 
     def paused(self, frame, reason, exception=None):
         code = frame.f_code
+        import linecache
+
+        job_dir = os.environ.get("DISTRUN_JOB_DIR")
         record = {
             "pid": self.pid, "rank": _rank(),
             "node_rank": int(os.environ.get("DISTRUN_NODE_RANK", "0") or 0),
             "host": socket.gethostname(), "file": code.co_filename, "line": frame.f_lineno,
             "function": code.co_name, "reason": reason, "since": time.time(),
             "exception": exception,
+            # A %%distrun cell is the job's script.py: the views say "cell line N" and show
+            # the line, as the user knows it, not the store's file.
+            "cell": bool(job_dir) and code.co_filename == os.path.join(job_dir, "script.py"),
+            "source": linecache.getline(code.co_filename, frame.f_lineno).strip() or None,
         }  # fmt: skip
         temporary = self.record_path + ".tmp"
         fd = os.open(temporary, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
@@ -232,6 +239,30 @@ def _tell(message):
 
 
 _debugger = []  # this process's one pdb, made at its first pause
+INTERACT_REFUSED = (
+    "interact is not available in jupyter-dist's debugger (the rank has no terminal): "
+    "run code in the frame with ! or p"
+)
+
+
+class _NoInput:
+    """sys.stdin while a pdb command runs: a read says at once that there is no input."""
+
+    encoding = "utf-8"
+
+    def _refuse(self, *_args):
+        raise EOFError("no input to read in jupyter-dist's debugger (the rank has no terminal)")
+
+    read = readline = readlines = _refuse
+
+    def isatty(self):
+        return False
+
+    def fileno(self):
+        raise OSError("no input in jupyter-dist's debugger")
+
+
+_NO_INPUT = _NoInput()
 
 
 def _make_debugger(console):
@@ -255,6 +286,26 @@ def _make_debugger(console):
                 pdb.Pdb.interaction(self, frame, traceback)
             finally:
                 console.running()
+
+        # What a command's code reads is never the rank's own stdin (a warm session's feed
+        # of cells, which a read would take and wedge) nor the console's next command.
+        def onecmd(self, line):
+            saved, sys.stdin = sys.stdin, _NO_INPUT
+            try:
+                return pdb.Pdb.onecmd(self, line)
+            finally:
+                sys.stdin = saved
+
+        def default(self, line):  # `!code`: pdb points sys.stdin at its own stdin for it
+            saved, self.stdin = self.stdin, _NO_INPUT
+            try:
+                return pdb.Pdb.default(self, line)
+            finally:
+                self.stdin = saved
+
+        def do_interact(self, arg):
+            """interact is not available here: run code with ! or p."""
+            self.error(INTERACT_REFUSED)
 
     # nosigint: the rank's own SIGINT handling stays as it was (pdb would take it over).
     debugger = RemotePdb(stdin=console, stdout=console, nosigint=True)
@@ -281,11 +332,24 @@ def _announce(record):
         then = "; it exits with this error once you continue or quit" + (
             f", or in {wait} s if nobody looks" if wait.isdigit() else ""
         )
-    sys.stderr.write(
-        f"distrun: {rank} paused{after} at {record['file']}:{record['line']} in "
+    where = f"{record['file']}:{record['line']}"
+    if record.get("cell"):
+        where = f"cell line {record['line']}" + (
+            f" ({record['source']})" if record.get("source") else ""
+        )
+    line = (
+        f"distrun: {rank} paused{after} at {where} in "
         f"{record['function']} ({record['reason']}); to look: {attach}{then}\n"
     )
-    sys.stderr.flush()
+    # On the descriptor itself: the program may hold sys.stderr in a buffer of its own
+    # until it exits (torch's excepthook once a process group exists), and the user must
+    # read this while the rank waits.
+    with contextlib.suppress(Exception):
+        sys.stderr.flush()
+    data = line.encode("utf-8", errors="replace")
+    with contextlib.suppress(OSError):
+        while data:
+            data = data[os.write(2, data) :]
 
 
 def _debugger_here(job_dir):
