@@ -21,6 +21,7 @@ import json
 import sys
 import threading
 import time
+from collections.abc import Sequence
 from typing import Any, TextIO
 
 from jupyter_dist.describe import visible
@@ -272,22 +273,44 @@ def _read(prompt: str) -> str:
 
 
 def debug_session(session: Any, args: argparse.Namespace) -> int:
-    """`%distrun debug [--rank R]` in a kernel whose warm session is open (run/session.py):
-    the console; where rank R's last cell failed and R is not paused, a post-mortem on
-    that cell's error first, with its variables. Leaving the console ends the post-mortem:
-    the session lives on."""
+    """`%distrun debug [--rank R] [--do CMD | --list]` in a kernel whose warm session is
+    open (run/session.py): as `cmd_debug`, and where rank R's last cell failed and R is not
+    paused, a post-mortem on that cell's error first, with its variables: the console, or
+    with `--do` the command's answer (then the post-mortem ends, unless the command left
+    it). `--list` names the failed ranks too, as post-mortems to be had. Leaving ends the
+    post-mortem: the session lives on."""
     link = OwnerLink(session.job.record, args.timeout)
     rank, failed = args.rank, list(session.failed_ranks)
+    if args.list or (args.json and args.do is None):
+        return _list(link, args, session.job.record, failed=failed)
+    if args.do is None and (args.interrupt or args.ranks is not None):
+        return cmd_debug(args, session.job.record)
 
     def paused_at() -> PausedRank | None:
         return next((p for p in link.paused()[0] if p.rank == rank), None)
 
-    where = None if rank is None else paused_at()
-    if rank is None or rank not in failed or where is not None:
+    where = None if rank is None or args.interrupt or args.ranks is not None else paused_at()
+    if rank is None or rank not in failed or where is not None or args.ranks is not None:
+        if args.do is not None or args.interrupt:
+            return cmd_debug(args, session.job.record)
         if rank is None and failed:
             print(f"the last cell failed on rank {', '.join(map(str, failed))}: "
                   f"`%distrun debug --rank {failed[0]}` looks where it raised")  # fmt: skip
         return DebugConsole(link, session.job.job_id).run(attach=rank, where=where)
+    if args.do is not None:
+        check_command(args.do)  # before a post-mortem is started for nothing
+    with _post_mortem(session, link, rank, args.timeout) as where:
+        if args.do is not None:
+            return _answer(link, rank, args.do)
+        leaving = f"rank {rank}'s post-mortem ends; session {session.name} goes on"
+        console = DebugConsole(link, session.job.job_id, on_leaving=leaving)
+        return console.run(attach=rank, where=where)
+
+
+@contextlib.contextmanager
+def _post_mortem(session: Any, link: OwnerLink, rank: int, timeout: float):
+    """Rank `rank` paused on its last cell's error, while the block runs (the PausedRank);
+    on leaving, its post-mortem ends (`q`, where the block did not end it)."""
     outcome: dict[str, Any] = {}
 
     def look() -> None:
@@ -299,24 +322,23 @@ def debug_session(session: Any, args: argparse.Namespace) -> int:
     looking = threading.Thread(target=look, name="distrun-post-mortem", daemon=True)
     looking.start()
     try:
-        deadline = time.monotonic() + args.timeout
+        deadline = time.monotonic() + timeout
         while looking.is_alive() and time.monotonic() < deadline:
-            where = paused_at()
+            where = next((p for p in link.paused()[0] if p.rank == rank), None)
             if where is not None:
-                leaving = f"rank {rank}'s post-mortem ends; session {session.name} goes on"
-                console = DebugConsole(link, session.job.job_id, on_leaving=leaving)
-                return console.run(attach=rank, where=where)
+                yield where
+                return
             time.sleep(0.05)
         if "error" in outcome:
             raise outcome["error"]
         if looking.is_alive():
-            raise DistrunError(f"rank {rank} did not pause within {args.timeout:g} s")
+            raise DistrunError(f"rank {rank} did not pause within {timeout:g} s")
         raise DistrunError(f"rank {rank}'s last cell did not fail: nothing to look into")
     finally:
         if looking.is_alive():  # the console is left: so is the post-mortem
             with contextlib.suppress(DistrunError):
                 link.send(rank, "q")
-            looking.join(args.timeout)
+            looking.join(timeout)
 
 
 def cmd_debug(args: argparse.Namespace, record: JobRecord) -> int:
@@ -364,26 +386,42 @@ def _do(link: OwnerLink, args: argparse.Namespace, record: JobRecord) -> int:
         raise DistrunError("--do needs --rank R or --ranks SET: the paused ranks it goes to")
     if args.json:
         raise DistrunError("--json lists, or gives --ranks' answers: not --rank's")
-    answer = link.send(args.rank, args.do)
+    return _answer(link, args.rank, args.do)
+
+
+def _answer(link: OwnerLink, rank: int, command: str) -> int:
+    """`command` to paused rank `rank`; pdb's answer printed as it is."""
+    answer = link.send(rank, command)
     sys.stdout.write(answer["answer"])
     sys.stdout.flush()
     if not answer["paused"]:
-        print(f"rank {args.rank} runs on", file=sys.stderr)
+        print(f"rank {rank} runs on", file=sys.stderr)
     return EXIT_OK
 
 
-def _list(link: OwnerLink, args: argparse.Namespace, record: JobRecord) -> int:
-    """--list, --json: one line (one object) per paused rank."""
+def _list(
+    link: OwnerLink, args: argparse.Namespace, record: JobRecord, failed: Sequence[int] = ()
+) -> int:
+    """--list, --json: one line (one object) per paused rank; then each of `failed` (a
+    warm session's ranks whose last cell raised) not paused, as a post-mortem to be had."""
     if args.rank is not None:
         raise DistrunError("--rank goes with --do (--do 'p x' --rank R) or --interrupt")
     paused, problems = link.paused()
     for problem in problems:
         print(f"warning: {visible(problem)}", file=sys.stderr)
+    candidates = [rank for rank in failed if rank not in {p.rank for p in paused}]
     if args.json:
-        print(json.dumps([listed(p) for p in paused]))
-    elif paused:
-        for found in paused:
-            print(visible(found.line_text()))
-    else:
+        rows = [listed(p) for p in paused] + [
+            dict.fromkeys(LISTED_KEYS) | {"rank": rank, "reason": "post-mortem"}
+            for rank in candidates
+        ]
+        print(json.dumps(rows))
+        return EXIT_OK
+    for found in paused:
+        print(visible(found.line_text()))
+    for rank in candidates:
+        print(f"rank {rank}: its last cell failed (post-mortem): --rank {rank} looks where it "
+              "raised, and --do runs a command there")  # fmt: skip
+    if not paused and not candidates:
         print(f"no rank of job {record.job_id} is paused", file=sys.stderr)
     return EXIT_OK

@@ -610,7 +610,13 @@ def cmd_stacks(args: argparse.Namespace, store: JobStore) -> int:
 
 
 def cmd_debug(args: argparse.Namespace, store: JobStore) -> int:
-    return debug_console.cmd_debug(args, store.get(args.job))
+    from jupyter_dist.run.detached_session import RemoteSession, is_detached_session
+
+    record = store.get(args.job)
+    if is_detached_session(record) and record.status().get("state") == "running":
+        # A detached session's failed cell has a post-mortem to be had, as in its kernel.
+        return debug_console.debug_session(RemoteSession(record), args)
+    return debug_console.cmd_debug(args, record)
 
 
 def _last(items: Iterable[T], count: int) -> tuple[list[T], int]:

@@ -648,10 +648,7 @@ class DistrunMagics(Magics):
             with _one_line_errors():
                 self._attach_view(args)
             return
-        console = args.command == "debug" and not (
-            args.do or args.list or args.json or args.interrupt or args.ranks
-        )
-        if console and session is not None:
+        if args.command == "debug" and session is not None:
             from jupyter_dist.debug_console import debug_session  # a failed cell's post-mortem
 
             with _one_line_errors():

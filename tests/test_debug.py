@@ -523,6 +523,19 @@ def test_a_breakpoint_in_a_distrun_cell_pauses_and_the_cell_ends_once_continued(
         failing = ("%%distrun\nimport os\ndef check(v):\n    if os.environ['RANK'] == '1':\n"
                    "        raise ValueError(f'bad {v}')\ncheck(kept * 2)\n")  # fmt: skip
         assert kc.execute_interactive(failing, timeout=60)["content"]["status"] == "error"
+        said = []
+
+        def printed(msg):
+            if msg["msg_type"] in ("stream", "error"):
+                said.append(msg["content"].get("text", msg["content"].get("evalue")))
+
+        # By script, as the console does: --list names the failed rank, --do answers there.
+        kc.execute_interactive("%distrun debug --list", timeout=60, output_hook=printed)
+        assert "rank 1: its last cell failed (post-mortem)" in "".join(said), said
+        said.clear()
+        reply = kc.execute_interactive('%distrun debug --rank 1 --do "p v, kept"', timeout=60,
+                                       output_hook=printed)  # fmt: skip
+        assert reply["content"]["status"] == "ok" and "".join(said) == "(12, 6)\n", said
         typed, said = iter(["p v, kept", "where", "q", "quit"]), []
 
         def typing(msg):

@@ -237,6 +237,11 @@ def test_a_detached_session_keeps_its_ranks_variables_across_a_kernel_restart(ke
             " in <module> (post-mortem: ValueError: only rank 1); `detach` comes back"
         ), lines
         assert lines[2:] == ["41", "rank 1 runs on"], lines
+        # From a terminal, by script: the session's failed rank listed, and --do there.
+        listed = run_cli("debug", record.job_id, "--list", store=store)
+        assert "rank 1: its last cell failed (post-mortem)" in listed.stdout, listed
+        looked = run_cli("debug", record.job_id, "--rank", "1", "--do", "p x", store=store)
+        assert looked.returncode == 0 and looked.stdout == "41\n", looked.stderr
         said, reply = run(kc, "%%distrun -o x\nx")
         assert reply["status"] == "error"
         assert said.startswith("-o/--out: a detached session's values stay on its ranks")
