@@ -347,11 +347,24 @@ def cmd_debug(args: argparse.Namespace, record: JobRecord) -> int:
     if args.ranks is not None and args.rank is not None:
         raise DistrunError("give --rank R or --ranks SET, not both")
     if args.interrupt:
-        if args.rank is None or args.do is not None or args.list or args.json or args.ranks:
-            raise DistrunError("--interrupt pauses one rank: give --rank R, and nothing else")
+        if args.rank is None or args.list or args.json or args.ranks:
+            raise DistrunError(
+                "--interrupt pauses one rank: give --rank R (and --do CMD to run a command "
+                "there), and nothing else"
+            )
+        if args.do is not None:
+            check_command(args.do)  # before the rank is paused for nothing
         paused = link.interrupt(args.rank, min(args.timeout, 5.0))
+        if args.do is not None:  # then the command, in the same call; it stays paused
+            if paused is None and not _paused_within(link, args.rank, args.timeout):
+                raise DistrunError(
+                    f"rank {args.rank} did not pause within {args.timeout:g} s (it is in "
+                    "native code: a collective, a lock?); nothing was sent"
+                )
+            return _answer(link, args.rank, args.do)
         if paused is not None:
-            print(visible(paused.line_text()))
+            already = f"rank {args.rank} was paused already: " if paused.already else ""
+            print(already + visible(paused.line_text()))
         else:
             print(f"rank {args.rank} was asked to pause; it will once its main thread runs "
                   "Python again (it is in native code now: a collective, a lock?); "
@@ -387,6 +400,16 @@ def _do(link: OwnerLink, args: argparse.Namespace, record: JobRecord) -> int:
     if args.json:
         raise DistrunError("--json lists, or gives --ranks' answers: not --rank's")
     return _answer(link, args.rank, args.do)
+
+
+def _paused_within(link: OwnerLink, rank: int, timeout: float) -> bool:
+    """Whether `rank` is listed paused within `timeout` seconds."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if any(p.rank == rank for p in link.paused()[0]):
+            return True
+        time.sleep(0.1)
+    return False
 
 
 def _answer(link: OwnerLink, rank: int, command: str) -> int:

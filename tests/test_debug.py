@@ -806,6 +806,11 @@ def test_interrupt_pauses_a_running_rank_where_it_is(tmp_path, store):
         assert asleep.returncode == 0 and asleep.stdout == "", asleep
         assert asleep.stderr.startswith("rank 0 was asked to pause; it will once its main "
                                         "thread runs Python again"), asleep.stderr  # fmt: skip
+        # --interrupt with --do: paused (once its sleep ends) and asked in one call; it
+        # stays paused.
+        both = run_cli("debug", job_id, "--interrupt", "--rank", "0", "--do", "p 6 * 7",
+                       store=store)  # fmt: skip
+        assert both.returncode == 0 and both.stdout == "42\n", both
         looping = run_cli("debug", job_id, "--interrupt", "--rank", "1", store=store)
         assert looping.returncode == 0, looping.stderr
         assert re.fullmatch(rf"rank 1 \(local0\): {re.escape(str(script))}:[78] in <module> "
@@ -815,10 +820,18 @@ def test_interrupt_pauses_a_running_rank_where_it_is(tmp_path, store):
             return run_cli("debug", job_id, "--rank", str(rank), "--do", command, store=store)
 
         assert do(1, "p i > 0, done").stdout == "(True, False)\n"
+        # Asked again while paused: told so, and its pdb is as it was (no pause inside ours).
+        again = run_cli("debug", job_id, "--interrupt", "--rank", "1", store=store)
+        assert again.returncode == 0 and again.stdout.startswith(
+            f"rank 1 was paused already: rank 1 (local0): {script}:"
+        ), again
+        where = do(1, "w").stdout
+        assert f"{script}(" in where and "sitecustomize" not in where, where
         assert do(1, "!done = True").returncode == 0
         found = paused_ranks(store, job_id, 2)  # rank 0 too, once its sleep ended
         assert [(p["rank"], p["reason"]) for p in found] == [(0, "interrupt"), (1, "interrupt")]
-        assert found[0]["line"] == 7, found  # the line after its sleep
+        assert found[0]["line"] == 7 and found[0]["file"] == str(script), found  # after its sleep
+
         refused = {
             "no such rank": run_cli("debug", job_id, "--interrupt", "--rank", "5", store=store),
             "no rank": run_cli("debug", job_id, "--interrupt", store=store),

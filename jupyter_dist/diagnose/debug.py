@@ -173,6 +173,7 @@ class PausedRank:
     exception: str | None = None  # post-mortem: the error's one line
     cell: bool = False  # paused in a %%distrun cell (the job's script.py)
     source: str | None = None  # the text of the line it waits at
+    already: bool = False  # an interrupt's answer: it was paused before it was asked
 
     @property
     def where(self) -> str:
@@ -200,6 +201,7 @@ class PausedRank:
             exception=str(found["exception"]) if found.get("exception") else None,
             cell=found.get("cell") is True,
             source=str(found["source"]) if found.get("source") else None,
+            already=found.get("already") is True,
         )  # fmt: skip
 
     def line_text(self) -> str:

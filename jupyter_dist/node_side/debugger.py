@@ -239,6 +239,9 @@ def _tell(message):
 
 
 _debugger = []  # this process's one pdb, made at its first pause
+# The modules of ours a rank's stack can hold when it pauses (the shipped names of the stack
+# hook, this file and the pool's front), never a place to stop in.
+OUR_MODULES = ("sitecustomize", "distrun_debug", "distrun_pool")
 INTERACT_REFUSED = (
     "interact is not available in jupyter-dist's debugger (the rank has no terminal): "
     "run code in the frame with ! or p"
@@ -275,6 +278,10 @@ def _make_debugger(console):
         exception = None  # post-mortem: the error's one line
         announce = False  # said once a pause, on the rank's stderr; not at each step
 
+        # The thread that pauses (from set_trace to the end of its prompt): a second pause
+        # of it meanwhile (a queued pause signal, a breakpoint in a command) is none.
+        waiting = None
+
         def interaction(self, frame, traceback):
             shown = frame or (_innermost(traceback).tb_frame if traceback else None)
             if shown is not None:
@@ -282,9 +289,11 @@ def _make_debugger(console):
                 if self.announce:
                     _announce(record)
                     self.announce = False
+            self.waiting = threading.get_ident()
             try:
                 pdb.Pdb.interaction(self, frame, traceback)
             finally:
+                self.waiting = None
                 console.running()
 
         # What a command's code reads is never the rank's own stdin (a warm session's feed
@@ -308,7 +317,9 @@ def _make_debugger(console):
             self.error(INTERACT_REFUSED)
 
     # nosigint: the rank's own SIGINT handling stays as it was (pdb would take it over).
-    debugger = RemotePdb(stdin=console, stdout=console, nosigint=True)
+    # skip: a step never stops in our own frames (the pause signal's handler, this file):
+    # a pause lands in the rank's code.
+    debugger = RemotePdb(stdin=console, stdout=console, nosigint=True, skip=OUR_MODULES)
     debugger.prompt = PROMPT
     return debugger
 
@@ -394,6 +405,10 @@ def set_trace(*args, frame=None, header=None, reason="breakpoint", **kwargs):
     """PYTHONBREAKPOINT's target: pause the caller (or `frame`) in the remote pdb, saying
     why (`reason`: the stack hook's PAUSE_SIGNAL handler says "interrupt"). Outside a job's
     folder, plain pdb, as Python would have done."""
+    # First, before any call pdb's tracing could stop in: this thread pauses already.
+    if _debugger and _debugger[0][0] == os.getpid():
+        if _debugger[0][1].waiting == threading.get_ident():
+            return
     frame = frame or sys._getframe(1)
     job_dir = os.environ.get("DISTRUN_JOB_DIR")
     if not job_dir:
@@ -404,6 +419,7 @@ def set_trace(*args, frame=None, header=None, reason="breakpoint", **kwargs):
     if header is not None:
         debugger.message(header)
     debugger.reason, debugger.announce = reason, True
+    debugger.waiting = threading.get_ident()
     debugger.set_trace(frame)
 
 
@@ -522,6 +538,9 @@ def interrupt(job_dir, job_id, rank, timeout=5.0):
     if not top:
         raise LookupError(f"no process of rank {rank} here can be paused")
     pid = min(top)
+    record = next((r for r in list_paused(job_dir) if r.get("pid") == pid), None)
+    if record is not None:  # paused already: told so, and its pdb left as it is
+        return {**record, "already": True}
     os.kill(pid, PAUSE_SIGNAL)
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
