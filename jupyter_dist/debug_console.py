@@ -87,7 +87,7 @@ def listed(paused: PausedRank) -> dict[str, Any]:
     return {key: getattr(paused, key) for key in LISTED_KEYS}
 
 
-def cast_text(answers: list[dict[str, Any]]) -> str:
+def cast_text(answers: list[dict[str, Any]], timeout: float = 30.0) -> str:
     """Answers of a cast, each line prefixed by its rank: `[rank 2] 42`; a rank that ran on
     after the command, or could not be asked, says so on a line of its own."""
     lines = []
@@ -97,8 +97,9 @@ def cast_text(answers: list[dict[str, Any]]) -> str:
             lines.append(f"{tag} error: {found['error']}")
             continue
         lines += [f"{tag} {line}" for line in str(found.get("answer", "")).splitlines()]
-        if not found.get("paused"):
-            lines.append(f"{tag} runs on")
+        said = after_command(found["rank"], found, timeout)
+        if said:
+            lines.append(f"{tag} {said.split(' ', 2)[2]}")  # "rank 2 runs on": "runs on"
     return "".join(visible(line) + "\n" for line in lines)
 
 
@@ -242,12 +243,13 @@ class DebugConsole:
             return
         self.out.write(visible(answer["answer"]))
         self.out.flush()
-        if not answer["paused"]:
-            self._detach("runs on")
+        said = after_command(self.attached, answer, self.link.timeout)
+        if said:
+            self._detach(said)
 
     def _detach(self, why: str) -> None:
         rank, self.attached = self.attached, None
-        self.say(f"rank {rank} {why}" if why == "runs on" else f"{why} from rank {rank}")
+        self.say(why if why.startswith(f"rank {rank} ") else f"{why} from rank {rank}")
 
     def _end_unless_running(self) -> None:
         state = self.link.record.status().get("state")
@@ -393,7 +395,7 @@ def _do(link: OwnerLink, args: argparse.Namespace, record: JobRecord) -> int:
         if args.json:
             print(json.dumps(answers))
         else:
-            sys.stdout.write(cast_text(answers))
+            sys.stdout.write(cast_text(answers, link.timeout))
         return EXIT_FAILED if any(found.get("error") for found in answers) else EXIT_OK
     if args.rank is None:
         raise DistrunError("--do needs --rank R or --ranks SET: the paused ranks it goes to")
@@ -417,9 +419,30 @@ def _answer(link: OwnerLink, rank: int, command: str) -> int:
     answer = link.send(rank, command)
     sys.stdout.write(answer["answer"])
     sys.stdout.flush()
-    if not answer["paused"]:
-        print(f"rank {rank} runs on", file=sys.stderr)
-    return EXIT_OK
+    said = after_command(rank, answer, link.timeout)
+    if said:
+        print(said, file=sys.stderr)
+    return EXIT_OK if answer.get("state", "paused") in ("paused", "running") else EXIT_FAILED
+
+
+def after_command(rank: int | None, answer: dict[str, Any], timeout: float) -> str | None:
+    """What a rank did after a command, in one line (None: it waits for the next one): it
+    runs on, still runs the command, or ended (how, and why where the job was stopped)."""
+    who = f"rank {rank}"
+    state = answer.get("state") or ("paused" if answer.get("paused") else "running")
+    if state == "paused":
+        return None
+    if state == "busy":
+        return (f"{who} still runs the command after {timeout:g} s (its answer is not kept): "
+                "it waits in pdb again once the command ends (--list shows it)")  # fmt: skip
+    if state == "ended":
+        how = answer.get("exit") or "ended"
+        job = answer.get("job")
+        because = {"cancelled": "; the job was cancelled", "failed": "; the job failed"}
+        return f"{who} {how} during the command" + (
+            because.get(job, f"; the job {job}") if job else ""
+        )
+    return f"{who} runs on"
 
 
 def _list(

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 import signal
 import threading
 from dataclasses import asdict, dataclass, field
@@ -113,6 +114,10 @@ def ranges(labels: list[str]) -> str:
     return ", ".join(parts + others)
 
 
+# What a rank's debugger says on its stderr as it pauses (node_side/debugger._announce).
+_PAUSE_SAID = re.compile(r"distrun: (rank|pid) \d+ paused ")
+
+
 @dataclass
 class RootCause:
     """Why a job failed: the first process (and rank, where known) that failed."""
@@ -138,8 +143,10 @@ class RootCause:
         return self.note or exit_text(self.exit_code, self.signal, verb=True)
 
     def summary(self) -> str:
-        """One line: who failed, where, how, and the last stderr line."""
-        last = next((line.strip() for line in reversed(self.stderr_tail) if line.strip()), "")
+        """One line: who failed, where, how, and the last stderr line (not its debugger's
+        word that it paused: node_side/debugger.py)."""
+        last = next((line.strip() for line in reversed(self.stderr_tail)
+                     if line.strip() and not _PAUSE_SAID.match(line)), "")  # fmt: skip
         tail = f": {last}" if last else ""
         return f"{self.label} on {self.node} ({self.host}) {self.how}{tail}"
 

@@ -19,6 +19,7 @@ import pytest
 from helpers import not_private, paused_ranks, run_cli, start_cli_run
 
 from jupyter_dist.describe import job_summary
+from jupyter_dist.events import RootCause
 from jupyter_dist.run.requests import wait_until_ended
 
 pytestmark = pytest.mark.slow  # every test runs real jobs, seconds each: the full run's
@@ -120,6 +121,15 @@ def test_a_breakpoint_pauses_its_rank_and_a_terminal_steps_it_then_the_job_succe
         assert do(1, "p x").stdout == "141\n"
         paused_in_status({1: [("local0", 8, "breakpoint")], 3: [("local1", 10, "breakpoint")]})
         assert do(3, "p x, rank").stdout == "(43, 3)\n"
+        # A command that outlives --timeout: said so (not "runs on"), and the rank waits in
+        # pdb again once it ends.
+        busy = run_cli("debug", job_id, "--rank", "3", "--do", "!import time; time.sleep(3)",
+                       "--timeout", "1", store=store)  # fmt: skip
+        assert busy.returncode == 1 and busy.stderr.startswith(
+            "rank 3 still runs the command after 1 s"
+        ), busy
+        assert paused_ranks(store, job_id, 2)[1]["rank"] == 3
+        assert do(3, "p x").stdout == "43\n"
 
         # What is not paused, and what is not a command: one line each, the job untouched.
         refused = {
@@ -269,7 +279,9 @@ def test_a_terminal_console_lists_attaches_casts_and_continues(tmp_path, store):
         cast = run_cli("debug", job_id, "--ranks", "all", "--do", "p rank", store=store)
         assert cast.returncode == 0 and cast.stdout == "[rank 1] 1\n[rank 3] 3\n", cast
         cast = run_cli("debug", job_id, "--ranks", "3", "--do", "p x", "--json", store=store)
-        assert json.loads(cast.stdout) == [{"rank": 3, "answer": "43\n", "paused": True}]
+        assert json.loads(cast.stdout) == [
+            {"rank": 3, "answer": "43\n", "paused": True, "state": "paused"}
+        ]
 
         fed = run_cli("debug", job_id, input="list\ncontinue\nlist\n", store=store)
         assert fed.returncode == 0, fed.stderr
@@ -692,12 +704,21 @@ def test_post_mortem_pauses_a_failed_rank_and_the_job_fails_as_it_would_have(tmp
                       for line in record.iter_log("rank-1", "stderr")):  # fmt: skip
             assert time.monotonic() < deadline, "the pause was not announced while it lasts"
             time.sleep(0.1)
-        run_cli("debug", grouped_id, "--rank", "1", "--do", "q", store=store)
+        # A command that ends the rank says so, and the job's root cause is the exit, not
+        # the debugger's word that it paused.
+        ended = run_cli("debug", grouped_id, "--rank", "1", "--do", "!import os; os._exit(3)",
+                        store=store)  # fmt: skip
+        assert ended.returncode == 1, ended
+        assert ended.stderr.strip() == (
+            "rank 1 exited with code 3 during the command; the job failed"
+        ), ended.stderr
         assert proc.wait(60) == 1
     finally:
         if proc.poll() is None:
             proc.kill()
             proc.wait()
+    cause = RootCause(**store.get(grouped_id).status()["root_cause"])
+    assert cause.summary() == "rank 1 on local0 (127.0.0.1) exited with code 3", cause.summary()
 
     started = time.monotonic()
     done = run_cli("run", str(waiting), store=store)

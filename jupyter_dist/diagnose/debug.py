@@ -313,13 +313,16 @@ def send(
     helpers: NodeHelpers, node: Node, job_dir: str, paused: PausedRank, command: str,
     timeout: float = 30.0,
 ) -> dict[str, Any]:  # fmt: skip
-    """`command` to the paused process; {"answer": pdb's text, "paused": still paused}.
-    DistrunError in one line where it is not paused or its node cannot be asked."""
+    """`command` to the paused process; {"answer": pdb's text, "paused": still paused,
+    "state": paused, running, busy or ended} (node_side/debugger.py's `do`). DistrunError
+    in one line where it is not paused or its node cannot be asked."""
     who = f"rank {paused.rank}" if paused.rank is not None else f"pid {paused.pid}"
     answer = _ask_helper(helpers, node, who, ["do", job_dir, str(paused.pid), command],
                          timeout, "the command could not be sent",
                          not_paused=f"{who} is not paused (any more)")  # fmt: skip
-    return {"answer": str(answer.get("answer", "")), "paused": bool(answer.get("paused"))}
+    paused = bool(answer.get("paused"))
+    state = str(answer.get("state") or ("paused" if paused else "running"))
+    return {"answer": str(answer.get("answer", "")), "paused": paused, "state": state}
 
 
 def interrupt(

@@ -406,9 +406,9 @@ def set_trace(*args, frame=None, header=None, reason="breakpoint", **kwargs):
     why (`reason`: the stack hook's PAUSE_SIGNAL handler says "interrupt"). Outside a job's
     folder, plain pdb, as Python would have done."""
     # First, before any call pdb's tracing could stop in: this thread pauses already.
-    if _debugger and _debugger[0][0] == os.getpid():
-        if _debugger[0][1].waiting == threading.get_ident():
-            return
+    mine = _debugger and _debugger[0][0] == os.getpid()
+    if mine and _debugger[0][1].waiting == threading.get_ident():
+        return
     frame = frame or sys._getframe(1)
     job_dir = os.environ.get("DISTRUN_JOB_DIR")
     if not job_dir:
@@ -458,7 +458,10 @@ def list_paused(job_dir):
 
 
 def do(job_dir, pid, command, timeout=30.0):
-    """Send one command to the paused process `pid`; its answer, and whether it is paused."""
+    """Send one command to the paused process `pid`: {"answer", "paused", "state"}, the
+    state being what it does after it: "paused" (pdb asks for the next command), "running"
+    (it ran on), "busy" (the command still runs after `timeout`: it pauses again once that
+    ends) or "ended" (the process is gone)."""
     folder = _folder(job_dir)
     tag = next((r["tag"] for r in list_paused(job_dir) if int(r.get("pid", 0)) == pid), None)
     if tag is None:
@@ -478,7 +481,7 @@ def do(job_dir, pid, command, timeout=30.0):
             answer += data
             if answer.endswith(PROMPT.encode()):
                 return {"answer": answer[: -len(PROMPT)].decode(errors="replace"),
-                        "paused": True}  # fmt: skip
+                        "paused": True, "state": "paused"}  # fmt: skip
             continue
         if os.path.exists(record_path):
             gone_since = None
@@ -486,8 +489,26 @@ def do(job_dir, pid, command, timeout=30.0):
             gone_since = time.monotonic()
         elif time.monotonic() - gone_since > SETTLE_S:
             break  # it runs on
+    # Still paused (its record there) at the end: the command runs on past `timeout`, or
+    # ended the process in the middle of it (a pdb left by `c` or `q` takes its record).
+    within = os.path.exists(record_path)
     client.close()
-    return {"answer": answer.decode(errors="replace"), "paused": False}
+    if not within:
+        state = "running"
+    elif time.monotonic() >= deadline and _alive(pid) and not _zombie(pid):
+        state = "busy"
+    else:
+        time.sleep(0.05)  # a process that closed its end as it exited: gone by now
+        state = "busy" if _alive(pid) and not _zombie(pid) else "ended"
+    return {"answer": answer.decode(errors="replace"), "paused": False, "state": state}
+
+
+def _zombie(pid):
+    try:
+        with open(f"/proc/{pid}/stat") as handle:
+            return handle.read().rsplit(")", 1)[1].split()[0] in ("Z", "X")
+    except (OSError, IndexError):
+        return True
 
 
 # What the stack hook (stack_hook.py, the ranks' sitecustomize) pauses a rank on.

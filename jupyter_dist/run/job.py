@@ -49,6 +49,7 @@ from jupyter_dist.events import (
     ProcessState,
     RootCause,
     describe_exit,
+    exit_text,
     state_words,
 )
 from jupyter_dist.nodes import Node
@@ -445,8 +446,27 @@ class Job(Listened):
 
     def _send(self, target: PausedRank, command: str, timeout: float) -> dict:
         node = self._nodes[target.node]
-        return send(self._helpers, node, self._job_dirs()[node.name], target,
-                    command, timeout)  # fmt: skip
+        answer = send(self._helpers, node, self._job_dirs()[node.name], target,
+                      command, timeout)  # fmt: skip
+        if answer["state"] == "ended":  # how: its exit as the job saw it, and the job's end
+            answer |= self._how_it_ended(target.rank)
+        return answer
+
+    def _how_it_ended(self, rank: int | None, wait: float = 3.0) -> dict:
+        """{"exit": "exited with code 3"} for the process of `rank` once the job saw it end
+        (within `wait`), and {"job": state} where the job itself is over or stopping."""
+        name = next((p.name for p in self.plan.processes if p.rank == rank), None)
+        found: dict = {}
+        deadline = time.monotonic() + wait
+        while name is not None and time.monotonic() < deadline:
+            state = self.processes[name]
+            if state.ended is not None:
+                found["exit"] = exit_text(state.exit_code, state.signal, verb=True)
+                break
+            time.sleep(0.05)
+        if self._stopping or self.state in FINAL_STATES:
+            found["job"] = self._final_state if self._stopping else self.state
+        return found
 
     def _job_dirs(self) -> dict[str, str]:
         """Each node's folder of this job (DISTRUN_JOB_DIR there)."""

@@ -464,7 +464,12 @@ export function debugLines(command, answers, labelOf = (key) => key) {
     }
     const text = String(found.answer || "").replace(/\n$/, "");
     if (text) lines.push(...text.split("\n").map((t) => line(t)));
-    if (!found.paused) lines.push(line("(runs on)"));
+    // What the rank did when it did not wait for the next command (node_side/debugger.py).
+    if (found.state === "busy") lines.push(line("(still runs the command; it pauses again once it ends)"));
+    else if (found.state === "ended") {
+      const how = found.exit || "ended";
+      lines.push(line(`(${how} during the command${found.job ? `; the job ${found.job}` : ""})`));
+    } else if (!found.paused) lines.push(line("(runs on)"));
   }
   return lines;
 }

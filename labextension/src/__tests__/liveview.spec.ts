@@ -450,7 +450,9 @@ describe('stacks', () => {
     const lines = debugLines('p x', [
       { rank: 1, answer: '41\n', paused: true },
       { rank: 3, answer: '', paused: false },
-      { rank: 2, error: 'rank 2 of job j is not paused' }
+      { rank: 2, error: 'rank 2 of job j is not paused' },
+      { rank: 4, answer: '', paused: false, state: 'busy' },
+      { rank: 5, answer: '', paused: false, state: 'ended', exit: 'exited with code 3', job: 'failed' }
     ]);
     expect(lines.map((l: any) => [l.key, l.stream, l.text])).toEqual([
       ['rank-1', 'debug', '(Pdb) p x'],
@@ -458,7 +460,11 @@ describe('stacks', () => {
       ['rank-3', 'debug', '(Pdb) p x'],
       ['rank-3', 'debug', '(runs on)'],
       ['rank-2', 'debug', '(Pdb) p x'],
-      ['rank-2', 'stderr', 'error: rank 2 of job j is not paused']
+      ['rank-2', 'stderr', 'error: rank 2 of job j is not paused'],
+      ['rank-4', 'debug', '(Pdb) p x'],
+      ['rank-4', 'debug', '(still runs the command; it pauses again once it ends)'],
+      ['rank-5', 'debug', '(Pdb) p x'],
+      ['rank-5', 'debug', '(exited with code 3 during the command; the job failed)']
     ]);
   });
 
