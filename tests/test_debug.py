@@ -70,8 +70,11 @@ def test_a_breakpoint_pauses_its_rank_and_a_terminal_steps_it_then_the_job_succe
     file of the pause private while it lasts, and none left."""
     spec, script = _local_job(tmp_path, nodes=2)
     old = os.umask(0o022)  # what most machines have: the pause's files are private anyway
+    said_on_stderr = tmp_path / "stderr.txt"
     try:
-        proc, job_id = start_cli_run(spec, store, "--stall-timeout", "3", "--on-stall", "kill")
+        with said_on_stderr.open("w") as stderr:
+            proc, job_id = start_cli_run(spec, store, "--stall-timeout", "3",
+                                         "--on-stall", "kill", stderr=stderr)  # fmt: skip
     finally:
         os.umask(old)
     record = store.get(job_id)
@@ -197,6 +200,8 @@ def test_a_breakpoint_pauses_its_rank_and_a_terminal_steps_it_then_the_job_succe
             proc.kill()
             proc.wait()
     assert wait_until_ended(record, 10) == "succeeded"
+    said_by_the_run = said_on_stderr.read_text()  # no stall was said: none taken back
+    assert "looks stuck" not in said_by_the_run and "moves again" not in said_by_the_run
     said = {key: [line.text for line in record.iter_log(key, "stdout")] for key in
             ("rank-1", "rank-3")}  # fmt: skip
     assert said["rank-1"][-1] == "rank 1 x 141" and said["rank-3"][-1] == "rank 3 x 343"

@@ -549,7 +549,9 @@ class Job(Listened):
 
     def _resumed(self) -> None:
         with self._state_lock:
-            if self._stopping:  # its last words as it is stopped: not news
+            # Its last words as it is stopped are not news, and a stall never said (a
+            # paused rank's) is not taken back.
+            if self._stopping or self.stall_notice is None:
                 return
             self.stall_notice = None
         self._write_status()
