@@ -143,6 +143,7 @@ def _load(args: argparse.Namespace) -> JobSpec:
         "post_mortem": True if getattr(args, "post_mortem", False) else None,
         "name": getattr(args, "name", None),
         "preload": getattr(args, "preload", None),
+        "metrics_pattern": getattr(args, "metrics_pattern", None) or None,
     }
     if args.procs_per_node is not None:
         if spec.job_type == "tensorflow":

@@ -184,12 +184,6 @@ def tf_configs(plan: LaunchPlan) -> str:
     return "\n\n".join(parts)
 
 
-def last_state(text: str) -> str:
-    """A stored line as a terminal shows it: a progress bar's "\r" updates leave only the
-    last state ("10%\r50%\r" is "50%")."""
-    return text.rstrip("\r").rsplit("\r", 1)[-1]
-
-
 def duration(started: float | None, ended: float | None, now: float) -> str:
     if not started:
         return ""

@@ -17,7 +17,6 @@ import contextlib
 import json
 import math
 import os
-import re
 import sys
 import threading
 import time
@@ -41,7 +40,6 @@ from jupyter_dist.describe import (
     inspect_rows,
     job_size,
     job_summary,
-    last_state,
     paused_records,
     tf_configs,
     visible,
@@ -73,17 +71,13 @@ from jupyter_dist.run.requests import (
     wait_until_ended,
 )
 from jupyter_dist.store import JobStore, natural_order
+from jupyter_dist.terminal_text import last_state, plain
 
 EXIT_OK, EXIT_FAILED, EXIT_USAGE, EXIT_INTERRUPTED = 0, 1, 2, 130
 T = TypeVar("T")
 
 
 _COLOURS = ("36", "33", "35", "32", "34", "31", "96", "93", "95", "92", "94", "91")
-# Escape sequences (CSI, OSC, and the two-byte ones) and the other C0 controls but tab.
-_CONTROLS = re.compile(
-    r"\x1b\[[0-?]*[ -/]*[@-~]|\x1b\][^\x07\x1b]*(?:\x07|\x1b\\)?|\x1b[ -/]+[0-~]|\x1b[ -~]?"
-    r"|[\x00-\x08\x0a-\x1a\x1c-\x1f\x7f]"
-)
 
 
 class TerminalPrinter(JobListener):
@@ -106,7 +100,7 @@ class TerminalPrinter(JobListener):
         cursor), a progress bar's last state only."""
         if self.colour:
             return text
-        return _CONTROLS.sub("", last_state(text))
+        return plain(last_state(text))
 
     def on_lines(self, lines: list[OutputLine]) -> None:
         with self._lock:

@@ -169,6 +169,10 @@ OPTIONS: tuple[Option, ...] = (
            "stays for later jobs until idle 10 minutes (`jupyter distrun pool stop` ends it); "
            "later Python jobs that name none take the same for a day; none: start cold, and "
            "forget it", metavar="MODULES"),
+    Option("metrics_pattern", "a regular expression whose named groups are metrics, read "
+           "from each line a rank prints (step: the x-axis), e.g. 'iter (?P<step>\\d+): "
+           "loss (?P<loss>[\\d.]+)'; give it again for more lines", kind="list",
+           metavar="REGEX"),
     Option("detach", "keep the job running when this kernel or terminal goes: return once "
            "every rank runs; follow it with attach, stop it with cancel", kind="flag",
            fronts=_RUN),
@@ -228,6 +232,7 @@ class LaunchOptions:
     no_preflight: bool = False
     post_mortem: bool = False
     preload: str | None = None
+    metrics_pattern: list[str] = field(default_factory=list)
     detach: bool = False  # who owns the job (run/supervisor.py), not what the spec says
     backend: str | None = None  # the spec's backend section, with the backends' options:
     backend_options: dict[Option, Any] = field(default_factory=dict)  # declared by backends
@@ -285,6 +290,8 @@ class LaunchOptions:
             data["debug"] = {"post_mortem": True}
         if self.preload:
             data["preload"] = self.preload
+        if self.metrics_pattern:
+            data["metrics"] = {"pattern": list(self.metrics_pattern)}
         return spec_from_dict(data, base_dir=base_dir, source=source)
 
     def check_applies(self) -> None:

@@ -220,6 +220,43 @@ class PreloadSection(StrictSection):
         return list(dict.fromkeys(value))
 
 
+MAX_METRIC_PATTERNS = 8  # `metrics.pattern`s a job may name
+
+
+class MetricsSection(StrictSection):
+    """Ours: lines of the job's own to read metrics from (run/metrics.py), beside what it
+    reads with no help (report(), trainers' dicts, Keras' and tqdm's progress). `pattern`: a
+    regular expression, or a list of them, searched in each line a rank prints; its named
+    groups are the metrics (`loss`, `lr`, ...) and `step` the x-axis, e.g. nanoGPT's
+    `iter (?P<step>\\d+): loss (?P<loss>[\\d.]+)`."""
+
+    pattern: list[str]
+
+    @field_validator("pattern", mode="before")
+    @classmethod
+    def _compiled(cls, value: Any) -> Any:
+        if isinstance(value, str):
+            value = [value]
+        if not isinstance(value, list) or not value or not all(isinstance(v, str) for v in value):
+            raise fail("metrics", "metrics.pattern: expected a regular expression, or a list "
+                       "of them")  # fmt: skip
+        if len(value) > MAX_METRIC_PATTERNS:
+            raise fail("metrics", "metrics.pattern: {n} patterns; at most {cap}", n=len(value),
+                       cap=MAX_METRIC_PATTERNS)  # fmt: skip
+        for text in value:
+            shown = text if len(text) <= 60 else text[:60] + "..."
+            try:
+                groups = re.compile(text).groupindex
+            except re.error as exc:
+                raise fail("metrics", "metrics.pattern {text!r} is not a regular expression "
+                           "({why})", text=shown, why=str(exc)) from None  # fmt: skip
+            if not set(groups) - {"step"}:
+                raise fail("metrics", "metrics.pattern {text!r} names no metric: give each "
+                           "value a named group, e.g. loss (?P<loss>[\\d.]+), and the step "
+                           "(?P<step>\\d+)", text=shown)  # fmt: skip
+        return value
+
+
 class BackendSection(StrictSection):
     """Ours: where the job runs (`--backend`), with the backend's own options. Slurm's:
     when no allocation holds the notebook, the one jupyter-dist asks for. Any other
@@ -357,6 +394,8 @@ class JobSpec(StrictSection):
     debug: DebugSection | None = None
     # Ours: what each node's pool imports once, to fork the job's Python ranks from.
     preload: PreloadSection | None = None
+    # Ours: the job's own lines to read metrics from (run/metrics.py).
+    metrics: MetricsSection | None = None
     # Azure-only: accepted and kept, never acted on.
     type: Any = None
     display_name: Any = None
@@ -458,6 +497,15 @@ class JobSpec(StrictSection):
     @classmethod
     def _preload_modules(cls, value: Any) -> Any:
         return {"modules": value} if isinstance(value, str | list) else value
+
+    @field_validator("metrics", mode="before")
+    @classmethod
+    def _metrics_patterns(cls, value: Any) -> Any:
+        return {"pattern": value} if isinstance(value, str | list) else value
+
+    def metric_patterns(self) -> list[str]:
+        """The job's own metrics patterns (`metrics.pattern`), [] where it names none."""
+        return list(self.metrics.pattern) if self.metrics is not None else []
 
     @field_validator("nodes", mode="before")
     @classmethod
@@ -599,6 +647,7 @@ class JobSpec(StrictSection):
         """A copy with some keys changed, validated again (the same errors as the YAML).
 
         Keys: `instance_count`, `nodes`, `network_check`, `name`, `preload` (its modules),
+        `metrics_pattern` (patterns added to `metrics.pattern`),
         those of `limits:` (LIMIT_KEYS), `post_mortem` (of `debug:`),
         `backend` (a mapping merged into the backend section), and any key of the
         distribution section.
@@ -614,6 +663,9 @@ class JobSpec(StrictSection):
                 data[key] = value
             elif key == "preload":  # the modules: the section's other keys stay
                 data["preload"] = {**(data.get("preload") or {}), "modules": value}
+            elif key == "metrics_pattern":  # added to the spec's own
+                kept = (data.get("metrics") or {}).get("pattern") or []
+                data["metrics"] = {"pattern": [*kept, *value]}
             elif key in LIMIT_KEYS:
                 data["limits"] = {**data.get("limits", {}), key: value}
             elif key == "post_mortem":

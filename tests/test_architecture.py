@@ -18,7 +18,7 @@ LAYERS = {
     "base": ("jupyter_dist.errors", "jupyter_dist.validation", "jupyter_dist.masking",
              "jupyter_dist.node_side", "jupyter_dist.code_folder", "jupyter_dist.env_names",
              "jupyter_dist.command_words", "jupyter_dist.cell_syntax",
-             "jupyter_dist.rank_sets"),
+             "jupyter_dist.rank_sets", "jupyter_dist.terminal_text"),
     "model": ("jupyter_dist.spec", "jupyter_dist.spec_dialect", "jupyter_dist.nodes",
               "jupyter_dist.options"),
     "plan": ("jupyter_dist.plan",),

@@ -1,6 +1,7 @@
 """Metrics from the ranks (run/metrics.py): report() calls (node_side/report.py, shipped
-as `distrun` into every rank), Hugging Face Trainer's log dicts and tqdm's progress bars,
-stored bounded in metrics.jsonl and shown by `metrics` and `inspect`."""
+as `distrun` into every rank), Hugging Face Trainer's log dicts, tqdm's progress bars and
+their postfix, Keras' lines and the job's own patterns, stored bounded in metrics.jsonl
+and shown by `metrics` and `inspect`."""
 
 from __future__ import annotations
 
@@ -64,6 +65,70 @@ def test_report_lines_trainer_dicts_and_progress_bars_are_read(tmp_path):
     loss = next(row for row in rows if row["metric"] == "loss")
     assert (loss["first"], loss["last"], loss["points"], loss["ranks"]) == ("0.5", "0.41", 3, 2)
     assert reached == "3/100"  # the slowest rank's
+
+
+def test_keras_lines_a_bars_postfix_and_the_jobs_own_patterns_are_read(tmp_path):
+    """Keras' progress lines as model.fit writes them to a pipe (bold, redrawn with "\r"
+    and "\b"; verbose=2's plain line), each epoch's values at the epoch its line said; a
+    tqdm bar's postfix (Lightning's, less its v_num); and a pattern of the job's own
+    (nanoGPT's line), its `step` the x-axis."""
+    record = JobStore(tmp_path / "jobs").create("j", "command: x\n", {"processes": []})
+    sink = MetricsSink(record, patterns=[r"iter (?P<step>\d+): loss (?P<loss>[\d.]+), "
+                                         r"time (?P<ms>[\d.]+)ms"])  # fmt: skip
+    bold = "\x1b[1m{}\x1b[0m"
+    keras = (f"\r{bold.format('1/6')} \x1b[32m━━━\x1b[0m {bold.format('2s')} 511ms/step - "
+             "accuracy: 0.6250 - loss: 0.6856" + "\b" * 20 + f"\r{bold.format('6/6')} ━━━━ "
+             f"{bold.format('1s')} 56ms/step - accuracy: 0.4583 - loss: 0.7516 - "
+             "val_accuracy: 0.5000 - val_loss: 0.7571")  # fmt: skip
+    for line in (
+        "Epoch 1/2",
+        keras,
+        "Epoch 2/2",
+        "6/6 - 0s - 28ms/step - accuracy: 0.5208 - loss: 0.6835 - val_loss: 0.6999",
+    ):
+        assert sink.take("rank-0", "stdout", line, 1.0) == line  # still output
+    sink.drawn("rank-1", keras.rsplit("\r", 1)[0], 2.0)  # mid-epoch: its progress only
+    lightning = ("Epoch 0: 100%|██████████| 8/8 [00:00<00:00, 47.16it/s, v_num=0, "
+                 "train_loss=0.532, lr=1e-05]")  # fmt: skip
+    sink.take("rank-2", "stderr", lightning, 3.0)
+    sink.take("rank-3", "stdout", "iter 10: loss 4.3277, time 62.03ms, mfu 0.00%", 4.0)
+    sink.take("rank-3", "stdout", "iter 20: loss 3.9, time 61.5ms, mfu 0.00%", 5.0)
+    records, _ = read_metrics(record)
+    metrics = [(r["k"], r["s"], r["m"]) for r in records if "m" in r]
+    assert metrics == [
+        ("rank-0", 1, {"accuracy": 0.4583, "loss": 0.7516, "val_accuracy": 0.5,
+                       "val_loss": 0.7571}),
+        ("rank-0", 2, {"accuracy": 0.5208, "loss": 0.6835, "val_loss": 0.6999}),
+        ("rank-2", None, {"train_loss": 0.532, "lr": 1e-05}),
+        ("rank-3", 10, {"loss": 4.3277, "ms": 62.03}),
+        ("rank-3", 20, {"loss": 3.9, "ms": 61.5}),
+    ], metrics  # fmt: skip
+    assert sink.progress["rank-0"][:2] == (6, 6) and sink.progress["rank-1"][:2] == (1, 6)
+    assert sink.progress["rank-2"] == (8, 8, 47.16)
+
+
+@pytest.mark.parametrize(
+    ("pattern", "error"),
+    [
+        (
+            "iter (?P<step>\\d+",
+            "metrics.pattern 'iter (?P<step>\\\\d+' is not a regular expression",
+        ),
+        ("loss ([\\d.]+)", "names no metric: give each value a named group"),
+        ("iter (?P<step>\\d+)", "names no metric"),
+    ],
+)
+def test_a_metrics_pattern_that_is_no_regex_or_names_no_metric_is_one_line(
+    pattern, error, tmp_path
+):
+    spec = tmp_path / "job.yml"
+    spec.write_text("command: python x.py\n")
+    for how in (("--metrics-pattern", pattern), ()):
+        if not how:
+            spec.write_text(json.dumps({"command": "python x.py", "metrics": {"pattern": pattern}}))
+        done = run_cli("plan", str(spec), *how)
+        assert done.returncode != 0 and "Traceback" not in done.stderr, done.stderr
+        assert error in done.stderr and len(done.stderr.strip().splitlines()) == 1, done.stderr
 
 
 def test_trainer_values_printed_as_strings_are_read_as_numbers(tmp_path):
@@ -199,6 +264,49 @@ def test_a_jobs_metrics_are_stored_and_shown_without_their_lines_in_the_logs(sto
     assert "Metrics (first, last, min and max over every rank)" in inspected.stdout
     none = run_cli("metrics", record.job_id, "--csv", "--json", store=store)
     assert none.returncode == 2
+
+
+UNCHANGED_LOOPS = """\
+import numpy as np, keras
+from tqdm import tqdm
+for it in range(0, 30, 10):  # nanoGPT's train.py prints this
+    print(f"iter {it}: loss {4.5 - it / 10:.4f}, time 62.03ms, mfu 0.00%", flush=True)
+with tqdm(range(4), mininterval=0) as bar:  # as Lightning draws its metrics
+    for i in bar:
+        bar.set_postfix(v_num=0, train_loss=1.0 / (i + 1))
+x = np.random.rand(32, 4).astype("float32")
+y = (x.sum(1) > 2).astype("int32")
+model = keras.Sequential([keras.Input((4,)), keras.layers.Dense(2, activation="softmax")])
+model.compile(optimizer="adam", loss="sparse_categorical_crossentropy", metrics=["accuracy"])
+model.fit(x, y, epochs=2, batch_size=8, verbose=1)
+"""
+
+
+@pytest.mark.slow
+def test_curves_come_from_the_loops_people_write_with_no_code_change(store, tmp_path):
+    """A TensorFlow job's rank, unchanged: Keras' model.fit (its lines as it writes them to
+    the job's pipe), a tqdm bar's postfix, and nanoGPT's iteration lines named once with
+    --metrics-pattern: each becomes the rank's curves."""
+    (tmp_path / "loops.py").write_text(UNCHANGED_LOOPS)
+    spec = tmp_path / "job.yml"
+    spec.write_text(json.dumps({
+        "command": "python loops.py", "code": str(tmp_path),
+        "environment_variables": {"TF_CPP_MIN_LOG_LEVEL": "3", "OMP_NUM_THREADS": "1"},
+        "distribution": {"type": "tensorflow", "worker_count": 1},
+    }))  # fmt: skip
+    pattern = r"iter (?P<step>\d+): loss (?P<loss>[\d.]+)"
+    done = run_cli("run", str(spec), "--metrics-pattern", pattern, store=store, timeout=300)
+    assert done.returncode == 0, done.stderr[-3000:]
+    (record,) = store.jobs()
+    records, _ = read_metrics(record)
+    metrics = [(r["s"], sorted(r["m"])) for r in records if "m" in r]
+    assert metrics[:3] == [(0, ["loss"]), (10, ["loss"]), (20, ["loss"])], metrics
+    assert [r["m"]["loss"] for r in records if r.get("s") in (0, 10, 20)] == [4.5, 3.5, 2.5]
+    postfix = [r["m"]["train_loss"] for r in records if "train_loss" in r.get("m", {})]
+    assert postfix and postfix[-1] == pytest.approx(0.25, abs=1e-3), postfix
+    epochs = [(r["s"], sorted(r["m"])) for r in records if "accuracy" in r.get("m", {})]
+    assert epochs == [(1, ["accuracy", "loss"]), (2, ["accuracy", "loss"])], records
+    assert any(r.get("p") == [4, 4] for r in records)  # Keras' batches: 4 of 4
 
 
 @pytest.mark.slow

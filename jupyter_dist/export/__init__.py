@@ -154,10 +154,10 @@ def export(spec: JobSpec, fmt: str, target: ExportTarget) -> Exported:
     )  # fmt: skip
 
 
-# Settings that jupyter-dist's node agent and the ranks' startup hook act on (a node's pool,
-# the debugger), which no export ships: carried, they would be keys another scheduler
-# refuses (Azure's schema) or variables nothing reads.
-AGENTS_OWN = ("preload", "debug")
+# Settings that jupyter-dist's node agent, the ranks' startup hook or its owner act on (a
+# node's pool, the debugger, the lines read as metrics), which no export ships: carried,
+# they would be keys another scheduler refuses (Azure's schema) or variables nothing reads.
+AGENTS_OWN = ("preload", "debug", "metrics")
 
 
 def _without_agents_own(spec: JobSpec) -> JobSpec:
@@ -179,6 +179,10 @@ def _not_carried(spec: JobSpec, fmt: str) -> tuple[str, ...]:
     if spec.preload is not None and spec.preload.modules:
         said.append(f"Not carried: preload: {', '.join(spec.preload.modules)} (the ranks "
                     "start cold: a node's pool is jupyter-dist's own)")  # fmt: skip
+    if spec.metric_patterns():
+        said.append("Not carried: metrics.pattern (the lines are read as metrics by "
+                    "jupyter-dist's owner of the job; the other scheduler keeps them as "
+                    "output)")  # fmt: skip
     if spec.post_mortem_wait():
         said.append("Not carried: debug: {post_mortem: true} (a failed rank exits at once: "
                     "the debugger is jupyter-dist's own)")  # fmt: skip

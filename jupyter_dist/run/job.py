@@ -95,13 +95,15 @@ class Job(Listened):
         stall_timeout: float = DEFAULT_STALL_TIMEOUT_S,
         on_stall: str = "warn",
         restarts: Restarts | None = None,
+        metrics_patterns: list[str] | None = None,
     ):
         """`messages`: (mark, handler) for messages the processes print among their output
         (run/output.py); a warm session reads its ranks' cell reports so. A job quiet for
         `stall_timeout` seconds (0: never) looks stuck (diagnose/stall.py): its stacks are
         taken and its listeners told; with `on_stall="kill"` it is also stopped. With
         `restarts`, a failed attempt (a rank failed, a node was lost, a stall killed it) is
-        followed by another; a cancel or a timeout ends the job."""
+        followed by another; a cancel or a timeout ends the job. `metrics_patterns`: the
+        job's own lines to read metrics from (the spec's `metrics.pattern`, run/metrics.py)."""
         self.plan = plan
         self.job_id = plan.job_id
         self.name = name or plan.job_type
@@ -123,7 +125,8 @@ class Job(Listened):
         # Why the store cannot be written (a full disk, a file made read-only), once it
         # failed: the job is stopped, failed, saying so, and not started again.
         self.store_problem: str | None = None
-        self.metrics = MetricsSink(record, store_failed=self._store_failed)
+        self.metrics = MetricsSink(record, store_failed=self._store_failed,
+                                   patterns=metrics_patterns or ())  # fmt: skip
         told = [(DEBUG_MARK, self._on_debugger), *([messages] if messages else [])]
         self._output = OutputPipeline(
             record, self._evidence, self._emit_lines, told, self.metrics,

@@ -233,6 +233,7 @@ def prepare_job(
         name=spec.display_name_or_default(), timeout=spec.timeout,
         grace_period=_first(grace_period, spec.grace_period, GRACE_PERIOD_S),
         messages=messages, on_stall=spec.on_stall or "warn",
+        metrics_patterns=spec.metric_patterns(),
         stall_timeout=_first(spec.stall_timeout, DEFAULT_STALL_TIMEOUT_S),
         restarts=Restarts(
             spec.max_restarts, _first(spec.restart_delay, RESTART_DELAY_S),

@@ -1,7 +1,11 @@
 """A job's metrics, as its ranks give them: `report()` calls (node_side/report.py, whose
 lines the output pipeline takes out), and, with no code changed, what trainers print:
-Hugging Face Trainer's log dicts (`{'loss': 0.41, 'learning_rate': 5e-05, 'epoch': 0.5}`)
-and tqdm's progress bars (`34%|███▍ | 340/1000 [00:12<00:23, 28.1it/s]`).
+Hugging Face Trainer's log dicts (`{'loss': 0.41, 'learning_rate': 5e-05, 'epoch': 0.5}`),
+tqdm's progress bars (`34%|███▍ | 340/1000 [00:12<00:23, 28.1it/s]`) with the numbers of
+their postfix (Lightning's `..., 47.2it/s, v_num=0, train_loss=0.532]`), Keras' progress
+lines (`8/8 ━━━━━━━━━━ 0s 3ms/step - accuracy: 0.2500 - loss: 2.3100`, the epoch its
+`Epoch 2/5` line said before), and the lines the job names itself (`metrics.pattern`: a
+regular expression's named groups, `step` the x-axis).
 
 They go to `metrics.jsonl` in the job's folder, one JSON object a line:
 
@@ -30,6 +34,7 @@ from typing import Any
 from jupyter_dist.errors import DamagedJob
 from jupyter_dist.node_side.report import MARK
 from jupyter_dist.store import JobRecord, NotAFile, append_private, open_regular, read_regular
+from jupyter_dist.terminal_text import last_state, plain
 
 SERIES_CAP = 20_000  # records of one key kept at full rate
 MAX_NAMES = 1_000  # metric names kept per job (later ones are left out, said once)
@@ -42,15 +47,31 @@ MAX_COUNT = 10**18  # a step or a progress count past this is no count (a damage
 # count of more digits than MAX_COUNT has is no bar's.
 _TQDM = re.compile(
     r"(?<!\d)(\d{1,18})/(\d{1,18}) \[[^\]<]*<[^\],]*,"
-    r"\s*(?:([\d.]+)(?:[a-zA-Z]*)/s|([\d.]+)s/[a-zA-Z]*)\]"
+    r"\s*(?:([\d.]+)(?:[a-zA-Z]*)/s|([\d.]+)s/[a-zA-Z]*)(?:,([^\]]*))?\]"
 )
+_NUMBER = r"-?(?:\d+\.?\d*(?:[eE][-+]?\d+)?|nan|inf)"
+# A tqdm bar's postfix (`set_postfix`, Lightning's metrics): `name=number` pairs.
+_POSTFIX_VALUE = re.compile(rf"([A-Za-z_][\w./]*)=({_NUMBER})(?:,|$)")
+_NOT_METRICS = frozenset({"v_num"})  # Lightning's logger version in its bar
+# Keras' progress line (model.fit, verbose 1 or 2): "n/total" and its time per step, then
+# " - name: value" pairs; its "Epoch e/E" line comes before an epoch's.
+_KERAS_BAR = re.compile(r"^\s*(\d{1,18})/(\d{1,18}) .*?\d(?:\.\d+)?(?:s|ms|us|µs)/step\b")
+_KERAS_VALUE = re.compile(rf" - ([A-Za-z_][\w./]*): ({_NUMBER})(?= - |\s*$)")
+_KERAS_EPOCH = re.compile(r"^Epoch (\d{1,9})/(\d{1,9})\s*$")
 # A Hugging Face Trainer's log line: a dict of names to numbers, with one of its keys.
 _HF_KEYS = ("'loss'", "'eval_loss'", "'learning_rate'", "'train_loss'")
 
 
 def may_be_metrics(text: str) -> bool:
-    """Whether a line is worth a look (cheap: most output is not)."""
-    return "\x1e" in text or "|" in text or text[:2] == "{'"
+    """Whether a line is worth a look for what is read with no help (cheap: most output is
+    not); a job with patterns of its own has every line looked at (`MetricsSink.wants`)."""
+    return (
+        "\x1e" in text
+        or "|" in text
+        or text[:2] == "{'"
+        or "/step" in text
+        or (text[:6] == "Epoch ")
+    )
 
 
 class MetricsSink:
@@ -63,8 +84,12 @@ class MetricsSink:
         record: JobRecord,
         cap: int = SERIES_CAP,
         store_failed: Callable[[OSError], None] = lambda _exc: None,
+        patterns: Iterable[str] = (),
     ) -> None:
         self.record, self.cap = record, cap
+        # The job's own (spec.metrics.pattern, compiled there once already: valid here).
+        self.patterns = [re.compile(pattern) for pattern in patterns]
+        self._epochs: dict[str, int] = {}  # key -> the epoch Keras said last
         self.store_failed = store_failed  # told when metrics.jsonl cannot be written
         self.latest: dict[str, dict[str, float]] = {}  # key -> name -> last value
         self.progress: dict[str, tuple[int, int, float | None]] = {}  # key -> n, total, rate
@@ -73,6 +98,10 @@ class MetricsSink:
         self._names_noted = False
         self._progress_written: dict[str, float] = {}  # key -> when its progress was stored
         self._lock = threading.Lock()
+
+    def wants(self, text: str) -> bool:
+        """Whether `take` should see the line (every line, where the job has patterns)."""
+        return bool(self.patterns) or may_be_metrics(text)
 
     def take(self, key: str, stream: str, text: str, now: float) -> str | None:
         """The line's text as output (None when it was a report() line, all of it ours).
@@ -85,8 +114,13 @@ class MetricsSink:
         with _skipped():
             if stream == "stdout" and text.startswith("{'") and text.endswith("}"):
                 self._trainer_dict(key, text, now)
-            elif "|" in text and ("/s]" in text or "s/it]" in text):
-                self._progress_bar(key, text, now)
+            elif "|" in text and ("/s" in text or "s/" in text):
+                self._progress_bar(key, text, now, whole=True)
+            elif "/step" in text or text[:6] == "Epoch ":
+                self._keras(key, text, now)
+        for pattern in self.patterns:
+            with _skipped():
+                self._named_line(key, pattern, text, now)
         return text
 
     def drawn(self, key: str, text: str, now: float) -> None:
@@ -94,7 +128,48 @@ class MetricsSink:
         most every PROGRESS_EVERY_S seconds per key. Never raises."""
         if now - self._progress_written.get(key, 0.0) >= PROGRESS_EVERY_S:
             with _skipped():
-                self._progress_bar(key, text, now)
+                if "/step" in text[-512:]:
+                    self._keras(key, text, now, whole=False)
+                else:
+                    self._progress_bar(key, text, now)
+
+    def _named_line(self, key: str, pattern: re.Pattern, text: str, now: float) -> None:
+        found = pattern.search(text)
+        if found is None:
+            return
+        groups = found.groupdict()
+        numbers = {
+            name: json_number(number) for name, value in groups.items()
+            if name != "step" and (number := _number_text(value)) is not None
+        }  # fmt: skip
+        if numbers:
+            self._store(key, [{"t": now, "k": key, "s": _step_text(groups.get("step")),
+                               "m": numbers}])  # fmt: skip
+
+    def _keras(self, key: str, text: str, now: float, whole: bool = True) -> None:
+        """Keras' lines: an epoch's number (kept for its end's record), and a progress line:
+        its progress, and where it is the epoch's last (n == total, whole) its values."""
+        text = plain(last_state(text))  # bold, redrawn with "\r" and "\b"
+        epoch = _KERAS_EPOCH.match(text)
+        if epoch:
+            self._epochs[key] = int(epoch.group(1))
+            return
+        bar = _KERAS_BAR.match(text)
+        if bar is None:
+            return
+        n, total = int(bar.group(1)), int(bar.group(2))
+        with self._lock:
+            self.progress[key] = (n, total, None)
+            self._progress_written[key] = now
+        self._write([{"t": now, "k": key, "p": [n, total], "r": None}])
+        if not whole or n != total:
+            return
+        numbers = {
+            name: json_number(number) for name, value in _KERAS_VALUE.findall(text)
+            if (number := _number_text(value)) is not None
+        }  # fmt: skip
+        if numbers:
+            self._store(key, [{"t": now, "k": key, "s": self._epochs.get(key), "m": numbers}])
 
     def _reported(self, key: str, payload: str) -> None:
         try:
@@ -128,11 +203,19 @@ class MetricsSink:
                 self._store(key, [{"t": now, "k": key, "s": _step(values.get("step")),
                                    "m": numbers}])  # fmt: skip
 
-    def _progress_bar(self, key: str, text: str, now: float) -> None:
+    def _progress_bar(self, key: str, text: str, now: float, whole: bool = False) -> None:
+        """A tqdm bar's progress, and the numbers of its postfix (as drawn: at most every
+        PROGRESS_EVERY_S; `whole`, its last state: always)."""
         found = _TQDM.findall(text.rsplit("\r", 1)[-1] or text)  # a bar's last state
         if not found:
             return
-        done, total, per_second, seconds_each = found[-1]
+        done, total, per_second, seconds_each, postfix = found[-1]
+        numbers = {
+            name: json_number(number) for name, value in _POSTFIX_VALUE.findall(postfix.strip())
+            if name not in _NOT_METRICS and (number := _number_text(value)) is not None
+        }  # fmt: skip
+        if numbers:
+            self._store(key, [{"t": now, "k": key, "s": None, "m": numbers}])
         each = float(seconds_each or 0)
         rate = float(per_second) if per_second else (1 / each if each > 0 else 0.0)
         n, total_n = int(done), int(total)
@@ -306,6 +389,19 @@ def _number(value: Any) -> float | None:
         except ValueError:
             return None
     return None
+
+
+def _number_text(text: str | None) -> float | None:
+    """A number as a line writes it ("0.532", "1e-05", "nan"), or None."""
+    try:
+        return float(text) if text else None
+    except ValueError:
+        return None
+
+
+def _step_text(text: str | None) -> int | None:
+    """A step as a line writes it ("10"), or None."""
+    return _step(int(text)) if text and text.isdigit() else None
 
 
 def _stride(count: int, cap: int) -> int:

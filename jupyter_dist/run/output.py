@@ -15,7 +15,7 @@ from jupyter_dist.diagnose.root_cause import StderrEvidence
 from jupyter_dist.events import OutputLine
 from jupyter_dist.node_side.report import MARK
 from jupyter_dist.plan.model import ProcessPlan
-from jupyter_dist.run.metrics import MetricsSink, may_be_metrics
+from jupyter_dist.run.metrics import MetricsSink
 from jupyter_dist.store import JobRecord, timestamp
 
 MAX_LINE = 1 << 20  # a "line" longer than this is cut into pieces
@@ -139,7 +139,7 @@ class OutputPipeline:
         sink = self.metrics
         if attribute is None:  # every line is this process's own: the fast path
             key, label = proc.name, proc.label
-            if sink is not None and any(map(may_be_metrics, texts)):
+            if sink is not None and any(map(sink.wants, texts)):
                 texts = [
                     t for t in (sink.take(key, stream, t, now) for t in texts) if t is not None
                 ]
@@ -150,7 +150,7 @@ class OutputPipeline:
             by_key: dict[str, list[str]] = {}
             for raw in texts:
                 for key, label, text in attribute(raw):
-                    if sink is not None and may_be_metrics(text):
+                    if sink is not None and sink.wants(text):
                         text = sink.take(key, stream, text, now)
                         if text is None:
                             continue

@@ -51,6 +51,7 @@ _CAPTIONS = {
     "detach": "keep running when the notebook closes",
     "no_preflight": "skip the network check",
     "post_mortem": "pause a failed rank for the debugger", "preload": "preload modules",
+    "metrics_pattern": "metrics patterns",
 }  # fmt: skip
 _PLACEHOLDERS = {
     "env": "NAME=VALUE, one a line", "code": "folder shipped to every node (optional)",
@@ -59,13 +60,15 @@ _PLACEHOLDERS = {
     "account": "your default account", "qos": "the default QOS",
     "constraint": "node features, e.g. a100",
     "preload": "e.g. torch,transformers (ranks fork from a pool)",
+    "metrics_pattern": "a regex a line, e.g. iter (?P<step>\\d+): loss (?P<loss>[\\d.]+)",
 }  # fmt: skip
 # Where each declared option sits: the first column, the second, and the Slurm box.
 _DISTRIBUTION = ("type", "nodes", "procs_per_node", "launcher")
 _TENSORFLOW = ("worker_count", "ps_count", "chief", "evaluator")
 _DASK = ("threads", "scheduler_port", "dashboard_port")
 _JOB = ("name", "timeout", "stall_timeout", "on_stall", "grace_period", "max_restarts",
-        "restart_delay", "no_preflight", "post_mortem", "preload", "code", "env")  # fmt: skip
+        "restart_delay", "no_preflight", "post_mortem", "preload", "metrics_pattern", "code",
+        "env")  # fmt: skip
 
 
 def _control(option: Option, style: dict) -> w.Widget:
