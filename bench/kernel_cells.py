@@ -35,10 +35,11 @@ import functools
 import json
 import os
 import re
+import signal
 import statistics
 import sys
 import time
-from contextlib import contextmanager
+from contextlib import contextmanager, suppress
 
 from jupyter_client.manager import start_new_kernel
 from session import BUILD, STEP  # bench/session.py's cells: the engine's figure of the same
@@ -177,8 +178,48 @@ def nbdistributed(rounds: int, ranks: int, cpu: dict, fast: bool = False) -> dic
             step = timed(kc, "%%distributed\n" + STEP, rounds, kc.pid,
                          cpu.setdefault("ddp step", {}))  # fmt: skip
         finally:
-            run(kc, "%dist_shutdown")
+            # Its workers by their pids, not `%dist_shutdown`: that path ends with
+            # `pkill -9 -f "python.*worker"` (its `_nuclear_shutdown`), which would take
+            # any such process of the machine's, not only its own.
+            end_processes(descendants(kc.pid))
     return {"x = 1": trivial, "print(x)": printed, "ddp step": step}
+
+
+def descendants(root: int) -> list[int]:
+    """The pids of every live process below `root`, read from /proc."""
+    children: dict[int, list[int]] = {}
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                children.setdefault(int(_stat(int(entry))[1]), []).append(int(entry))
+            except OSError:
+                continue
+    found, todo = [], list(children.get(root, []))
+    while todo:
+        pid = todo.pop()
+        found.append(pid)
+        todo += children.get(pid, [])
+    return found
+
+
+def end_processes(pids: list[int], grace: float = 5.0) -> None:
+    """SIGTERM to each of `pids`, then SIGKILL to those alive after `grace` seconds."""
+    for pid in pids:
+        with suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGTERM)
+    deadline = time.monotonic() + grace
+    while time.monotonic() < deadline and any(_alive(pid) for pid in pids):
+        time.sleep(0.05)
+    for pid in pids:
+        with suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGKILL)
+
+
+def _alive(pid: int) -> bool:
+    try:
+        return _stat(pid)[0] != "Z"
+    except OSError:
+        return False
 
 
 def _rounded(value):
