@@ -61,10 +61,11 @@ class OwnerLink:
         found = [PausedRank.from_dict(p) for p in answer.get("paused", [])]
         return found, [str(problem) for problem in answer.get("problems", [])]
 
-    def send(self, rank: int, command: str) -> dict[str, Any]:
-        """{"answer": pdb's text, "paused": still paused after it}."""
+    def send(self, rank: int, command: str, pid: int | None = None) -> dict[str, Any]:
+        """{"answer": pdb's text, "paused": still paused after it, "state"}; to the rank's
+        paused process `pid` where it has several."""
         return self._ask({"action": "send", "rank": rank, "command": check_command(command),
-                          "timeout": self.timeout})  # fmt: skip
+                          "timeout": self.timeout, "pid": pid})  # fmt: skip
 
     def cast(self, ranks: list[int] | None, command: str) -> list[dict[str, Any]]:
         """`command` to each of `ranks` (None: every paused one) at once: by rank, each
@@ -91,8 +92,10 @@ def cast_text(answers: list[dict[str, Any]], timeout: float = 30.0) -> str:
     """Answers of a cast, each line prefixed by its rank: `[rank 2] 42`; a rank that ran on
     after the command, or could not be asked, says so on a line of its own."""
     lines = []
+    ranks = [found["rank"] for found in answers]
     for found in answers:
-        tag = f"[rank {found['rank']}]"
+        several = ranks.count(found["rank"]) > 1 and found.get("pid") is not None
+        tag = f"[rank {found['rank']} pid {found['pid']}]" if several else f"[rank {found['rank']}]"
         if found.get("error"):
             lines.append(f"{tag} error: {found['error']}")
             continue
@@ -348,6 +351,8 @@ def cmd_debug(args: argparse.Namespace, record: JobRecord) -> int:
     link = OwnerLink(record, args.timeout)
     if args.ranks is not None and args.rank is not None:
         raise DistrunError("give --rank R or --ranks SET, not both")
+    if args.pid is not None and (args.rank is None or args.do is None or args.interrupt):
+        raise DistrunError("--pid goes with --rank R and --do: which of its paused processes")
     if args.interrupt:
         if args.rank is None or args.list or args.json or args.ranks:
             raise DistrunError(
@@ -401,7 +406,7 @@ def _do(link: OwnerLink, args: argparse.Namespace, record: JobRecord) -> int:
         raise DistrunError("--do needs --rank R or --ranks SET: the paused ranks it goes to")
     if args.json:
         raise DistrunError("--json lists, or gives --ranks' answers: not --rank's")
-    return _answer(link, args.rank, args.do)
+    return _answer(link, args.rank, args.do, args.pid)
 
 
 def _paused_within(link: OwnerLink, rank: int, timeout: float) -> bool:
@@ -414,9 +419,14 @@ def _paused_within(link: OwnerLink, rank: int, timeout: float) -> bool:
     return False
 
 
-def _answer(link: OwnerLink, rank: int, command: str) -> int:
-    """`command` to paused rank `rank`; pdb's answer printed as it is."""
-    answer = link.send(rank, command)
+def _with_others(found: PausedRank, paused: list[PausedRank]) -> bool:
+    """Whether `found`'s rank has other paused processes (a forked child, a launcher's)."""
+    return sum(p.rank == found.rank for p in paused) > 1
+
+
+def _answer(link: OwnerLink, rank: int, command: str, pid: int | None = None) -> int:
+    """`command` to paused rank `rank` (its process `pid`); pdb's answer printed as it is."""
+    answer = link.send(rank, command, pid)
     sys.stdout.write(answer["answer"])
     sys.stdout.flush()
     said = after_command(rank, answer, link.timeout)
@@ -464,7 +474,7 @@ def _list(
         print(json.dumps(rows))
         return EXIT_OK
     for found in paused:
-        print(visible(found.line_text()))
+        print(visible(found.line_text(several=_with_others(found, paused))))
     for rank in candidates:
         print(f"rank {rank}: its last cell failed (post-mortem): --rank {rank} looks where it "
               "raised, and --do runs a command there")  # fmt: skip

@@ -247,6 +247,11 @@ def add_parsers(sub: argparse._SubParsersAction, common: argparse.ArgumentParser
         "--ranks", metavar="SET", help="the ranks --do talks to: 0,2-3 or all (the paused ones)"
     )
     debug.add_argument(
+        "--pid", type=int, metavar="PID",
+        help="with --rank: which of its paused processes --do talks to, where it has several "
+        "(a forked child's; --list names them)",
+    )  # fmt: skip
+    debug.add_argument(
         "--interrupt", action="store_true",
         help="pause --rank R where it runs (a rank that hangs, or loops), as breakpoint() would",
     )  # fmt: skip

@@ -284,9 +284,9 @@ def test_a_terminal_console_lists_attaches_casts_and_continues(tmp_path, store):
         cast = run_cli("debug", job_id, "--ranks", "all", "--do", "p rank", store=store)
         assert cast.returncode == 0 and cast.stdout == "[rank 1] 1\n[rank 3] 3\n", cast
         cast = run_cli("debug", job_id, "--ranks", "3", "--do", "p x", "--json", store=store)
-        assert json.loads(cast.stdout) == [
-            {"rank": 3, "answer": "43\n", "paused": True, "state": "paused"}
-        ]
+        (answered,) = json.loads(cast.stdout)
+        assert answered == {"rank": 3, "pid": answered["pid"], "answer": "43\n",
+                            "paused": True, "state": "paused"}  # fmt: skip
 
         fed = run_cli("debug", job_id, input="list\ncontinue\nlist\n", store=store)
         assert fed.returncode == 0, fed.stderr
@@ -940,3 +940,84 @@ def test_a_kept_helper_answers_each_request_by_its_id_and_ends_with_its_input(tm
         if helper.poll() is None:
             helper.kill()
             helper.wait()
+
+
+TURNS = """\
+import multiprocessing, os, threading
+print("started", flush=True)
+
+
+def worker(tag):
+    value = tag
+    breakpoint()
+    print("went on", tag, flush=True)
+
+
+second = threading.Thread(target=worker, args=("thread",), name="second")
+second.start()
+worker("main")
+second.join()
+child = multiprocessing.get_context("fork").Process(target=worker, args=("child",))
+child.start()
+worker("parent")
+child.join()
+"""
+
+
+def test_two_threads_pause_in_turn_and_a_forked_child_is_an_entry_of_its_own(tmp_path, store):
+    """Two threads of a rank at breakpoint(): one pauses, the other waits its turn and says
+    so, then pauses once the first goes on. A rank's forked child (multiprocessing, fork)
+    and its parent both pause: two entries, each named by its pid, each reachable with
+    --pid; a command without one says which there are; `--ranks all --do c` lets both go."""
+    script = tmp_path / "turns.py"
+    script.write_text(TURNS)
+    spec = tmp_path / "job.yml"
+    spec.write_text(f"command: python {script}\n")
+    stderr_file = tmp_path / "stderr.txt"
+    with stderr_file.open("w") as stderr:
+        proc, job_id = start_cli_run(spec, store, ranks=1, stderr=stderr)
+    try:
+
+        def do(command: str, *extra: str):
+            return run_cli("debug", job_id, "--rank", "0", "--do", command, *extra, store=store)
+
+        def value_of_the_paused(other_than: str | None = None) -> str:
+            deadline = time.monotonic() + 30
+            while time.monotonic() < deadline:
+                done = do("p value")
+                if done.returncode == 0 and done.stdout.strip() not in ("", other_than):
+                    return done.stdout.strip()
+                time.sleep(0.1)
+            raise AssertionError(f"no other thread paused than {other_than}")
+
+        first = value_of_the_paused()
+        assert do("c").returncode == 0
+        second = value_of_the_paused(other_than=first)
+        assert {first, second} == {"'main'", "'thread'"}
+        assert do("c").returncode == 0
+        found = paused_ranks(store, job_id, 2)
+        assert len(found) == 2 and {p["rank"] for p in found} == {0}, found
+        listed = run_cli("debug", job_id, "--list", store=store).stdout.splitlines()
+        pids = sorted(int(line.split()[3]) for line in listed)
+        assert all(re.match(r"rank 0 pid \d+ \(local0\): ", line) for line in listed), listed
+        several = do("p value")
+        assert several.returncode == 2 and several.stderr.strip() == (
+            f"error: rank 0 of job {job_id} has 2 paused processes (pids {pids[0]} and "
+            f"{pids[1]}): give --pid PID"
+        ), several.stderr
+        values = {do("p value", "--pid", str(pid)).stdout.strip() for pid in pids}
+        assert values == {"'parent'", "'child'"}, values
+        going = run_cli("debug", job_id, "--ranks", "all", "--do", "c", store=store)
+        assert going.returncode == 0 and going.stdout.count("runs on") == 2, going.stdout
+        assert proc.wait(60) == 0
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    said = [line.text for line in store.get(job_id).iter_log("rank-0", "stdout")]
+    assert sorted(t for t in said if t.startswith("went on")) == [
+        "went on child", "went on main", "went on parent", "went on thread",
+    ]  # fmt: skip
+    assert "thread 'second' waits to pause" in stderr_file.read_text() or (
+        "thread 'MainThread' waits to pause" in stderr_file.read_text()
+    )

@@ -301,9 +301,11 @@ async def test_the_debug_endpoint_lists_paused_ranks_and_steps_them(jp_fetch, ho
                                body=json.dumps(body))  # fmt: skip
 
         code, reply = await debug({"command": "p x * 2", "ranks": "1"})
-        assert code == 200 and reply == {
-            "answers": [{"rank": 1, "answer": "82\n", "paused": True, "state": "paused"}]
-        }
+        (answered,) = reply["answers"]
+        assert code == 200 and answered == {
+            "rank": 1, "pid": answered["pid"], "answer": "82\n", "paused": True,
+            "state": "paused",
+        }  # fmt: skip
         for body, message in (
             (b"{not json", '{"command": "p x", "ranks": "0,2-3"}'),
             (b"\xff\xfe", '{"command": "p x", "ranks": "0,2-3"}'),

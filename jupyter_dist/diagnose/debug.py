@@ -204,11 +204,14 @@ class PausedRank:
             already=found.get("already") is True,
         )  # fmt: skip
 
-    def line_text(self) -> str:
+    def line_text(self, several: bool = False) -> str:
         """One line: `rank 1 (node-1): bp.py:3 in main (breakpoint)`, or `(post-mortem:
         ValueError: bad)`; in a cell `rank 1 (node-1): cell line 3 in <module> (breakpoint):
-        x += 1`, the line's text after it."""
+        x += 1`, the line's text after it. With `several` (its rank has other paused
+        processes), `rank 1 pid 4242 (node-1): ...`."""
         who = f"rank {self.rank}" if self.rank is not None else f"pid {self.pid}"
+        if several and self.rank is not None:
+            who += f" pid {self.pid}"
         why = f"{self.reason}: {self.exception}" if self.exception else self.reason
         text = f": {self.source}" if self.cell and self.source else ""
         return f"{who} ({self.node}): {self.where} in {self.function} ({why}){text}"

@@ -283,18 +283,33 @@ def _make_debugger(console):
         waiting = None
 
         def interaction(self, frame, traceback):
+            self.take_turn()
             shown = frame or (_innermost(traceback).tb_frame if traceback else None)
             if shown is not None:
                 record = console.paused(shown, self.reason, self.exception)
                 if self.announce:
                     _announce(record)
                     self.announce = False
-            self.waiting = threading.get_ident()
             try:
                 pdb.Pdb.interaction(self, frame, traceback)
             finally:
-                self.waiting = None
                 console.running()
+                with self.turns:
+                    self.waiting = None
+                    self.turns.notify_all()
+
+        def take_turn(self):
+            """One thread at a time pauses (the process has one pdb, one console): another
+            thread's pause waits for this one's end, and says so once."""
+            me = threading.get_ident()
+            with self.turns:
+                if self.waiting not in (None, me):
+                    _say(f"distrun: {_who()} thread {threading.current_thread().name!r} "
+                         "waits to pause: another thread of it is paused (it pauses once "
+                         "that one goes on)\n")  # fmt: skip
+                while self.waiting not in (None, me):
+                    self.turns.wait()
+                self.waiting = me
 
         # What a command's code reads is never the rank's own stdin (a warm session's feed
         # of cells, which a read would take and wedge) nor the console's next command.
@@ -316,6 +331,7 @@ def _make_debugger(console):
             """interact is not available here: run code with ! or p."""
             self.error(INTERACT_REFUSED)
 
+    RemotePdb.turns = threading.Condition()
     # nosigint: the rank's own SIGINT handling stays as it was (pdb would take it over).
     # skip: a step never stops in our own frames (the pause signal's handler, this file):
     # a pause lands in the rank's code.
@@ -328,6 +344,23 @@ def _innermost(traceback):
     while traceback.tb_next is not None:
         traceback = traceback.tb_next
     return traceback
+
+
+def _who():
+    rank = _rank()
+    return f"rank {rank}" if rank is not None else f"pid {os.getpid()}"
+
+
+def _say(line):
+    """`line` on the rank's stderr descriptor itself: the program may hold sys.stderr in a
+    buffer of its own until it exits (torch's excepthook once a process group exists), and
+    the user must read this while the rank waits."""
+    with contextlib.suppress(Exception):
+        sys.stderr.flush()
+    data = line.encode("utf-8", errors="replace")
+    with contextlib.suppress(OSError):
+        while data:
+            data = data[os.write(2, data) :]
 
 
 def _announce(record):
@@ -352,22 +385,20 @@ def _announce(record):
         f"distrun: {rank} paused{after} at {where} in "
         f"{record['function']} ({record['reason']}); to look: {attach}{then}\n"
     )
-    # On the descriptor itself: the program may hold sys.stderr in a buffer of its own
-    # until it exits (torch's excepthook once a process group exists), and the user must
-    # read this while the rank waits.
-    with contextlib.suppress(Exception):
-        sys.stderr.flush()
-    data = line.encode("utf-8", errors="replace")
-    with contextlib.suppress(OSError):
-        while data:
-            data = data[os.write(2, data) :]
+    _say(line)
+
+
+_making = [threading.Lock()]  # two threads' first pauses at once make one debugger
+if hasattr(os, "register_at_fork"):  # a child forked while another thread held it
+    os.register_at_fork(after_in_child=lambda: _making.__setitem__(0, threading.Lock()))
 
 
 def _debugger_here(job_dir):
-    if not _debugger or _debugger[0][0] != os.getpid():  # first pause, or a forked child
-        console = _Console(job_dir)
-        _debugger[:] = [(os.getpid(), _make_debugger(console), console)]
-    return _debugger[0][1], _debugger[0][2]
+    with _making[0]:
+        if not _debugger or _debugger[0][0] != os.getpid():  # first pause, or a forked child
+            console = _Console(job_dir)
+            _debugger[:] = [(os.getpid(), _make_debugger(console), console)]
+        return _debugger[0][1], _debugger[0][2]
 
 
 def post_mortem(error, traceback, wait=None):
@@ -418,8 +449,8 @@ def set_trace(*args, frame=None, header=None, reason="breakpoint", **kwargs):
     debugger, _console = _debugger_here(job_dir)
     if header is not None:
         debugger.message(header)
+    debugger.take_turn()  # before pdb's state is set for this thread
     debugger.reason, debugger.announce = reason, True
-    debugger.waiting = threading.get_ident()
     debugger.set_trace(frame)
 
 

@@ -152,7 +152,6 @@ class Job(Listened):
         self.started: float | None = None
         self.ended: float | None = None
         self._root_cause: RootCause | None = None
-        self._paused_at: dict[int, PausedRank] = {}  # rank -> where it last paused
         self._debug_busy = 0  # debugger requests being answered
         self._debug_idle = threading.Condition()
         self._message: str | None = None
@@ -331,7 +330,6 @@ class Job(Listened):
         self._refuse_unless_running()
         found, problems = paused_ranks(self._helpers, list(self._nodes.values()),
                                        self._job_dirs())  # fmt: skip
-        self._paused_at.update({p.rank: p for p in found if p.rank is not None})
         return found, problems
 
     def _on_debugger(self, proc: ProcessPlan, message: str) -> None:
@@ -349,8 +347,6 @@ class Job(Listened):
             paused = [p for p in state.paused if p.get("pid") != pid]
             if isinstance(event, PausedRank):
                 paused.append(event.to_dict())
-                if event.rank is not None:
-                    self._paused_at[event.rank] = event
             if paused == state.paused:
                 return
             state.paused = paused
@@ -377,8 +373,6 @@ class Job(Listened):
             except NotPaused as exc:
                 problems.append(f"{name}: {exc}")
                 continue
-            if paused is not None:
-                self._paused_at[rank] = paused
             return paused
         raise DistrunError(
             f"rank {rank} of job {self.job_id} cannot be paused: "
@@ -392,60 +386,74 @@ class Job(Listened):
                 f"job {self.job_id} has ranks 0 to {self.plan.world_size - 1}, not {rank}"
             )
 
-    def debug_send(self, rank: int, command: str, timeout: float = 30.0) -> dict:
-        """`command` to paused rank `rank`'s pdb: {"answer", "paused"} (diagnose/debug.py).
-        DistrunError in one line where the job has no such rank, it is not paused, or the
-        command is empty."""
+    def debug_send(
+        self, rank: int, command: str, timeout: float = 30.0, pid: int | None = None
+    ) -> dict:
+        """`command` to paused rank `rank`'s pdb (its process `pid`, where the rank has
+        several paused: a forked child's, a launcher's): {"answer", "paused", "state"}
+        (diagnose/debug.py). DistrunError in one line where the job has no such rank, it is
+        not paused, it has several paused processes and no `pid` says which, or the command
+        is empty."""
         command = check_command(command)
         self._check_rank(rank)
-        # Where the rank paused before is where it is asked first (its process stays the
-        # same between pauses): one helper on one node a command, no listing of them all.
-        known = self._paused_at.get(rank)
-        if known is not None:
-            try:
-                return self._send(known, command, timeout)
-            except NotPaused:
-                self._paused_at.pop(rank, None)
-        found, _ = self.paused()
-        target = next((p for p in found if p.rank == rank), None)
-        if target is None:
-            raise rank_not_paused(self.job_id, rank, found)
-        return self._send(target, command, timeout)
+        # Where the rank's debugger said it paused is where it is asked first (one helper
+        # on one node a command, no listing of them all); else every node is asked.
+        for found in (self._told_paused(), None):
+            if found is None:
+                found, _ = self.paused()
+            targets = [p for p in found if p.rank == rank and pid in (None, p.pid)]
+            if len(targets) > 1:
+                pids = " and ".join(str(p.pid) for p in sorted(targets, key=lambda p: p.pid))
+                raise DistrunError(
+                    f"rank {rank} of job {self.job_id} has {len(targets)} paused processes "
+                    f"(pids {pids}): give --pid PID"
+                )
+            if targets:
+                try:
+                    return self._send(targets[0], command, timeout)
+                except NotPaused:
+                    continue  # it ran on since it said so: ask the nodes
+        if pid is not None:
+            raise DistrunError(f"rank {rank} of job {self.job_id} has no paused process {pid}")
+        raise rank_not_paused(self.job_id, rank, found)
+
+    def _told_paused(self) -> list[PausedRank]:
+        """The paused processes their debuggers told of (a line each, on their stdout)."""
+        with self._state_lock:
+            return [PausedRank.from_dict(p) for s in self.processes.values() for p in s.paused]
 
     def debug_cast(
         self, ranks: list[int] | None, command: str, timeout: float = 30.0
     ) -> list[dict]:
-        """`command` to each of `ranks` (None: every paused rank) at once: one
-        {"rank", "answer", "paused"} per rank, by rank. DistrunError in one line, before
-        anything is sent, where one of them is not paused or none is."""
+        """`command` to each paused process of `ranks` (None: every paused one) at once:
+        one {"rank", "pid", "answer", "paused", "state"} per process, by rank. DistrunError
+        in one line, before anything is sent, where one of them is not paused or none is."""
         command = check_command(command)
         for rank in ranks or ():
             self._check_rank(rank)
-        # Ranks named whose pauses their debuggers have told (a line each, on their stdout)
-        # are asked at once; `all`, or a rank not known paused, asks every node first.
-        with self._state_lock:
-            told = [p for s in self.processes.values() for p in s.paused]
-        by_rank = {p["rank"]: PausedRank.from_dict(p) for p in told if p.get("rank") is not None}
-        found = list(by_rank.values())
-        if ranks is None or any(rank not in by_rank for rank in ranks):
-            found, _ = self.paused()
-            by_rank = {p.rank: p for p in found if p.rank is not None}
+        # Ranks named whose pauses their debuggers have told are asked at once; `all`, or
+        # a rank not known paused, asks every node first.
+        found = [p for p in self._told_paused() if p.rank is not None]
+        if ranks is None or any(rank not in {p.rank for p in found} for rank in ranks):
+            found = [p for p in self.paused()[0] if p.rank is not None]
         if ranks is None:
-            ranks = sorted(by_rank)
+            ranks = sorted({p.rank for p in found})
             if not ranks:
                 raise DistrunError(f"no rank of job {self.job_id} is paused")
-        missing = [rank for rank in ranks if rank not in by_rank]
+        missing = [rank for rank in ranks if rank not in {p.rank for p in found}]
         if missing:
             raise rank_not_paused(self.job_id, missing[0], found)
+        targets = sorted((p for p in found if p.rank in ranks), key=lambda p: (p.rank, p.pid))
 
-        def one(rank: int) -> dict:
+        def one(target: PausedRank) -> dict:
+            who = {"rank": target.rank, "pid": target.pid}
             try:
-                return {"rank": rank, **self._send(by_rank[rank], command, timeout)}
+                return {**who, **self._send(target, command, timeout)}
             except DistrunError as exc:  # it ran on meanwhile: its line, the others' answers
-                return {"rank": rank, "error": str(exc)}
+                return {**who, "error": str(exc)}
 
-        with ThreadPoolExecutor(max_workers=min(16, len(ranks))) as pool:
-            return list(pool.map(one, ranks))
+        with ThreadPoolExecutor(max_workers=min(16, len(targets))) as pool:
+            return list(pool.map(one, targets))
 
     def _send(self, target: PausedRank, command: str, timeout: float) -> dict:
         node = self._nodes[target.node]
@@ -509,8 +517,11 @@ class Job(Listened):
                     )
                 }
             elif request.get("action") == "send":
+                pid = request.get("pid")
+                if pid is not None and (not isinstance(pid, int) or isinstance(pid, bool)):
+                    raise DistrunError(f"a pid is a number, not {pid!r:.40}")
                 answer = self.debug_send(rank, str(request.get("command", "")),
-                                         float(request.get("timeout") or 30.0))  # fmt: skip
+                                         float(request.get("timeout") or 30.0), pid)  # fmt: skip
             elif request.get("action") == "interrupt":
                 paused = self.debug_interrupt(rank, float(request.get("timeout") or 5.0))
                 answer = {"paused": paused.to_dict() if paused else None}
