@@ -712,6 +712,22 @@ def test_a_preload_that_fails_a_stopped_pool_and_a_shared_pools_folder_start_col
         folder.chmod(0o700)
     assert sorted(probes) == [0, 1] and len(said) == 2, said
     assert f"{folder} is open to other users (mode 755)" in said[0]
+    # Made by another user, or a link to a folder elsewhere: never used, the job cold.
+    os.chown(folder, 65534, 65534)
+    try:
+        _, probes, said = job("mypkg")
+    finally:
+        os.chown(folder, os.getuid(), os.getgid())
+    assert sorted(probes) == [0, 1] and f"{folder} is not this user's folder" in said[0], said
+    aside = folder.with_name(folder.name + "-aside")
+    folder.rename(aside)
+    folder.symlink_to(aside)
+    try:
+        _, probes, said = job("mypkg")
+    finally:
+        folder.unlink()
+        aside.rename(folder)
+    assert sorted(probes) == [0, 1] and f"{folder} is not this user's folder" in said[0], said
 
     # The running pool (idle 600 s) takes the next job's idle time.
     _, probes, _ = job({"modules": ["mypkg"], "idle": 1})
