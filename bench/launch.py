@@ -24,7 +24,9 @@
    reached over Ray Client), by `--backend ray` (in this process: `run`) and by hand with
    Ray's own `ray.util` (a STRICT_SPREAD placement group, an actor per bundle starting its
    node's ranks, then the actors killed and the group removed), alternating: median wall
-   time of each, and the ratio. Goal: <= 1.2.
+   time of each, and the ratio. Goal: <= 1.2. And the same job by `jupyter distrun run`
+   over Ray Client from this machine against a driver beside the head (the head's network,
+   its own address), alternating, each a new process. Goal: <= 1.5.
 """
 
 from __future__ import annotations
@@ -328,11 +330,47 @@ def bench_ray(runs: int) -> None:
           f"ray.util {theirs:.2f} s; ratio {mine / theirs:.2f} (goal <= 1.2)")  # fmt: skip
 
 
+def bench_ray_client(runs: int) -> None:
+    """The same trivial job by `jupyter distrun run --backend ray`, over Ray Client from this
+    machine (`ray://HEAD:10001`) and from a driver beside the head (in its network, the
+    head's own address), alternating: each a new process, as a terminal's run is."""
+    sys.path.insert(0, str(HERE.parent / "tests"))
+    import raynodes
+
+    with tempfile.TemporaryDirectory() as tmp:
+        spec = Path(tmp) / "trivial.yml"
+        spec.write_text(
+            f"command: python {SCRIPT}\nresources: {{instance_count: 2}}\n"
+            "environment_variables: {OMP_NUM_THREADS: '1'}\n"
+            "distribution: {type: pytorch, process_count_per_instance: 2}\n"
+        )
+        env = {**os.environ, "DISTRUN_HOME": tmp}
+        run_argv = [sys.executable, "-m", "jupyter_dist.cli", "run", str(spec), "--backend",
+                    "ray", "--color", "never", "--ray-address"]  # fmt: skip
+        cluster = raynodes.start(2, Path(tmp) / "ray")
+        try:
+            client = [*run_argv, cluster.client_address]
+            beside = [*cluster.inside(), *run_argv, cluster.head_address]
+            timed(client, env)  # the first of each warms Ray's worker pool: not counted
+            timed(beside, env)
+            far, near = [], []
+            for _ in range(runs):
+                far.append(timed(client, env))
+                near.append(timed(beside, env))
+        finally:
+            raynodes.stop(cluster)
+    median = statistics.median
+    ratio = median(f / n for f, n in zip(far, near, strict=True))
+    print(f"ray, 2 nodes x 2 ranks, `jupyter distrun run`: over Ray Client {median(far):.2f} s, "
+          f"from a driver beside the head {median(near):.2f} s; ratio (median of pairs) "
+          f"{ratio:.2f} (goal <= 1.5)")  # fmt: skip
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--runs", type=int, default=5)
     parser.add_argument("--plan-only", action="store_true", help="only the planning benches")
-    parser.add_argument("--ray-only", action="store_true", help="only the Ray bench")
+    parser.add_argument("--ray-only", action="store_true", help="only the Ray benches")
     parser.add_argument(
         "--launch-only", action="store_true", help="only the launch against torchrun"
     )
@@ -345,6 +383,7 @@ def main() -> None:
         return
     if args.ray_only:
         bench_ray(args.runs)
+        bench_ray_client(args.runs)
         return
     if args.launch_only:
         bench_launch(args.runs)
@@ -356,6 +395,7 @@ def main() -> None:
         bench_failed_preload(args.runs)
         bench_network_check(args.runs)
         bench_ray(args.runs)
+        bench_ray_client(args.runs)
 
 
 if __name__ == "__main__":

@@ -78,6 +78,7 @@ PENDING_SAY_AFTER_S = 2.0  # a placement not done by then is said to be waiting
 START_TIMEOUT_S = 120.0  # the actors' start on their nodes (a worker process each)
 WITHDRAW_WAIT_S = 10.0  # after Ctrl-C, how long the placing thread gets to give all back
 RELEASE_WAIT_S = 30.0  # how long giving the actors and the placement back may take
+GROUP_REMOVED_WAIT_S = 10.0  # how long an actor's removal of the group may take to show
 PUT_BYTES = 16 << 20  # the most of the job's files one actor call carries
 
 # Between tries of a connection Ray Client's server could not give (it starts a process per
@@ -216,6 +217,32 @@ def _bound_shutdown(ray) -> None:
 
     atexit.unregister(shutdown)
     atexit.register(bounded)
+
+
+def _over_ray_client() -> bool:
+    """Whether this process reaches its cluster through Ray Client (`ray://`)."""
+    with contextlib.suppress(Exception):
+        from ray.util.client import ray as client
+
+        return bool(client.is_connected())
+    return False
+
+
+def _actors_ended(ray: Any, hosts: list[Any], wait: float) -> bool:
+    """Whether every one of `hosts` (actors) has ended within `wait` seconds: a call to
+    one that ended fails at once (Ray's RayActorError), one that lives answers."""
+    from ray.exceptions import GetTimeoutError, RayActorError
+
+    deadline, left = time.monotonic() + wait, list(hosts)
+    while left and time.monotonic() < deadline:
+        try:
+            ray.get(left[0].info.remote(), timeout=max(0.1, deadline - time.monotonic()))
+            time.sleep(0.05)  # still there: the removal is on its way
+        except RayActorError:
+            left.pop(0)
+        except GetTimeoutError:
+            break
+    return not left
 
 
 def _batches(entries: list[tuple[str, bytes, int]], limit: int = PUT_BYTES) -> list[list]:
@@ -374,10 +401,16 @@ class RayBackend(Backend):
         count = spec.instance_count
         if not (section and section.option("autoscaling")):
             self._check_placeable(bundle, count)
-        self._group = placement_group([dict(bundle) for _ in range(count)],
-                                      strategy="STRICT_SPREAD")  # fmt: skip
+        bundles = [dict(bundle) for _ in range(count)]
+        placed = False
+        if _over_ray_client():  # one task in the cluster, not one per call of Ray's API
+            maker = ray.remote(num_cpus=0)(ray_host.make_group)
+            self._group, placed = ray.get(maker.remote(bundles, PENDING_SAY_AFTER_S / 2))
+        else:
+            self._group = placement_group(bundles, strategy="STRICT_SPREAD")
         try:
-            self._wait_placed(bundle, count, withdrawn)
+            if not placed:
+                self._wait_placed(bundle, count, withdrawn)
             host_class = ray.remote(ray_host.RayNodeHost)
             hosts = [
                 host_class.options(
@@ -532,6 +565,14 @@ class RayBackend(Backend):
         with contextlib.suppress(Exception):
             if stops:
                 ray.wait(stops, num_returns=len(stops), timeout=15)
+        if group is not None and hosts:
+            # One actor removes the group, which ends every actor in it: quick over Ray
+            # Client, where the launcher's own removal is a task (a worker) of its own. Its
+            # answer never comes (the actor ends with the group): the group's state does.
+            with contextlib.suppress(Exception):
+                hosts[0].remove_group.remote(group)
+                if _actors_ended(ray, hosts, GROUP_REMOVED_WAIT_S):
+                    return
         for host in hosts:
             with contextlib.suppress(Exception):
                 ray.kill(host)
