@@ -146,6 +146,7 @@ def test_a_breakpoint_pauses_its_rank_and_a_terminal_steps_it_then_the_job_succe
             "set, one not paused": run_cli(
                 "debug", job_id, "--ranks", "0-1", "--do", "p x", store=store
             ),
+            "not utf-8": do(1, "p '\udcff'"),  # a terminal's byte 0xff, as Python has it
             "no such rank": do(9, "p x"),
             "a negative rank": do(-1, "p x"),
         }
@@ -157,6 +158,9 @@ def test_a_breakpoint_pauses_its_rank_and_a_terminal_steps_it_then_the_job_succe
             assert refused[case].stderr.strip() == (
                 f"error: rank 0 of job {job_id} is not paused (paused: 1, 3)"
             ), case
+        assert refused["not utf-8"].stderr.strip() == (
+            "error: a pdb command is text: this one holds bytes that are not UTF-8"
+        ), refused["not utf-8"].stderr
         for case, rank in (("no such rank", 9), ("a negative rank", -1)):
             assert refused[case].stderr.strip() == (
                 f"error: job {job_id} has ranks 0 to 3, not {rank}"
@@ -605,7 +609,18 @@ def test_a_cancel_ends_a_paused_rank_and_leaves_nothing(tmp_path, store):
     try:
         assert [p["rank"] for p in paused_ranks(store, job_id, 1)] == [1]
         job_dir = Path(next(iter(_started_lines(store.get(job_id)))).split()[1])
+        # A command in flight as the job is cancelled: said so, not "runs on".
+        busy = subprocess.Popen(
+            [sys.executable, "-m", "jupyter_dist.cli", "debug", job_id, "--rank", "1",
+             "--do", "!import time; time.sleep(60)", "--store", str(store.root)],
+            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        )  # fmt: skip
+        time.sleep(1.5)  # the command runs on the rank
         assert run_cli("cancel", job_id, store=store).returncode == 0
+        _, said = busy.communicate(timeout=60)
+        assert busy.returncode == 1 and said.strip() == (
+            "rank 1 was killed by SIGTERM during the command; the job was cancelled"
+        ), said
         assert proc.wait(60) != 0
     finally:
         if proc.poll() is None:
