@@ -189,3 +189,13 @@ def test_the_quick_loop_leaves_out_what_conftest_says():
     from conftest import QUICK_EXPRESSION
 
     assert f'-m "{QUICK_EXPRESSION}"' in (ROOT / "scripts" / "test.sh").read_text()
+
+
+def test_the_job_reaches_the_debugger_through_its_relay_alone():
+    """run/job.py is the job's state machine: the debugger's owner side is run/debug_relay.py,
+    which the job holds; the job imports none of the debugger's modules itself."""
+    debugger_modules = ("jupyter_dist.diagnose.debug", "jupyter_dist.node_side.debugger",
+                        "jupyter_dist.debug_console")  # fmt: skip
+    from_job = {target for module, target in _edges() if module == "jupyter_dist.run.job"}
+    assert {target for target in from_job if _under(target, debugger_modules)} == set()
+    assert "jupyter_dist.run.debug_relay" in from_job

@@ -2,7 +2,7 @@
 cancel, time out, start again after a failure when allowed, and leave nothing running. Its
 helpers each do one job: run/output.py (lines to the store and listeners),
 diagnose/root_cause.py (why it failed), run/stopping.py (SIGTERM to SIGKILL, cancel
-requests from elsewhere).
+requests from elsewhere), run/debug_relay.py (the debugger's owner side: `Job.debugger`).
 
 States: pending -> running -> one of FINAL_STATES. A job with `Restarts` whose attempt
 failed goes running -> restarting -> running again (the next attempt, planned anew: fresh
@@ -21,18 +21,6 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
 from jupyter_dist.backends.base import Backend, ProcessHandle
-from jupyter_dist.diagnose.debug import (
-    DEBUG_MARK,
-    NodeHelpers,
-    NotPaused,
-    PausedRank,
-    check_command,
-    interrupt,
-    pause_event,
-    paused_ranks,
-    rank_not_paused,
-    send,
-)
 from jupyter_dist.diagnose.hints import hint_for
 from jupyter_dist.diagnose.meters import STORE_EVERY_S, Meters
 from jupyter_dist.diagnose.root_cause import StderrEvidence
@@ -49,16 +37,17 @@ from jupyter_dist.events import (
     ProcessState,
     RootCause,
     describe_exit,
-    exit_text,
     state_words,
 )
 from jupyter_dist.nodes import Node
 from jupyter_dist.plan.model import MPI_LAUNCHER_ROLES, LaunchPlan, ProcessPlan
 from jupyter_dist.plan.summary import launch_summary
+from jupyter_dist.run.debug_relay import MARK as DEBUG_MARK
+from jupyter_dist.run.debug_relay import DebugRelay
 from jupyter_dist.run.metrics import MetricsSink
 from jupyter_dist.run.output import OutputPipeline
 from jupyter_dist.run.outputs import collect_outputs
-from jupyter_dist.run.requests import ANSWER_GRACE_S, answer_debug, owner_fields
+from jupyter_dist.run.requests import ANSWER_GRACE_S, owner_fields
 from jupyter_dist.run.stopping import escalate, watch_requests
 from jupyter_dist.store import JobRecord, attempt_marker
 
@@ -112,8 +101,9 @@ class Job(Listened):
         self.grace_period = grace_period
         self._nodes = {n.name: n for n in nodes}
         self._backend = backend
-        # The debugger's node helpers: kept one a node where the backend can (SSH).
-        self._helpers = NodeHelpers(backend.run_on_node, backend.keep_on_node)
+        # The debugger's owner side (run/debug_relay.py), with its node helpers: kept one a
+        # node where the backend can (SSH).
+        self.debugger = DebugRelay(self, backend)
         self._listeners: list[JobListener] = []
         self._emit_lock = threading.Lock()
         self._status_lock = threading.Lock()
@@ -127,7 +117,7 @@ class Job(Listened):
         self.store_problem: str | None = None
         self.metrics = MetricsSink(record, store_failed=self._store_failed,
                                    patterns=metrics_patterns or ())  # fmt: skip
-        told = [(DEBUG_MARK, self._on_debugger), *([messages] if messages else [])]
+        told = [(DEBUG_MARK, self.debugger.on_pause_line), *([messages] if messages else [])]
         self._output = OutputPipeline(
             record, self._evidence, self._emit_lines, told, self.metrics,
             store_failed=self._store_failed,
@@ -152,8 +142,6 @@ class Job(Listened):
         self.started: float | None = None
         self.ended: float | None = None
         self._root_cause: RootCause | None = None
-        self._debug_busy = 0  # debugger requests being answered
-        self._debug_idle = threading.Condition()
         self._message: str | None = None
         self._stopping = False
         self._stop_started: float | None = None  # when we began stopping (epoch seconds)
@@ -201,7 +189,7 @@ class Job(Listened):
         threading.Thread(
             target=watch_requests,
             args=(self.record, self._done, self.cancel, self._stacks_for_request,
-                  self._debug_for_request),
+                  self.debugger.answer_request),
             daemon=True, name=f"distrun-{self.job_id}-requests",
         ).start()  # fmt: skip
         return self
@@ -317,230 +305,12 @@ class Job(Listened):
             )
             self.record.save_stacks(failed.to_dict())
 
-    def _refuse_unless_running(self) -> None:
-        """The debugger reaches a running job's ranks only: DistrunError in one line else."""
-        if self.state != "running":
-            raise DistrunError(
-                f"job {self.job_id} {state_words(self.state)}; only a running job's ranks pause"
-            )
-
-    def paused(self) -> tuple[list[PausedRank], list[str]]:
-        """The ranks waiting in their debugger (diagnose/debug.py), and one line per node
-        that could not be asked; DistrunError once the job ended."""
-        self._refuse_unless_running()
-        found, problems = paused_ranks(self._helpers, list(self._nodes.values()),
-                                       self._job_dirs())  # fmt: skip
-        return found, problems
-
-    def _on_debugger(self, proc: ProcessPlan, message: str) -> None:
-        """A rank's debugger paused (at a breakpoint, a step, an error) or let it run on:
-        its process's state says where it waits (status.json, the views); where a rank
-        paused is where a command goes first."""
-        event = pause_event(message, proc.node)
-        if event is None:
-            return
-        with self._state_lock:
-            state = self.processes.get(proc.name)
-            if state is None:
-                return
-            pid = event if isinstance(event, int) else event.pid
-            paused = [p for p in state.paused if p.get("pid") != pid]
-            if isinstance(event, PausedRank):
-                paused.append(event.to_dict())
-            if paused == state.paused:
-                return
-            state.paused = paused
-        self._emit_process(state)
-        self._write_status()
-
-    def debug_interrupt(self, rank: int, timeout: float = 5.0) -> PausedRank | None:
-        """Pause rank `rank` where it runs (diagnose/debug.interrupt): where it paused, or
-        None where it was signalled but had not paused within `timeout`. DistrunError in
-        one line where the job has no such rank running, or it cannot be paused."""
-        self._refuse_unless_running()
-        self._check_rank(rank)
-        # The node of its own process, where it has one; else (torchrun's, mpirun's
-        # workers) each node that runs some of the job's ranks.
-        own = [p.node for p in self.plan.processes if p.rank == rank]
-        names = own or list(dict.fromkeys(p.node for p in self.plan.processes))
-        job_dirs, problems = self._job_dirs(), []
-        for name in names:
-            if name not in job_dirs:
-                continue
-            try:
-                paused = interrupt(self._helpers, self._nodes[name],
-                                   job_dirs[name], self.job_id, rank, timeout)  # fmt: skip
-            except NotPaused as exc:
-                problems.append(f"{name}: {exc}")
-                continue
-            return paused
-        raise DistrunError(
-            f"rank {rank} of job {self.job_id} cannot be paused: "
-            + ("; ".join(problems) or "no node runs it")
-        )
-
-    def _check_rank(self, rank: int) -> None:
-        """DistrunError in one line where the job has no rank `rank`."""
-        if not 0 <= rank < self.plan.world_size:
-            raise DistrunError(
-                f"job {self.job_id} has ranks 0 to {self.plan.world_size - 1}, not {rank}"
-            )
-
-    def debug_send(
-        self, rank: int, command: str, timeout: float = 30.0, pid: int | None = None
-    ) -> dict:
-        """`command` to paused rank `rank`'s pdb (its process `pid`, where the rank has
-        several paused: a forked child's, a launcher's): {"answer", "paused", "state"}
-        (diagnose/debug.py). DistrunError in one line where the job has no such rank, it is
-        not paused, it has several paused processes and no `pid` says which, or the command
-        is empty."""
-        command = check_command(command)
-        self._check_rank(rank)
-        # Where the rank's debugger said it paused is where it is asked first (one helper
-        # on one node a command, no listing of them all); else every node is asked.
-        for found in (self._told_paused(), None):
-            if found is None:
-                found, _ = self.paused()
-            targets = [p for p in found if p.rank == rank and pid in (None, p.pid)]
-            if len(targets) > 1:
-                pids = " and ".join(str(p.pid) for p in sorted(targets, key=lambda p: p.pid))
-                raise DistrunError(
-                    f"rank {rank} of job {self.job_id} has {len(targets)} paused processes "
-                    f"(pids {pids}): give --pid PID"
-                )
-            if targets:
-                try:
-                    return self._send(targets[0], command, timeout)
-                except NotPaused:
-                    continue  # it ran on since it said so: ask the nodes
-        if pid is not None:
-            raise DistrunError(f"rank {rank} of job {self.job_id} has no paused process {pid}")
-        raise rank_not_paused(self.job_id, rank, found)
-
-    def _told_paused(self) -> list[PausedRank]:
-        """The paused processes their debuggers told of (a line each, on their stdout)."""
-        with self._state_lock:
-            return [PausedRank.from_dict(p) for s in self.processes.values() for p in s.paused]
-
-    def debug_cast(
-        self, ranks: list[int] | None, command: str, timeout: float = 30.0
-    ) -> list[dict]:
-        """`command` to each paused process of `ranks` (None: every paused one) at once:
-        one {"rank", "pid", "answer", "paused", "state"} per process, by rank. DistrunError
-        in one line, before anything is sent, where one of them is not paused or none is."""
-        command = check_command(command)
-        for rank in ranks or ():
-            self._check_rank(rank)
-        # Ranks named whose pauses their debuggers have told are asked at once; `all`, or
-        # a rank not known paused, asks every node first.
-        found = [p for p in self._told_paused() if p.rank is not None]
-        if ranks is None or any(rank not in {p.rank for p in found} for rank in ranks):
-            found = [p for p in self.paused()[0] if p.rank is not None]
-        if ranks is None:
-            ranks = sorted({p.rank for p in found})
-            if not ranks:
-                raise DistrunError(f"no rank of job {self.job_id} is paused")
-        missing = [rank for rank in ranks if rank not in {p.rank for p in found}]
-        if missing:
-            raise rank_not_paused(self.job_id, missing[0], found)
-        targets = sorted((p for p in found if p.rank in ranks), key=lambda p: (p.rank, p.pid))
-
-        def one(target: PausedRank) -> dict:
-            who = {"rank": target.rank, "pid": target.pid}
-            try:
-                return {**who, **self._send(target, command, timeout)}
-            except DistrunError as exc:  # it ran on meanwhile: its line, the others' answers
-                return {**who, "error": str(exc)}
-
-        with ThreadPoolExecutor(max_workers=min(16, len(targets))) as pool:
-            return list(pool.map(one, targets))
-
-    def _send(self, target: PausedRank, command: str, timeout: float) -> dict:
-        node = self._nodes[target.node]
-        answer = send(self._helpers, node, self._job_dirs()[node.name], target,
-                      command, timeout)  # fmt: skip
-        if answer["state"] == "ended":  # how: its exit as the job saw it, and the job's end
-            answer |= self._how_it_ended(target.rank)
-        return answer
-
-    def _how_it_ended(self, rank: int | None, wait: float = 3.0) -> dict:
-        """{"exit": "exited with code 3"} for the process of `rank` once the job saw it end
-        (within `wait`), and {"job": state} where the job itself is over or stopping."""
-        name = next((p.name for p in self.plan.processes if p.rank == rank), None)
-        found: dict = {}
-        deadline = time.monotonic() + wait
-        while name is not None and time.monotonic() < deadline:
-            state = self.processes[name]
-            if state.ended is not None:
-                found["exit"] = exit_text(state.exit_code, state.signal, verb=True)
-                break
-            time.sleep(0.05)
-        if self._stopping or self.state in FINAL_STATES:
-            found["job"] = self._final_state if self._stopping else self.state
-        return found
-
-    def _job_dirs(self) -> dict[str, str]:
-        """Each node's folder of this job (DISTRUN_JOB_DIR there)."""
-        return {p.node: p.env["DISTRUN_JOB_DIR"] for p in self.plan.processes
-                if p.env.get("DISTRUN_JOB_DIR")}  # fmt: skip
-
-    def _debug_for_request(self, request: dict) -> None:
-        """Answer another process's debugger request (run/requests.request_debug). The job
-        does not end (nor its owner exit) with an answer on its way (ANSWER_GRACE_S)."""
-        with self._debug_idle:
-            self._debug_busy += 1
-        try:
-            self._answer_debug_request(request)
-        finally:
-            with self._debug_idle:
-                self._debug_busy -= 1
-                self._debug_idle.notify_all()
-
-    def _answer_debug_request(self, request: dict) -> None:
-        try:
-            if request.get("action") in ("send", "interrupt"):
-                rank = request.get("rank")
-                if not isinstance(rank, int) or isinstance(rank, bool):
-                    raise DistrunError(f"a rank is a number, not {rank!r}")
-            if request.get("action") == "cast":
-                ranks = request.get("ranks")
-                if ranks is not None and (
-                    not isinstance(ranks, list)
-                    or not all(isinstance(r, int) and not isinstance(r, bool) for r in ranks)
-                ):
-                    raise DistrunError(f"ranks are a list of numbers, not {ranks!r:.80}")
-                answer = {
-                    "answers": self.debug_cast(
-                        ranks,
-                        str(request.get("command", "")),
-                        float(request.get("timeout") or 30.0),
-                    )
-                }
-            elif request.get("action") == "send":
-                pid = request.get("pid")
-                if pid is not None and (not isinstance(pid, int) or isinstance(pid, bool)):
-                    raise DistrunError(f"a pid is a number, not {pid!r:.40}")
-                answer = self.debug_send(rank, str(request.get("command", "")),
-                                         float(request.get("timeout") or 30.0), pid)  # fmt: skip
-            elif request.get("action") == "interrupt":
-                paused = self.debug_interrupt(rank, float(request.get("timeout") or 5.0))
-                answer = {"paused": paused.to_dict() if paused else None}
-            else:
-                found, problems = self.paused()
-                answer = {"paused": [p.to_dict() for p in found], "problems": problems}
-        except DistrunError as exc:
-            answer = {"error": str(exc)}
-        except Exception as exc:  # the asker gets the reason, not a silent timeout
-            answer = {"error": f"{type(exc).__name__}: {exc}"}
-        answer_debug(self.record, request["id"], answer)
-
     def _stalled(self, quiet: float) -> None:
         """Quiet for too long: say so with the stacks taken now; stop it if asked to. Not
         while a rank waits in its debugger: the others then wait for it, as they should
         (the watch starts again once something runs)."""
-        with contextlib.suppress(Exception):  # the nodes could not be asked: a stall it is
-            if self.paused()[0]:
-                return
+        if self.debugger.any_paused():  # (the nodes could not be asked: a stall it is)
+            return
         notice = f"looks stuck: no rank printed or used CPU for {quiet:.0f} s"
         try:
             summary = [group.summary() for group in self.stacks(reason="stalled").groups()]
@@ -652,6 +422,25 @@ class Job(Listened):
                 seen.add((node.host, path))
                 found.update(self._backend.collect(node, path))
         return found
+
+    # -- what the debugger's relay reads (run/debug_relay.RelayedJob) --------------------
+
+    @property
+    def node_map(self) -> dict[str, Node]:
+        return self._nodes
+
+    @property
+    def state_lock(self) -> threading.RLock:
+        return self._state_lock
+
+    @property
+    def stopping_as(self) -> str | None:
+        """The state the job ends in, while it is being stopped; else None."""
+        return self._final_state if self._stopping else None
+
+    def process_changed(self, state: ProcessState) -> None:
+        self._emit_process(state)
+        self._write_status()
 
     @property
     def summary(self) -> str:
@@ -834,7 +623,7 @@ class Job(Listened):
             return
         if self._stall is not None:
             self._stall.stop()
-        self._helpers.close()  # before the sweep: its helpers end with their input
+        self.debugger.close()  # before the sweep: its helpers end with their input
         self._backend.sweep(self.job_id, self._unclean_nodes())  # nothing survives the job
         # Before the nodes are given back (a Ray actor, a Slurm allocation holds them). The
         # outcome is written first: an owner killed during a long copy leaves it, not "lost".
@@ -866,8 +655,8 @@ class Job(Listened):
             for listener in self._listeners:
                 with contextlib.suppress(Exception):
                     listener.on_finish(self._result)
-        with self._debug_idle:  # an answer on its way (a `c` that let the job end) goes first
-            self._debug_idle.wait_for(lambda: self._debug_busy == 0, ANSWER_GRACE_S)
+        self.debugger.wait_idle(ANSWER_GRACE_S)  # an answer on its way (a `c` that let the
+        # job end) goes first
         self._done.set()
 
     # -- restarts ------------------------------------------------------------------------
