@@ -199,3 +199,38 @@ def test_the_job_reaches_the_debugger_through_its_relay_alone():
     from_job = {target for module, target in _edges() if module == "jupyter_dist.run.job"}
     assert {target for target in from_job if _under(target, debugger_modules)} == set()
     assert "jupyter_dist.run.debug_relay" in from_job
+
+
+def _body(function) -> str:
+    """A function's code as a tree, its docstring left out (copies say whose copy they are)."""
+    import ast
+    import inspect
+    import textwrap
+
+    tree = ast.parse(textwrap.dedent(inspect.getsource(function))).body[0]
+    first = tree.body[0]
+    if isinstance(first, ast.Expr) and isinstance(getattr(first, "value", None), ast.Constant):
+        tree.body = tree.body[1:]
+    tree.name = "_"
+    return ast.dump(tree)
+
+
+def test_each_copy_of_what_the_stand_alone_node_files_share_agrees_with_its_source():
+    """The node side's files are shipped alone (standard library only, no imports of one
+    another), so what they share is copied: the machine tag and the signals of the stack
+    hook, the names things are shipped under (node_side.SHIPPED). One source each; every
+    copy is held to it here."""
+    from jupyter_dist import node_side
+    from jupyter_dist.node_side import agent, debugger, pool, stack_hook, stacks
+
+    for copy in (debugger.machine_tag, stacks.machine_tag, agent.machine_tag):
+        assert _body(copy) == _body(stack_hook.machine_tag), copy.__module__
+    assert debugger.PAUSE_SIGNAL == stack_hook.PAUSE_SIGNAL != stack_hook.STACK_SIGNAL
+    assert {stack_hook.STACK_SIGNAL, stack_hook.PAUSE_SIGNAL} <= set(pool.IGNORED)
+    shipped = node_side.SHIPPED
+    assert agent.HOOK_FOLDER == node_side.HOOK_FOLDER
+    names = (shipped["stack_hook.py"], shipped["debugger.py"], shipped["pool.py"])
+    assert names == (agent.STACK_HOOK_NAME, agent.DEBUGGER_NAME, agent.POOL_NAME)
+    pool_file = "/" + node_side.shipped_path("pool.py")
+    assert pool_file == stacks.POOL_FILE
+    assert set(shipped) <= set(node_side.NAMES)

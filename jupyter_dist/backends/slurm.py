@@ -41,7 +41,8 @@ from jupyter_dist.backends.agent_client import AGENT_SOURCE, agent_argv, agents_
 from jupyter_dist.backends.local import LocalBackend, LocalProcess
 from jupyter_dist.backends.node_ports import on_every_node, ports_on_nodes
 from jupyter_dist.errors import DistrunError, NodeError
-from jupyter_dist.node_side.agent import PATH_FIRST_VAR, POOL_FILE
+from jupyter_dist.node_side import shipped_path
+from jupyter_dist.node_side.agent import PATH_FIRST_VAR
 from jupyter_dist.node_side.pool import HELD_VAR, PRELOAD_VAR
 from jupyter_dist.nodes import Inventory, Node
 from jupyter_dist.options import Option
@@ -314,7 +315,7 @@ class SlurmBackend(LocalBackend):
         (pool.py `hold`, with the environment `proc` will have); what it said (`running`,
         `started`), or "" when it said nothing in time: the agents then say that their
         ranks start cold."""
-        pool = posixpath.join(proc.env["DISTRUN_JOB_DIR"], POOL_FILE)
+        pool = posixpath.join(proc.env["DISTRUN_JOB_DIR"], shipped_path("pool.py"))
         # Not bound to one CPU (the step's): the ranks it forks take their fronts' CPUs.
         argv = [*self._step(node), "--job-name=distrun-pool", "--cpu-bind=none",
                 node.python, pool, "hold"]  # fmt: skip

@@ -20,6 +20,10 @@ Python 3.8+, no import of jupyter_dist (a node may have none).
 - stacks.py: every Python stack of a job's processes on a node (py-spy or faulthandler).
 
 `path(name)` is the file here and `source(name)` its text: the one way to load them.
+`SHIPPED` names what goes into each job's folder under another name (`shipped_path`);
+the agent, shipped alone, keeps its own copies of those names, and so do the other
+stand-alone files of what they share (the stack hook's machine tag and signals):
+tests/test_architecture.py holds every copy to its source here.
 """
 
 from __future__ import annotations
@@ -32,6 +36,22 @@ NAMES = (
     "agent.py", "cell_runner.py", "dask_wait.py", "debugger.py", "netcheck.py", "pool.py",
     "ports.py", "report.py", "session_worker.py", "stack_hook.py", "stacks.py",
 )  # fmt: skip
+
+
+# The job's startup hook folder, in its folder on each node: first on every rank's PYTHONPATH.
+HOOK_FOLDER = "pyhook"
+# What goes there, as what: the stack hook as the ranks' sitecustomize, report.py as what
+# `from distrun import report` imports, the debugger as PYTHONBREAKPOINT's target, the pool
+# as what the `python` shims import (where the job preloads modules).
+SHIPPED = {
+    "stack_hook.py": "sitecustomize.py", "report.py": "distrun.py",
+    "debugger.py": "distrun_debug.py", "pool.py": "distrun_pool.py",
+}  # fmt: skip
+
+
+def shipped_path(name: str) -> str:
+    """Where script `name` (a key of SHIPPED) goes in a job's folder: `pyhook/...`."""
+    return f"{HOOK_FOLDER}/{SHIPPED[name]}"
 
 
 def path(name: str) -> Path:

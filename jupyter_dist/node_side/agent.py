@@ -70,6 +70,7 @@ import json
 import os
 import shutil
 import signal
+import socket
 import stat
 import subprocess
 import sys
@@ -79,12 +80,16 @@ import time
 HANDSHAKE = "\x1edistrun-agent"
 TOKEN_VAR = "DISTRUN_AGENT_TOKEN"
 PATH_FIRST_VAR = "DISTRUN_PATH_FIRST"
-# The job's startup hook (stack_hook.py as sitecustomize.py), in this folder of the job's:
-# where the plan ships it, the agent puts it first on PYTHONPATH.
+# Copies of node_side/__init__.py's HOOK_FOLDER and SHIPPED (this file is shipped alone;
+# tests/test_architecture.py holds them to it). The job's startup hook (stack_hook.py as
+# sitecustomize.py) is in that folder of the job's: the agent puts it first on PYTHONPATH;
+# the debugger beside it (PYTHONBREAKPOINT's target), and node_side/pool.py where the job
+# preloads modules (DISTRUN_PRELOAD).
 HOOK_FOLDER = "pyhook"
-# node_side/pool.py, in that folder where the job preloads modules (DISTRUN_PRELOAD).
-POOL_MODULE = "distrun_pool"
-POOL_FILE = f"{HOOK_FOLDER}/{POOL_MODULE}.py"  # its path in the job's folder
+STACK_HOOK_NAME = "sitecustomize.py"
+DEBUGGER_NAME = "distrun_debug.py"
+POOL_NAME = "distrun_pool.py"
+POOL_MODULE = POOL_NAME[: -len(".py")]
 
 
 def _stat_fields(pid):
@@ -755,14 +760,14 @@ class Agent:
         env["PATH"] = os.pathsep.join(path)
         job_dir = env.get("DISTRUN_JOB_DIR")
         hook = os.path.join(job_dir, HOOK_FOLDER) if job_dir else None
-        if hook and os.path.isfile(os.path.join(hook, "sitecustomize.py")):
+        if hook and os.path.isfile(os.path.join(hook, STACK_HOOK_NAME)):
             env["PYTHONPATH"] = os.pathsep.join(filter(None, [hook, env.get("PYTHONPATH")]))
             # breakpoint() pauses the rank for a debugger reached from afar (its stdin is no
             # terminal: plain pdb would quit and kill the job), unless the job names its own
             # hook, or 0 (none). Ray sets its own for its workers, which this process is a
             # child of (an actor's): outside a Ray worker it fails, so ours replaces it.
             if (
-                os.path.isfile(os.path.join(hook, "distrun_debug.py"))
+                os.path.isfile(os.path.join(hook, DEBUGGER_NAME))
                 and env.get("PYTHONBREAKPOINT", RAYS_BREAKPOINT) == RAYS_BREAKPOINT
             ):
                 env["PYTHONBREAKPOINT"] = "distrun_debug.set_trace"
@@ -921,7 +926,7 @@ def _pool_of(hook, env):
     output, whether the modules could not be imported)."""
     if not hook or not env.get("DISTRUN_PRELOAD"):
         return None, None
-    path = os.path.join(hook, POOL_MODULE + ".py")
+    path = os.path.join(hook, POOL_NAME)
     if not os.path.isfile(path):
         return None, None
     modules = env["DISTRUN_PRELOAD"]
@@ -974,9 +979,8 @@ def _clear_pauses(job_dir):
     if not job_dir:
         return
     folder = os.path.join(job_dir, "debug")
+    machine = machine_tag()
     try:
-        with open("/proc/sys/kernel/random/boot_id") as handle:
-            machine = handle.read().strip()[:13]
         names = os.listdir(folder)
     except OSError:
         return
@@ -988,6 +992,16 @@ def _clear_pauses(job_dir):
                 os.unlink(os.path.join(folder, name))
     with contextlib.suppress(OSError):
         os.rmdir(folder)
+
+
+def machine_tag():
+    """A copy of stack_hook.machine_tag (this file is shipped alone): this machine in a
+    file name, its boot id."""
+    try:
+        with open("/proc/sys/kernel/random/boot_id") as handle:
+            return handle.read().strip()[:13]
+    except OSError:
+        return socket.gethostname()
 
 
 def _runs_agent(pid):

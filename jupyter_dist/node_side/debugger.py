@@ -60,7 +60,8 @@ SETTLE_S = 0.3  # after a pause record goes, how long a prompt may still come (a
 
 
 def machine_tag():
-    """This machine in a file name, as the stack hook writes it (its boot id)."""
+    """A copy of stack_hook.machine_tag (this file is shipped alone): this machine in a
+    file name, its boot id."""
     try:
         with open("/proc/sys/kernel/random/boot_id") as handle:
             return handle.read().strip()[:13]

@@ -84,7 +84,7 @@ START_WAIT_S = 30.0  # how long an agent that started the node's pool waits for 
 # What a front says where its rank ended because the pool it was forked from ended
 # (diagnose/hints.py reads it, in place of the out-of-memory killer's hint).
 POOL_ENDED = "distrun: the node's pool that forked this rank ended"
-PING_S = 2.0  # how long a pool that has imported its modules may take to answer a ping
+PING_S = 10.0  # how long a pool that has imported its modules may take to answer a ping
 ROOM_VAR = "DISTRUN_POOL_ROOM"  # the pool's empty room for a rank's environment
 ENV_ROOM = 96 * 1024  # bytes: in two variables (Linux takes at most 128 KiB in one)
 ARGV_ROOM = 4096  # bytes of command line a rank may have

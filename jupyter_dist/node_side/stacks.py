@@ -187,7 +187,8 @@ def dump_file(env, pid):
 
 
 def machine_tag():
-    """As stack_hook.machine_tag names this machine in the dump files."""
+    """A copy of stack_hook.machine_tag (this file is shipped alone): this machine in a
+    file name, its boot id."""
     try:
         with open("/proc/sys/kernel/random/boot_id") as handle:
             return handle.read().strip()[:13]

@@ -15,7 +15,6 @@ from jupyter_dist.diagnose import network
 from jupyter_dist.diagnose.stall import DEFAULT_STALL_TIMEOUT_S
 from jupyter_dist.errors import NodeError, SpecError
 from jupyter_dist.events import JobListener, JobResult
-from jupyter_dist.node_side.agent import HOOK_FOLDER, POOL_FILE
 from jupyter_dist.nodes import Inventory, Node
 from jupyter_dist.plan import LaunchPlan, plan, port_requests
 from jupyter_dist.run import preload_memory
@@ -24,13 +23,6 @@ from jupyter_dist.run.interrupts import interrupts_deferred
 from jupyter_dist.run.job import GRACE_PERIOD_S, RESTART_DELAY_S, Job, Restarts
 from jupyter_dist.spec import JobSpec
 from jupyter_dist.store import JobStore
-
-# Where each node's copy of node_side/stack_hook.py goes in the job's folder.
-STACK_HOOK_FILE = f"{HOOK_FOLDER}/sitecustomize.py"
-# And node_side/report.py beside it, where every rank imports it: `from distrun import report`.
-REPORT_FILE = f"{HOOK_FOLDER}/distrun.py"
-# And node_side/debugger.py, what PYTHONBREAKPOINT names in every rank (the agent sets it).
-DEBUGGER_FILE = f"{HOOK_FOLDER}/distrun_debug.py"
 
 
 def _gpus_as_default(spec: JobSpec, nodes: list[Node]) -> JobSpec:
@@ -101,12 +93,13 @@ def _plan_attempt(
     DISTRUN_RESTART_COUNT set (`make_plan` gives the first; a restart asks again)."""
     ports = chosen.choose_ports(port_requests(spec, nodes), nodes)
     # Every node gets the startup hook that lets any Python of the job dump its stacks.
+    # (node_side.SHIPPED: the stack hook, report(), the debugger; the pool where the job
+    # preloads modules.)
+    shipped = [name for name in node_side.SHIPPED if name != "pool.py" or spec.preload_env()]
     files = {
-        **(extra_files or {}), STACK_HOOK_FILE: node_side.source("stack_hook.py"),
-        REPORT_FILE: node_side.source("report.py"),
-        DEBUGGER_FILE: node_side.source("debugger.py"),
-        **({POOL_FILE: node_side.source("pool.py")} if spec.preload_env() else {}),
-    }  # fmt: skip
+        **(extra_files or {}),
+        **{node_side.shipped_path(name): node_side.source(name) for name in shipped},
+    }
     launch_plan = plan(spec, nodes, job_id, ports, files, chosen.mpi_launch, restart_count)
     if spec.network_check:  # gloo's interface where a hostname would mislead it
         launch_plan = network.gloo_interfaces(chosen.run_on_node, launch_plan, nodes)
