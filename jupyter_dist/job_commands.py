@@ -134,16 +134,22 @@ class TerminalPrinter(JobListener):
             self.err.flush()
 
 
-def seconds(text: str) -> float:
+def seconds(text: str, zero: bool = False) -> float:
     """A wait in seconds, for argparse: a positive, finite number (-1, 0, nan and inf are
-    refused in one line by the parser, naming the option)."""
+    refused in one line by the parser, naming the option); with `zero`, 0 too."""
     try:
         value = float(text)
     except ValueError:
         value = math.nan
-    if not (math.isfinite(value) and value > 0):
-        raise argparse.ArgumentTypeError(f"{text!r} is not a positive number of seconds")
+    if not (math.isfinite(value) and (value > 0 or (zero and value == 0))):
+        what = "a number of seconds, 0 or more" if zero else "a positive number of seconds"
+        raise argparse.ArgumentTypeError(f"{text!r} is not {what}")
     return value
+
+
+def seconds_or_none(text: str) -> float:
+    """As `seconds`, 0 allowed (no wait)."""
+    return seconds(text, zero=True)
 
 
 def wants_colour(choice: str, out: TextIO = sys.stdout) -> bool:
@@ -205,7 +211,7 @@ def add_parsers(sub: argparse._SubParsersAction, common: argparse.ArgumentParser
     )
     cancel.add_argument("job", help="job id (or a unique prefix)")
     cancel.add_argument(
-        "--wait", type=seconds, default=30.0, metavar="SECONDS",
+        "--wait", type=seconds_or_none, default=30.0, metavar="SECONDS",
         help="how long to wait for every process to stop (default 30; 0: do not wait)",
     )  # fmt: skip
 
