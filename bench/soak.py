@@ -52,6 +52,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
 
+from jupyter_dist.node_side.stacks import is_agent  # the one test of "an agent"
+
 GRACE_S = 1
 MARGIN_S = 5.0
 HANG_S = 30.0
@@ -175,8 +177,7 @@ def _agent_above(pid: int) -> int | None:
             stat = Path(f"/proc/{pid}/stat").read_text()
         except OSError:
             return None
-        script = os.path.basename(argv[1]) if len(argv) > 1 else b""
-        if script.startswith(b"agent") and script.endswith(b".py"):
+        if is_agent([word.decode(errors="replace") for word in argv]):
             return pid
         pid = int(stat.rsplit(")", 1)[1].split()[1])
     return None

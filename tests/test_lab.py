@@ -557,7 +557,7 @@ def test_the_live_views_console_steps_a_paused_rank_and_lets_it_go_on(lab_page, 
         )
         where = console.locator(".distrun-debug-where li")
         assert (
-            where.inner_text() == "rank 1 (local1): paused at script.py:6 in <module> (breakpoint)"
+            where.inner_text() == "rank 1 (local1): paused at cell line 6 in <module> (breakpoint)"
         )
         chip = view.locator(".distrun-rankbar button.distrun-rank.distrun-paused")
         assert chip.all_inner_texts() == ["rank 1"]

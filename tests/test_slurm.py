@@ -832,7 +832,10 @@ def test_the_form_asks_slurm_for_its_partition_and_runs_there(
     assert "backend:\n  type: slurm\n  partition: debug\n  time: 00:05:00" in preview
     assert ran.startswith("succeeded\n"), ran
     assert "[rank 0] 0 sln1 debug" in ran and "[rank 1] 1 sln2 debug" in ran
-    assert slurm_cluster.jobs() == []
+    deadline = time.monotonic() + 30  # scancel returns before Slurm ends the job (KillWait)
+    while slurm_cluster.jobs() and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert slurm_cluster.jobs() == []  # the allocation was given back
 
 
 def test_a_kernel_interrupt_stops_every_step_and_the_kernel_lives_on(
