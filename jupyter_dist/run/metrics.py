@@ -140,7 +140,7 @@ class MetricsSink:
         groups = found.groupdict()
         numbers = {
             name: json_number(number) for name, value in groups.items()
-            if name != "step" and (number := _number_text(value)) is not None
+            if name != "step" and (number := _number(value)) is not None
         }  # fmt: skip
         if numbers:
             self._store(key, [{"t": now, "k": key, "s": _step_text(groups.get("step")),
@@ -166,7 +166,7 @@ class MetricsSink:
             return
         numbers = {
             name: json_number(number) for name, value in _KERAS_VALUE.findall(text)
-            if (number := _number_text(value)) is not None
+            if (number := _number(value)) is not None
         }  # fmt: skip
         if numbers:
             self._store(key, [{"t": now, "k": key, "s": self._epochs.get(key), "m": numbers}])
@@ -212,7 +212,7 @@ class MetricsSink:
         done, total, per_second, seconds_each, postfix = found[-1]
         numbers = {
             name: json_number(number) for name, value in _POSTFIX_VALUE.findall(postfix.strip())
-            if name not in _NOT_METRICS and (number := _number_text(value)) is not None
+            if name not in _NOT_METRICS and (number := _number(value)) is not None
         }  # fmt: skip
         if numbers:
             self._store(key, [{"t": now, "k": key, "s": None, "m": numbers}])
@@ -389,14 +389,6 @@ def _number(value: Any) -> float | None:
         except ValueError:
             return None
     return None
-
-
-def _number_text(text: str | None) -> float | None:
-    """A number as a line writes it ("0.532", "1e-05", "nan"), or None."""
-    try:
-        return float(text) if text else None
-    except ValueError:
-        return None
 
 
 def _step_text(text: str | None) -> int | None:
