@@ -20,6 +20,11 @@ from jupyter_dist.store import JobRecord, timestamp
 
 MAX_LINE = 1 << 20  # a "line" longer than this is cut into pieces
 REPORT_MARK = MARK.encode()
+# How every line of ours to the launcher begins (report(), the debugger, a session's worker):
+# written with one write() from a thread of the rank, it can land inside a line another
+# thread is printing piece by piece (unbuffered stdout). The text before it is then the
+# start of a line that goes on after it.
+OUR_LINE = b"\x1edistrun-"
 
 
 class OutputPipeline:
@@ -84,8 +89,12 @@ class OutputPipeline:
                         self.metrics.drawn(proc.name, _text(partial[-512:]), time.time())
                     continue
                 partial = data[cut + 1 :]
+                lines = data[:cut].split(b"\n")
+                if attribute is None and OUR_LINE in data:
+                    lines, opened = _lines_around_ours(lines)
+                    partial = opened + partial
                 # Whole lines only, so a character split across chunks is never cut.
-                self._deliver(proc, stream, _text(data[:cut]).split("\n"), attribute, logs)
+                self._deliver(proc, stream, _text(b"\n".join(lines)).split("\n"), attribute, logs)
             if partial:
                 self._deliver(proc, stream, [_text(partial)], attribute, logs)
         except OSError:
@@ -187,6 +196,24 @@ class _StreamLogs:
         for log in self.files.values():
             with contextlib.suppress(OSError):  # a failed write was said already
                 log.close()
+
+
+def _lines_around_ours(lines: list[bytes]) -> tuple[list[bytes], bytes]:
+    """`lines` with each line of ours that landed inside an output line taken out of it: the
+    output line's start joined to what follows the line of ours, as the rank printed it.
+    Returns the lines and the start of an output line still open at the batch's end."""
+    out: list[bytes] = []
+    opened = b""
+    for line in lines:
+        line = opened + line
+        at = line.find(OUR_LINE)
+        if at > 0:
+            out.append(line[at:])
+            opened = line[:at]
+        else:
+            out.append(line)
+            opened = b""
+    return out, opened
 
 
 def _text(data: bytes) -> str:
