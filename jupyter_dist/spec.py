@@ -190,7 +190,7 @@ DEFAULT_POOL_IDLE_S = 600  # how long a node's pool with no rank waits for the n
 
 
 class PreloadSection(StrictSection):
-    """Ours: the nodes' pools (node_side/pool.py, docs/pool.md). `modules`: what each node's
+    """Ours: the nodes' pools (node_side/pool_server.py, docs/pool.md). `modules`: what each node's
     pool imports once; the job's Python ranks start forked from it. `idle`: how long a pool
     with no rank waits for a later job before it ends (default DEFAULT_POOL_IDLE_S). Written
     as a list (`preload: [torch, numpy]`) or as the CLI writes it ("torch,numpy"), it is the
@@ -625,7 +625,7 @@ class JobSpec(StrictSection):
         return str(self.name or self.display_name or self.job_type)
 
     def preload_env(self) -> dict[str, str]:
-        """What tells each node's agent to fork the ranks from a pool (node_side/pool.py)."""
+        """What tells each node's agent to fork the ranks from a pool (node_side/pool_server.py)."""
         if self.preload is None or not self.preload.modules:
             return {}
         idle = self.preload.idle or DEFAULT_POOL_IDLE_S

@@ -328,3 +328,30 @@ def not_private(root: Path) -> list[str]:
         if mode & 0o077:
             found.append(f"{path} {mode:04o}")
     return found
+
+
+def pool_programs():
+    """The pool's programs of node_side (protocol, server, front, agent's part), imported
+    here: they import their protocol by the name it is shipped under, which is, in this
+    process, the package's module."""
+    import importlib
+
+    from jupyter_dist.node_side import pool_protocol
+
+    sys.modules.setdefault("distrun_pool_protocol", pool_protocol)
+    return pool_protocol, *(
+        importlib.import_module(f"jupyter_dist.node_side.pool_{name}")
+        for name in ("server", "front", "agent")
+    )
+
+
+def ship_pool_programs(folder: Path) -> Path:
+    """The pool's programs written into `folder`/pyhook under their shipped names, as a job
+    that preloads modules has them (run/launch.py); the folder."""
+    from jupyter_dist import node_side
+
+    hook = folder / node_side.HOOK_FOLDER
+    hook.mkdir(parents=True, exist_ok=True)
+    for name in node_side.POOL_FILES:
+        (folder / node_side.shipped_path(name)).write_text(node_side.source(name))
+    return hook

@@ -216,21 +216,27 @@ def _body(function) -> str:
 
 
 def test_each_copy_of_what_the_stand_alone_node_files_share_agrees_with_its_source():
-    """The node side's files are shipped alone (standard library only, no imports of one
-    another), so what they share is copied: the machine tag and the signals of the stack
-    hook, the names things are shipped under (node_side.SHIPPED). One source each; every
-    copy is held to it here."""
+    """The node side's files are shipped alone (standard library only; the pool's programs
+    import only their protocol, by its shipped name), so what they share is copied: the
+    machine tag and the signals of the stack hook, the names things are shipped under
+    (node_side.SHIPPED). One source each; every copy is held to it here."""
+    from helpers import pool_programs
+
     from jupyter_dist import node_side
-    from jupyter_dist.node_side import agent, debugger, pool, stack_hook, stacks
+    from jupyter_dist.node_side import agent, debugger, stack_hook, stacks
+
+    pool_protocol, _, pool_front, _ = pool_programs()
 
     for copy in (debugger.machine_tag, stacks.machine_tag, agent.machine_tag):
         assert _body(copy) == _body(stack_hook.machine_tag), copy.__module__
     assert debugger.PAUSE_SIGNAL == stack_hook.PAUSE_SIGNAL != stack_hook.STACK_SIGNAL
-    assert {stack_hook.STACK_SIGNAL, stack_hook.PAUSE_SIGNAL} <= set(pool.IGNORED)
+    assert {stack_hook.STACK_SIGNAL, stack_hook.PAUSE_SIGNAL} <= set(pool_front.IGNORED)
     shipped = node_side.SHIPPED
     assert agent.HOOK_FOLDER == node_side.HOOK_FOLDER
-    names = (shipped["stack_hook.py"], shipped["debugger.py"], shipped["pool.py"])
+    names = (shipped["stack_hook.py"], shipped["debugger.py"], shipped["pool_agent.py"])
     assert names == (agent.STACK_HOOK_NAME, agent.DEBUGGER_NAME, agent.POOL_NAME)
-    pool_file = "/" + node_side.shipped_path("pool.py")
-    assert pool_file == stacks.POOL_FILE
+    assert {name: shipped[name] for name in node_side.POOL_FILES} == pool_protocol.SHIPPED
+    assert "/" + node_side.shipped_path("pool_server.py") == stacks.POOL_FILE
+    assert debugger.OUR_MODULES[-1] + ".py" == shipped["pool_server.py"]
+    assert agent.TOKEN_VAR == pool_front.TOKEN_VAR
     assert set(shipped) <= set(node_side.NAMES)

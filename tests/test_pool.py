@@ -1,4 +1,4 @@
-"""A node's pool (node_side/pool.py, `--preload`): real ranks of real torch.distributed
+"""A node's pool (node_side/pool_*.py, `--preload`): real ranks of real torch.distributed
 (gloo) forked from a Python that imported torch once, compared with the same job started
 cold; what is left when a rank, the job or the pool is killed; a pool whose module changed,
 an idle one, `jupyter distrun pool list|stop`; the pools' folder private."""
@@ -12,6 +12,7 @@ import shlex
 import shutil
 import signal
 import stat
+import subprocess
 import sys
 import tempfile
 import time
@@ -23,16 +24,18 @@ from helpers import (
     job_processes,
     not_private,
     paused_ranks,
+    pool_programs,
     result_reports,
     run_cli,
+    ship_pool_programs,
     start_cli_run,
 )
 
-from jupyter_dist.node_side import pool as pool_module
 from jupyter_dist.run.launch import launch, run
 from jupyter_dist.spec import parse_spec
 
 pytestmark = pytest.mark.torch
+protocol, server, front, agent_part = pool_programs()
 
 
 @pytest.fixture
@@ -128,7 +131,7 @@ def test_ddp_forked_from_a_pool_is_what_a_cold_start_is(store, tmpdir_for_pools,
             assert after[rank]["torch_before"] and not before[rank]["torch_before"]
             assert after[rank]["ppid"] == pool_pid
             # The pool's objects are frozen (a rank's collection skips them); torch's store
-            # clients of a forked rank wait for its port (pool.py's _prompt_store_clients).
+            # clients of a forked rank wait for its port (pool_server.py's _prompt_store_clients).
             assert after[rank]["frozen"] and not before[rank]["frozen"]
             assert after[rank]["store_wait"] and not before[rank]["store_wait"]
         for seeded in ("random", "numpy", "torch_rand"):  # each rank's own, as when cold
@@ -198,7 +201,7 @@ def test_a_killed_rank_a_cancelled_job_and_a_killed_pool_leave_nothing(store, tm
     result = job.wait(60)
     assert result is not None and not result.ok
     said = result.describe()  # the pool's end, not the out-of-memory killer
-    assert pool_module.POOL_ENDED in said and "its node's pool (--preload)" in said, said
+    assert protocol.POOL_ENDED in said and "its node's pool (--preload)" in said, said
     assert "out-of-memory" not in said, said
     assert job_processes(job.job_id) == []
     assert _pools(tmpdir_for_pools)[0] == []  # its files went with it (at the next look)
@@ -419,7 +422,7 @@ def test_a_forked_rank_ends_as_a_cold_one_does(ending, store, tmpdir_for_pools, 
 
 
 def test_a_store_client_waits_for_a_refusing_port_and_nothing_else(monkeypatch):
-    """A forked rank's TCPStore client (pool.py's `_prompt_store_clients`): where nothing
+    """A forked rank's TCPStore client (pool_server.py's `_prompt_store_clients`): where nothing
     listens yet, it waits until the port takes a connection; where the host cannot be
     reached for another reason, it leaves the error to torch at once. torch's own function
     is wrapped only when it has the parameters expected, and never for rank 0 or under
@@ -443,11 +446,11 @@ def test_a_store_client_waits_for_a_refusing_port_and_nothing_else(monkeypatch):
 
     thread = threading.Thread(target=listen_later)
     thread.start()
-    pool_module._wait_for_listener("127.0.0.1", port, 60)
+    server._wait_for_listener("127.0.0.1", port, 60)
     assert listening.is_set()  # it returned because the port took its connection
     thread.join(10)
     began = time.monotonic()
-    pool_module._wait_for_listener("no-such-host.invalid", port, 60)  # not a refusal
+    server._wait_for_listener("no-such-host.invalid", port, 60)  # not a refusal
     assert time.monotonic() - began < 30
 
     calls = []
@@ -459,21 +462,21 @@ def test_a_store_client_waits_for_a_refusing_port_and_nothing_else(monkeypatch):
     rendezvous = types.ModuleType("torch.distributed.rendezvous")
     rendezvous._create_c10d_store = _create_c10d_store
     monkeypatch.setitem(sys.modules, "torch.distributed.rendezvous", rendezvous)
-    monkeypatch.setattr(pool_module, "_wait_for_listener", lambda *a: waited.append(a))
-    pool_module._prompt_store_clients()
+    monkeypatch.setattr(server, "_wait_for_listener", lambda *a: waited.append(a))
+    server._prompt_store_clients()
     wrapped = rendezvous._create_c10d_store
     assert wrapped.__wrapped__ is _create_c10d_store
     wrapped("node-0", 29500, 0, 4, None)
     wrapped("node-0", 29500, 3, 4, None)
     monkeypatch.setenv("TORCHELASTIC_USE_AGENT_STORE", "True")
     wrapped("node-0", 29500, 2, 4, None)
-    assert calls == [0, 3, 2] and waited == [("node-0", 29500, pool_module.STORE_POLL_LIMIT_S)]
+    assert calls == [0, 3, 2] and waited == [("node-0", 29500, server.STORE_POLL_LIMIT_S)]
 
     def other(host, port, rank):  # not what it expects: left alone
         pass
 
     rendezvous._create_c10d_store = other
-    pool_module._prompt_store_clients()
+    server._prompt_store_clients()
     assert rendezvous._create_c10d_store is other
 
 
@@ -481,7 +484,7 @@ def test_a_front_reads_its_command_line_as_python_does(tmp_path):
     """What goes to the pool (a script, -m, -c, with -u and -B) and what starts cold."""
     script = tmp_path / "train.py"
     script.write_text("")
-    parse = pool_module.parse_command
+    parse = front.parse_command
     assert parse([str(script), "--lr", "1"]) == ("script", str(script), ["--lr", "1"], False)
     assert parse(["-u", "-m", "pkg.main", "-x"]) == ("module", "pkg.main", ["-x"], True)
     assert parse(["-B", "-c", "print(1)", "a"]) == ("code", "print(1)", ["a"], False)
@@ -523,19 +526,31 @@ def test_a_pool_whose_socket_another_pool_took_ends_and_a_start_waits_until_it_a
 
     monkeypatch.setenv("TMPDIR", str(tmpdir_for_pools))
     env = {**os.environ, "TMPDIR": str(tmpdir_for_pools)}
-    key = pool_module.pool_key(sys.executable, ["json"], [], env)
-    info = Path(pool_module.socket_path(key)[: -len(".sock")] + ".json")
-    pool_module._start_pool(sys.executable, key, ["json"], env, time.time())
-    assert pool_module._answers(pool_module.socket_path(key))
+    key = protocol.pool_key(sys.executable, ["json"], [], env)
+    info = Path(protocol.info_path(key))
+    hook = ship_pool_programs(tmpdir_for_pools / "job")  # started as an agent starts one
+
+    def start():  # as an agent starts one: its shipped programs, in a Python of their own
+        code = (
+            "import os, sys, time; sys.path.insert(0, sys.argv[1]); import distrun_pool_agent; "
+            "distrun_pool_agent._start_pool(sys.executable, sys.argv[2], ['json'], "
+            "dict(os.environ), time.time())"
+        )
+        subprocess.run(
+            [sys.executable, "-c", code, str(hook), key], env=env, check=True, timeout=60
+        )
+
+    start()
+    assert agent_part._answers(protocol.socket_path(key))
     first = json.loads(info.read_text())["pid"]
-    pool_module._start_pool(sys.executable, key, ["json"], env, time.time())  # it lost
+    start()  # it lost
     deadline = time.monotonic() + 30  # (the first answered its wait: the second comes)
     while (second := json.loads(info.read_text())["pid"]) == first:
         assert time.monotonic() < deadline, "the second pool never took the socket"
         time.sleep(0.05)
-    assert pool_module._answers(pool_module.socket_path(key))
+    assert agent_part._answers(protocol.socket_path(key))
     assert second != first and _alive(first) and _alive(second)
-    assert _ends(first, within=pool_module.OWNED_CHECK_S + 10)
+    assert _ends(first, within=server.OWNED_CHECK_S + 10)
     assert _alive(second)  # the node's pool, which the next job finds
     stopped = run_cli("pool", "stop", env=env)
     assert stopped.returncode == 0, stopped.stderr

@@ -174,11 +174,14 @@ def test_every_feature_keeps_the_store_private(kernel_env):
         "part",
         "summary",
         "distrun_pool.py",
-        "distrun-pool-bin",  # a job forked from a pool (node_side/pool.py)
+        "distrun_pool_protocol.py",
+        "distrun_pool_front.py",
+        "distrun_pool_agent.py",
+        "distrun-pool-bin",  # a job forked from a pool (node_side/pool_agent.py)
     } <= made, made
     assert any(name.startswith("cell-") for name in made) and "hostfile" in " ".join(made)
     assert not_private(store.root) == []
-    from jupyter_dist.node_side.pool import pools_folder
+    from jupyter_dist.node_side.pool_protocol import pools_folder
 
     assert not_private(Path(pools_folder())) == []  # its socket, lock and description
 

@@ -122,7 +122,7 @@ class ProcessHandle(Protocol):
     on_usage: Callable[[dict[str, Any]], None] | None
 
     #: Called, from the stderr reader, with the line its agent said where the job's preload
-    #: could not be imported on the node (node_side/pool.py): its ranks start cold there.
+    #: could not be imported on the node (node_side/pool_server.py): its ranks start cold there.
     on_preload_failed: Callable[[str], None] | None
 
 

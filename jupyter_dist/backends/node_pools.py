@@ -1,7 +1,7 @@
-"""The nodes' pools (node_side/pool.py): listed and stopped by running pool.py on each node
-(as `python -c SOURCE list|stop`), for any backend that can run a short command on a node.
-Local nodes are this machine: one look serves them all. A Slurm allocation's nodes are
-looked at as job steps (`pools_in_allocation`)."""
+"""The nodes' pools (node_side/pool_server.py): listed and stopped by running
+node_side/pool_protocol.py on each node (as `python -c SOURCE list|stop`), for any backend
+that can run a short command on a node. Local nodes are this machine: one look serves them
+all. A Slurm allocation's nodes are looked at as job steps (`pools_in_allocation`)."""
 
 from __future__ import annotations
 
@@ -15,13 +15,13 @@ from jupyter_dist.backends.node_ports import on_every_node
 from jupyter_dist.errors import NodeError
 from jupyter_dist.nodes import Inventory, Node, local_nodes
 
-POOL_SOURCE = node_side.source("pool.py")  # run as it is on the nodes
+POOL_SOURCE = node_side.source("pool_protocol.py")  # run as it is on the nodes
 ACTIONS = ("list", "stop")
 
 
 @dataclass(frozen=True)
 class NodePools:
-    """One node's answer: its pools (pool.py's `list_pools` rows), or why none came."""
+    """One node's answer: its pools (pool_protocol.py's `list_pools` rows), or why none came."""
 
     node: str
     pools: list[dict]
@@ -73,7 +73,7 @@ def pools_in_allocation(
 def _on_nodes(
     backend: Backend, nodes: list[Node], action: str, shown_as: str | None = None
 ) -> list[NodePools]:
-    """pool.py's `action` on each node through `backend`, all at once."""
+    """pool_protocol.py's `action` on each node through `backend`, all at once."""
     if action not in ACTIONS:
         raise ValueError(f"no pool action {action!r}; they are {', '.join(ACTIONS)}")
 

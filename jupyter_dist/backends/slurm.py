@@ -9,7 +9,7 @@ it dies, even by SIGKILL (`HOLDER`).
 No SSH: every process is one `srun --jobid JOB --nodelist NODE -N1 -n1 --overlap ...
 agent.py ...`, run from here, whose pipes carry the agent's protocol like a local process's.
 
-A job that preloads modules gets each node's pool (node_side/pool.py) as a job step of its
+A job that preloads modules gets each node's pool (node_side/pool_server.py) as a job step of its
 own (`hold`), started here before its processes: Slurm ends whatever a step started when
 the step ends, so a pool one rank's agent started would end with that rank, and take the
 node's other ranks, forked from it, with it. The pool's step outlives the job's (its srun
@@ -43,7 +43,7 @@ from jupyter_dist.backends.node_ports import on_every_node, ports_on_nodes
 from jupyter_dist.errors import DistrunError, NodeError
 from jupyter_dist.node_side import shipped_path
 from jupyter_dist.node_side.agent import PATH_FIRST_VAR
-from jupyter_dist.node_side.pool import HELD_VAR, PRELOAD_VAR
+from jupyter_dist.node_side.pool_protocol import HELD_VAR, PRELOAD_VAR
 from jupyter_dist.nodes import Inventory, Node
 from jupyter_dist.options import Option
 from jupyter_dist.plan.context import PlanContext, PortRequest
@@ -312,10 +312,10 @@ class SlurmBackend(LocalBackend):
 
     def _hold_pool(self, node: Node, proc: ProcessPlan) -> str:
         """Start `node`'s pool for `proc`'s preload as a step of its own unless one runs
-        (pool.py `hold`, with the environment `proc` will have); what it said (`running`,
+        (pool_agent.py `hold`, with the environment `proc` will have); what it said (`running`,
         `started`), or "" when it said nothing in time: the agents then say that their
         ranks start cold."""
-        pool = posixpath.join(proc.env["DISTRUN_JOB_DIR"], shipped_path("pool.py"))
+        pool = posixpath.join(proc.env["DISTRUN_JOB_DIR"], shipped_path("pool_agent.py"))
         # Not bound to one CPU (the step's): the ranks it forks take their fronts' CPUs.
         argv = [*self._step(node), "--job-name=distrun-pool", "--cpu-bind=none",
                 node.python, pool, "hold"]  # fmt: skip

@@ -11,7 +11,7 @@ from __future__ import annotations
 import re
 
 from jupyter_dist.events import RootCause, ranges
-from jupyter_dist.node_side.pool import POOL_ENDED
+from jupyter_dist.node_side.pool_protocol import POOL_ENDED
 
 # A collective that gave up waiting: gloo's and NCCL's words for it.
 _TIMED_OUT = re.compile(

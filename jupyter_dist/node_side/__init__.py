@@ -8,9 +8,11 @@ Python 3.8+, no import of jupyter_dist (a node may have none).
   folder (shipped as `distrun_debug.py`, PYTHONBREAKPOINT's target); and, run on a node,
   lists the paused ranks and sends one a command.
 - netcheck.py: the network check before launch: listens, connects, reads interfaces.
-- pool.py: a node's pool, which imported the job's `preload` modules once and forks its
-  Python ranks (shipped as `distrun_pool.py`; the agent starts it and puts its `python`
-  first on PATH).
+- pool_server.py: a node's pool, which imported the job's `preload` modules once and forks
+  its Python ranks (shipped as `distrun_pool.py`); pool_front.py: what the job's `python`
+  is there (`distrun_pool_front.py`); pool_agent.py: the agent's part, which starts the
+  pool and puts the front first on PATH (`distrun_pool_agent.py`); pool_protocol.py: what
+  the three agree on (`distrun_pool_protocol.py`), and, run alone, lists or stops pools.
 - ports.py: free ports on a node, and why a given port is taken.
 - report.py: `report(step=..., **values)`, a rank's metrics (shipped as `distrun.py` beside
   the stack hook, so `from distrun import report` works in every rank).
@@ -33,20 +35,28 @@ from pathlib import Path
 
 FOLDER = Path(__file__).parent
 NAMES = (
-    "agent.py", "cell_runner.py", "dask_wait.py", "debugger.py", "netcheck.py", "pool.py",
-    "ports.py", "report.py", "session_worker.py", "stack_hook.py", "stacks.py",
+    "agent.py", "cell_runner.py", "dask_wait.py", "debugger.py", "netcheck.py",
+    "pool_agent.py", "pool_front.py", "pool_protocol.py", "pool_server.py", "ports.py",
+    "report.py", "session_worker.py", "stack_hook.py", "stacks.py",
 )  # fmt: skip
 
 
 # The job's startup hook folder, in its folder on each node: first on every rank's PYTHONPATH.
 HOOK_FOLDER = "pyhook"
 # What goes there, as what: the stack hook as the ranks' sitecustomize, report.py as what
-# `from distrun import report` imports, the debugger as PYTHONBREAKPOINT's target, the pool
-# as what the `python` shims import (where the job preloads modules).
+# `from distrun import report` imports, the debugger as PYTHONBREAKPOINT's target, and the
+# pool's programs (POOL_FILES, where the job preloads modules), which import each other by
+# these names.
 SHIPPED = {
-    "stack_hook.py": "sitecustomize.py", "report.py": "distrun.py",
-    "debugger.py": "distrun_debug.py", "pool.py": "distrun_pool.py",
-}  # fmt: skip
+    "stack_hook.py": "sitecustomize.py",
+    "report.py": "distrun.py",
+    "debugger.py": "distrun_debug.py",
+    "pool_protocol.py": "distrun_pool_protocol.py",
+    "pool_server.py": "distrun_pool.py",
+    "pool_front.py": "distrun_pool_front.py",
+    "pool_agent.py": "distrun_pool_agent.py",
+}
+POOL_FILES = ("pool_protocol.py", "pool_server.py", "pool_front.py", "pool_agent.py")
 
 
 def shipped_path(name: str) -> str:

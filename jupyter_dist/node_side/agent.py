@@ -56,11 +56,12 @@ kernel's OOM killer ended processes under a memory limit over the tree while it 
 cgroup's, or one of the agent's cgroups: a container, a Slurm job), a line before it says
 so: `HANDSHAKE oom {"cgroup": FOLDER, "kills": N, "limit": BYTES, "peak": BYTES}`.
 
-Where the job preloads modules (`DISTRUN_PRELOAD`, and pool.py shipped in the hook's
-folder), the agent first starts the node's pool of them unless one runs (outside its tree:
-the pool outlives the job) and puts the job's `python` front first on PATH: a Python rank
-is then forked from the pool, and the front names it in the job's folder, so the tree holds
-it as its own (pool.py). The launcher's side of the protocol is the same either way.
+Where the job preloads modules (`DISTRUN_PRELOAD`, and the pool's programs shipped in the
+hook's folder), the agent first starts the node's pool of them unless one runs (outside its
+tree: the pool outlives the job) and puts the job's `python` front first on PATH
+(pool_agent.py): a Python rank is then forked from the pool, and the front names it in the
+job's folder, so the tree holds it as its own (pool_front.py). The launcher's side of the
+protocol is the same either way.
 """
 
 import base64
@@ -83,12 +84,13 @@ PATH_FIRST_VAR = "DISTRUN_PATH_FIRST"
 # Copies of node_side/__init__.py's HOOK_FOLDER and SHIPPED (this file is shipped alone;
 # tests/test_architecture.py holds them to it). The job's startup hook (stack_hook.py as
 # sitecustomize.py) is in that folder of the job's: the agent puts it first on PYTHONPATH;
-# the debugger beside it (PYTHONBREAKPOINT's target), and node_side/pool.py where the job
+# the debugger beside it (PYTHONBREAKPOINT's target), and the pool's agent part
+# (node_side/pool_agent.py, which imports the other pool programs beside it) where the job
 # preloads modules (DISTRUN_PRELOAD).
 HOOK_FOLDER = "pyhook"
 STACK_HOOK_NAME = "sitecustomize.py"
 DEBUGGER_NAME = "distrun_debug.py"
-POOL_NAME = "distrun_pool.py"
+POOL_NAME = "distrun_pool_agent.py"
 POOL_MODULE = POOL_NAME[: -len(".py")]
 
 
@@ -439,7 +441,7 @@ class Tree:
 
     def __init__(self, root, token, cgroup=None, forked=None):
         self.root = root
-        # The ranks a node's pool forked for this agent (pool.py's front names them): not
+        # The ranks a node's pool forked for this agent (pool_front.py names them): not
         # our descendants, yet ours.
         self.forked = forked or (lambda: [])
         self.marker = f"{TOKEN_VAR}={token}".encode()
@@ -919,7 +921,7 @@ class Agent:
 
 
 def _pool_of(hook, env):
-    """(the job's pool module, why not), the module being pool.py, shipped where the job
+    """(the job's pool module, why not), the module being pool_agent.py, shipped where the job
     preloads modules, with the node's pool started and the job's `python` shims written
     (`.prepared`: their folder). The module is None where the job preloads nothing or no
     pool can be had here: its ranks start cold. Why not: None, or (one line for the job's
@@ -931,11 +933,11 @@ def _pool_of(hook, env):
         return None, None
     modules = env["DISTRUN_PRELOAD"]
     try:
-        import importlib.util
+        import importlib
 
-        spec = importlib.util.spec_from_file_location(POOL_MODULE, path)
-        module = importlib.util.module_from_spec(spec)
-        spec.loader.exec_module(module)
+        if hook not in sys.path:  # the pool's programs import each other from there
+            sys.path.insert(0, hook)
+        module = importlib.import_module(POOL_MODULE)
         module.prepared = module.prepare(env, sys.executable)
     except Exception as exc:  # a pool is a speed-up: never the job's failure
         failed = bool(getattr(exc, "failed", False))

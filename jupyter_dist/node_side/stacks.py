@@ -16,7 +16,7 @@ Standard library only, Python 3.8+: run on a node as `python -c SOURCE JOB_ID [M
 `auto` takes py-spy where it is present and faulthandler where py-spy is missing or could not
 read a process. The job's processes are the ones carrying `DISTRUN_JOB_ID=JOB_ID` in their
 environment (the ranks under torchrun and mpirun included, and those a pool forked), less
-the node agents and the fronts of forked ranks (pool.py).
+the node agents and the fronts of forked ranks (pool_front.py).
 
 Output: {"host": HOSTNAME, "machine": ID, "py_spy": PATH or null, "processes": [{"pid",
 "ppid", "rank", "local_rank", "node_rank", "command", "method", "threads": [{"name", "main",
@@ -93,7 +93,7 @@ def is_agent(argv):
 
 
 def is_pool_front(argv):
-    """A job's `python` standing for a rank its node's pool forked (pool.py's front, run
+    """A job's `python` standing for a rank its node's pool forked (pool_front.py, run
     from the job's `distrun-pool-bin` folder): the rank itself is looked at, not it."""
     return any("/distrun-pool-bin/" in word for word in argv[:3])
 
@@ -273,7 +273,7 @@ SHELLS = ("sh", "bash", "dash", "zsh", "env")
 RUNNERS = ("cell_runner.py", "session_worker.py")  # ours: their frames are left out
 
 
-# The node's pool (pool.py), around a rank it forked: in the folder of whichever job
+# The node's pool (pool_server.py), around a rank it forked: in the folder of whichever job
 # started the pool, so known by its place in a job's folder.
 POOL_FILE = "/pyhook/distrun_pool.py"
 

@@ -95,7 +95,7 @@ class PlanContext:
             "PYTHONUNBUFFERED": "1",
             # A rank that raises pauses for the debugger this long (node_side/debugger.py).
             **({"DISTRUN_POST_MORTEM": str(wait)} if wait else {}),
-            # Python ranks fork from each node's pool of these (node_side/pool.py).
+            # Python ranks fork from each node's pool of these (node_side/pool_server.py).
             **self.spec.preload_env(),
             **self.spec.environment_variables,
         }

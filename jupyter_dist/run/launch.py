@@ -95,7 +95,7 @@ def _plan_attempt(
     # Every node gets the startup hook that lets any Python of the job dump its stacks.
     # (node_side.SHIPPED: the stack hook, report(), the debugger; the pool where the job
     # preloads modules.)
-    shipped = [name for name in node_side.SHIPPED if name != "pool.py" or spec.preload_env()]
+    shipped = [n for n in node_side.SHIPPED if n not in node_side.POOL_FILES or spec.preload_env()]
     files = {
         **(extra_files or {}),
         **{node_side.shipped_path(name): node_side.source(name) for name in shipped},
