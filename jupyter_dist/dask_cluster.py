@@ -90,7 +90,7 @@ class DaskCluster:
             _running[self.client_name] = self
         try:
             deadline = time.monotonic() + timeout
-            self.job.stall_watching = lambda: False  # a cluster waits for work: never a stall
+            self.job.watch.stall_watching = lambda: False  # a cluster waits for work: never a stall
             with interrupts_deferred():  # a half-started process would have nobody watching
                 self.job.start()
             self.client = self._connect(deadline)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import re
 import signal
 import threading
@@ -287,3 +288,12 @@ class Listened:
         with self._emit_lock:
             if listener in self._listeners:
                 self._listeners.remove(listener)
+
+    def tell(self, event: str, *args: object) -> None:
+        """Every listener's `event` (a JobListener method's name) with `args`, in the order
+        they were added, under the emit lock. One that raises, or lacks the method (a
+        listener of an older kind), is passed over: the job's threads never fail for it."""
+        with self._emit_lock:
+            for listener in self._listeners:
+                with contextlib.suppress(Exception):
+                    getattr(listener, event)(*args)

@@ -185,7 +185,7 @@ def test_stacks_of_a_rank_inside_cuda_work(store):
         while time.monotonic() < deadline and "READY" not in _printed(job.record):
             time.sleep(0.2)
         time.sleep(1)
-        dump = job.stacks("faulthandler")
+        dump = job.watch.stacks("faulthandler")
         text = dump.format()
         assert " in spin" in text and "rank 0 (local0)" in text, text
     finally:

@@ -180,7 +180,7 @@ def test_a_killed_rank_a_cancelled_job_and_a_killed_pool_leave_nothing(store, tm
     _wait_for_lines(job, "started", 4)
     forked = [pid for pid in job_processes(job.job_id) if _parent(pid) == pool["pid"]]
     assert len(forked) == 4  # the ranks, forked from the pool, found by their job's id
-    dump = job.stacks(method="faulthandler")  # through the job's startup hook, in each
+    dump = job.watch.stacks(method="faulthandler")  # through the job's startup hook, in each
     assert sorted(p.rank for p in dump.processes) == [0, 1, 2, 3], dump.format()
     assert sorted(p.pid for p in dump.processes) == sorted(forked)  # not their fronts
     assert len(dump.groups()) == 1  # the four in the same place

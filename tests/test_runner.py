@@ -355,7 +355,7 @@ def test_usage_reports_never_touch_the_output_and_carry_each_ranks_memory(store,
     job = launch(_spec(f"{PY} {script}", nodes=1), store=store)
     peak: dict[str, int] = {}
     while not job.done:
-        for sample in list(job.usage.values()):
+        for sample in list(job.watch.last_usage.values()):
             for rank, (_cpu, rss) in sample["ranks"].items():
                 peak[rank] = max(peak.get(rank, 0), rss)
         time.sleep(0.2)

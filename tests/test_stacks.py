@@ -84,7 +84,7 @@ def test_stacks_of_a_hung_job_on_local_nodes(launcher, method, store):
     job = launch(_hang_spec(launcher), store=store, grace_period=2)
     try:
         _wait_ready(job)
-        dump = job.stacks(method)
+        dump = job.watch.stacks(method)
         _assert_hang_grouped(dump, "py-spy" if method == "auto" else method, ("local0", "local1"))
         if launcher == "torchrun":  # the two elastic agents are Python too: read, not skipped
             agents = [p for p in dump.processes if p.label == "torchrun"]
@@ -146,7 +146,7 @@ def test_a_command_jobs_own_python_answers_the_fallback_too(store, tmp_path):
     job = launch(spec, store=store, grace_period=2)
     try:
         _wait_ready(job)
-        dump = job.stacks("faulthandler")
+        dump = job.watch.stacks("faulthandler")
         _assert_hang_grouped(dump, "faulthandler", ("local0", "local1"))
         agents = [p for p in dump.processes if p.label == "torchrun"]
         assert len(agents) == 2 and all(a.method == "faulthandler" for a in agents)
@@ -172,7 +172,7 @@ def test_a_process_jupyter_dist_did_not_wrap_is_reported_and_left_alive(store, t
     job = launch(spec, store=store, grace_period=2)
     try:
         _wait_ready(job, ranks=2)
-        dump = job.stacks("faulthandler")
+        dump = job.watch.stacks("faulthandler")
         assert sorted(p.rank for p in dump.processes) == [0, 1]
         for proc in dump.processes:
             assert proc.method is None and "registered no stack signal" in proc.error
@@ -180,7 +180,7 @@ def test_a_process_jupyter_dist_did_not_wrap_is_reported_and_left_alive(store, t
         assert group.summary().startswith("ranks 0-1 (local0): stack not read: ")
         time.sleep(0.5)
         assert job.state == "running" and all(p.state == "running" for p in job.processes.values())
-        by_py_spy = job.stacks("py-spy")
+        by_py_spy = job.watch.stacks("py-spy")
         assert all(p.method == "py-spy" and p.threads for p in by_py_spy.processes)
     finally:
         job.cancel()
@@ -211,7 +211,7 @@ def test_stacks_of_ranks_under_mpirun(store):
     job = launch(spec, store=store, grace_period=2)
     try:
         _wait_ready(job)
-        dump = job.stacks("faulthandler")
+        dump = job.watch.stacks("faulthandler")
         groups = dump.groups()
         assert [sorted(m.rank for m in g.members) for g in groups] == [[1], [0, 2, 3]]
         assert groups[0].summary().startswith("rank 1 (local0): script.py:5 in load_batch")
@@ -230,10 +230,10 @@ def test_stacks_across_ssh_nodes(ssh_nodes, store, tmp_path):
     job = launch(spec, store=store, inventory=inventory, grace_period=2)
     try:
         _wait_ready(job)
-        dump = job.stacks("auto")
+        dump = job.watch.stacks("auto")
         assert dump.problems == []
         _assert_hang_grouped(dump, "py-spy", ("node0", "node1"))
-        fallback = job.stacks("faulthandler")
+        fallback = job.watch.stacks("faulthandler")
         _assert_hang_grouped(fallback, "faulthandler", ("node0", "node1"))
     finally:
         job.cancel()
@@ -264,7 +264,7 @@ def test_stacks_of_a_warm_session_while_a_cell_runs(store):
         runner.start()
         deadline = time.monotonic() + 30
         while time.monotonic() < deadline:
-            dump = session.job.stacks("faulthandler")
+            dump = session.job.watch.stacks("faulthandler")
             if all(p.threads and p.threads[0]["frames"] for p in dump.processes):
                 frames = [p.threads[0]["frames"] for p in dump.processes]
                 if all(f[0]["function"] == "wait_here" for f in frames):

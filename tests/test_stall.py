@@ -95,7 +95,7 @@ def test_computing_is_not_a_stall_even_while_other_ranks_wait(store):
     job = launch(spec, store=store, grace_period=2)
     seen = []
     while not job.done:
-        seen.append(job.stall_notice)
+        seen.append(job.watch.stall_notice)
         time.sleep(0.5)
     assert job.wait().state == "succeeded"
     assert set(seen) == {None} and job.record.last_stacks() is None
@@ -128,7 +128,7 @@ def test_a_session_between_cells_is_not_stalled_but_a_quiet_cell_is(store):
     try:
         assert session.run_cell("x = 1").ok
         time.sleep(5)  # idle between cells, far past the timeout
-        assert session.job.stall_notice is None
+        assert session.job.watch.stall_notice is None
         assert session.run_cell("import time\ntime.sleep(6)").ok
         assert session.job.record.last_stacks()["reason"] == "stalled"
     finally:

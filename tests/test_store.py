@@ -124,7 +124,7 @@ def test_every_feature_keeps_the_store_private(kernel_env):
                 assert time.monotonic() < deadline, "the hung job never said READY"
                 time.sleep(0.2)
             time.sleep(0.5)  # from print to the wait
-            dump = job.stacks(method="faulthandler")
+            dump = job.watch.stacks(method="faulthandler")
             assert len(dump.groups()) >= 1
         finally:
             job.cancel()

@@ -8,6 +8,7 @@ from collections import deque
 
 from jupyter_dist.diagnose.attribute import failed_rank, starts_traceback
 from jupyter_dist.diagnose.culprit import suspects
+from jupyter_dist.diagnose.hints import hint_for
 from jupyter_dist.events import ProcessState, RootCause
 from jupyter_dist.plan.model import ProcessPlan, rank_key
 from jupyter_dist.store import JobRecord
@@ -61,17 +62,20 @@ class StderrEvidence:
     ) -> RootCause:
         """The root cause once every process ended: the best suspect (diagnose/culprit.py) in
         place of the first failure seen, where they differ, with the ranks that failed of
-        communication errors after it listed as collateral."""
+        communication errors after it listed as collateral, those our stop ended as
+        stopped, and its hint (diagnose/hints.py)."""
         found = suspects(
             processes, {k: list(v) for k, v in self._tails.items()}, dict(self._first),
             stop_started, grace,
         )  # fmt: skip
-        if not found:
-            return provisional
-        best = found[0]
         cause = provisional
-        if (best.proc.name, best.rank) != (provisional.process, provisional.rank):
-            state = dict((p.name, s) for p, s in processes)[best.proc.name]
-            cause = self.root_cause(best.proc, state, record, best.rank)
-        cause.collateral = [s.label for s in found[1:] if s.standing == 2]
+        if found:
+            best = found[0]
+            if (best.proc.name, best.rank) != (provisional.process, provisional.rank):
+                state = dict((p.name, s) for p, s in processes)[best.proc.name]
+                cause = self.root_cause(best.proc, state, record, best.rank)
+            cause.collateral = [s.label for s in found[1:] if s.standing == 2]
+        blamed = {cause.label, *cause.collateral}
+        cause.stopped = [s.label for _, s in processes if s.stopped_by_us and s.label not in blamed]
+        cause.hint = hint_for(cause)
         return cause

@@ -122,6 +122,13 @@ class LaunchPlan:
                 return proc
         raise KeyError(name)
 
+    def mpi_daemon_nodes(self) -> set[str]:
+        """The nodes where an MPI launcher's daemons run the job's ranks, outside any agent
+        of ours: those with no process of the plan, in a job with an mpirun."""
+        if not any(p.role in MPI_LAUNCHER_ROLES for p in self.processes):
+            return set()
+        return {n["name"] for n in self.nodes} - {p.node for p in self.processes}
+
     def to_dict(self) -> dict[str, Any]:
         return {
             "job_id": self.job_id,

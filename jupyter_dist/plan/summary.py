@@ -17,6 +17,14 @@ _LAUNCHER_ROLES = ("torchrun", "mpirun", "horovodrun")
 _DASK_ROLES = (("scheduler", "scheduler"), ("dask-worker", "worker"), ("client", "client"))
 
 
+def header_summary(plan: LaunchPlan, backend: str) -> str:
+    """A job's header line: what it starts, where, on which backend, and the network
+    interface chosen for it where one was: "4 ranks on 2 nodes (ssh), gloo over eth0 on
+    node0, node1 (their hostnames resolve to 127.0.1.1)"."""
+    choice = f", {plan.network_choice}" if plan.network_choice else ""
+    return f"{launch_summary(plan)} ({backend}){choice}"
+
+
 def launch_summary(plan: LaunchPlan) -> str:
     """What a job starts, in words: "4 ranks on 2 nodes", "4 ranks in 2 torchrun processes
     on 2 nodes", "4 tasks (1 chief, 2 workers, 1 ps) on 2 nodes", "1 scheduler and 4

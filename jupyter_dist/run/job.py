@@ -2,7 +2,8 @@
 cancel, time out, start again after a failure when allowed, and leave nothing running. Its
 helpers each do one job: run/output.py (lines to the store and listeners),
 diagnose/root_cause.py (why it failed), run/stopping.py (SIGTERM to SIGKILL, cancel
-requests from elsewhere), run/debug_relay.py (the debugger's owner side: `Job.debugger`).
+requests from elsewhere), run/debug_relay.py (the debugger's owner side: `Job.debugger`),
+run/rank_watch.py (usage, stacks and stalls: `Job.watch`).
 
 States: pending -> running -> one of FINAL_STATES. A job with `Restarts` whose attempt
 failed goes running -> restarting -> running again (the next attempt, planned anew: fresh
@@ -13,7 +14,6 @@ as `Job.attempts`, and its logs hold a marker line where each later attempt star
 from __future__ import annotations
 
 import contextlib
-import posixpath
 import threading
 import time
 from collections.abc import Callable
@@ -21,11 +21,8 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
 from jupyter_dist.backends.base import Backend, ProcessHandle
-from jupyter_dist.diagnose.hints import hint_for
-from jupyter_dist.diagnose.meters import STORE_EVERY_S, Meters
 from jupyter_dist.diagnose.root_cause import StderrEvidence
-from jupyter_dist.diagnose.stacks import StackDump, take_stacks
-from jupyter_dist.diagnose.stall import DEFAULT_STALL_TIMEOUT_S, StallWatch
+from jupyter_dist.diagnose.stall import DEFAULT_STALL_TIMEOUT_S
 from jupyter_dist.errors import DistrunError
 from jupyter_dist.events import (
     FINAL_STATES,
@@ -37,16 +34,16 @@ from jupyter_dist.events import (
     ProcessState,
     RootCause,
     describe_exit,
-    state_words,
 )
 from jupyter_dist.nodes import Node
-from jupyter_dist.plan.model import MPI_LAUNCHER_ROLES, LaunchPlan, ProcessPlan
-from jupyter_dist.plan.summary import launch_summary
+from jupyter_dist.plan.model import LaunchPlan, ProcessPlan
+from jupyter_dist.plan.summary import header_summary
 from jupyter_dist.run.debug_relay import MARK as DEBUG_MARK
 from jupyter_dist.run.debug_relay import DebugRelay
 from jupyter_dist.run.metrics import MetricsSink
 from jupyter_dist.run.output import OutputPipeline
-from jupyter_dist.run.outputs import collect_outputs
+from jupyter_dist.run.outputs import collect_folder, collect_outputs
+from jupyter_dist.run.rank_watch import RankWatch
 from jupyter_dist.run.requests import ANSWER_GRACE_S, owner_fields
 from jupyter_dist.run.stopping import escalate, watch_requests
 from jupyter_dist.store import JobRecord, attempt_marker
@@ -115,12 +112,12 @@ class Job(Listened):
         # Why the store cannot be written (a full disk, a file made read-only), once it
         # failed: the job is stopped, failed, saying so, and not started again.
         self.store_problem: str | None = None
-        self.metrics = MetricsSink(record, store_failed=self._store_failed,
+        self.metrics = MetricsSink(record, store_failed=self.store_failed,
                                    patterns=metrics_patterns or ())  # fmt: skip
         told = [(DEBUG_MARK, self.debugger.on_pause_line), *([messages] if messages else [])]
         self._output = OutputPipeline(
             record, self._evidence, self._emit_lines, told, self.metrics,
-            store_failed=self._store_failed,
+            store_failed=self.store_failed,
         )  # fmt: skip
         self.processes = _process_states(plan)
         self._restarts = restarts
@@ -151,22 +148,11 @@ class Job(Listened):
         self._finishing = False
         self._done = threading.Event()
         self._result: JobResult | None = None
-        self.usage: dict[str, dict] = {}  # process name -> its agent's last usage report
         # Called with an agent's line where the job's preload cannot be imported on its node
         # (set by whoever keeps the preload: run/launch.py forgets it then).
         self.on_preload_failed: Callable[[str], None] | None = None
-        self.meters = Meters()  # each rank's CPU share and memory, as last reported
-        self._usage_stored: dict[str, float] = {}  # process name -> when last written
-        self._usage_lock = threading.Lock()
-        self.on_stall = on_stall
-        self.stall_notice: str | None = None
-        # Whether quiet would be a stall now: a session says no between cells.
-        self.stall_watching: Callable[[], bool] = lambda: True
-        self._stall = (
-            StallWatch(stall_timeout, self._stalled, self._resumed, lambda: self.stall_watching())
-            if stall_timeout
-            else None
-        )
+        # Usage, stacks and stalls (run/rank_watch.py).
+        self.watch = RankWatch(self, backend, stall_timeout, on_stall, self.debugger.any_paused)
         self._write_status()
 
     # -- public API ----------------------------------------------------------------------
@@ -184,11 +170,10 @@ class Job(Listened):
             timer = threading.Timer(self.timeout, self._on_timeout)
             timer.daemon = True
             timer.start()
-        if self._stall is not None:
-            self._stall.start(f"distrun-{self.job_id}-stall")
+        self.watch.start()
         threading.Thread(
             target=watch_requests,
-            args=(self.record, self._done, self.cancel, self._stacks_for_request,
+            args=(self.record, self._done, self.cancel, self.watch.answer_stacks_request,
                   self.debugger.answer_request),
             daemon=True, name=f"distrun-{self.job_id}-requests",
         ).start()  # fmt: skip
@@ -257,7 +242,7 @@ class Job(Listened):
                 continue  # attached: its watcher sees it end
             with contextlib.suppress(Exception):
                 handle.kill()
-            waiter = threading.Thread(target=self._quiet_wait, args=(handle,), daemon=True)
+            waiter = threading.Thread(target=_quiet_wait, args=(handle,), daemon=True)
             waiter.start()
             waiters.append(waiter)
             self.processes[proc.name].state = "stopped"
@@ -268,78 +253,11 @@ class Job(Listened):
         for waiter in waiters:
             waiter.join(max(0.0, deadline - time.monotonic()))
 
-    @staticmethod
-    def _quiet_wait(handle: ProcessHandle) -> None:
-        with contextlib.suppress(Exception):
-            handle.wait()
-
     def wait(self, timeout: float | None = None) -> JobResult | None:
         """The result once every process is gone; None if `timeout` passes first."""
         if not self._done.wait(timeout):
             return None
         return self._result
-
-    def stacks(
-        self, method: str = "auto", reason: str = "asked", request: str | None = None
-    ) -> StackDump:
-        """Every Python stack of the running job, read on its nodes (diagnose/stacks.py) and
-        stored with it (tagged with the `request` it answers); DistrunError once the job
-        ended."""
-        if self.state != "running":
-            raise DistrunError(
-                f"job {self.job_id} {state_words(self.state)}; stacks are read from a running job"
-            )
-        nodes = list(self._nodes.values())
-        dump = take_stacks(self._backend.run_on_node, nodes, self.job_id, method)
-        dump.reason, dump.request = reason, request
-        self.record.save_stacks(dump.to_dict())
-        return dump
-
-    def _stacks_for_request(self, method: str, request_id: str) -> None:
-        """Answer another process's request (run/requests.request_stacks) in the store."""
-        try:
-            self.stacks(method, request=request_id)
-        except Exception as exc:  # the asker gets the reason, not a silent timeout
-            failed = StackDump(
-                self.job_id, time.time(), [], problems=[str(exc)], request=request_id
-            )
-            self.record.save_stacks(failed.to_dict())
-
-    def _stalled(self, quiet: float) -> None:
-        """Quiet for too long: say so with the stacks taken now; stop it if asked to. Not
-        while a rank waits in its debugger: the others then wait for it, as they should
-        (the watch starts again once something runs)."""
-        if self.debugger.any_paused():  # (the nodes could not be asked: a stall it is)
-            return
-        notice = f"looks stuck: no rank printed or used CPU for {quiet:.0f} s"
-        try:
-            summary = [group.summary() for group in self.stacks(reason="stalled").groups()]
-        except Exception as exc:  # the notice matters more than its stacks
-            summary = [f"stacks could not be read: {exc}"]
-        with self._state_lock:
-            if self.state in FINAL_STATES or self._stopping:
-                return
-            self.stall_notice = notice
-        self._write_status()
-        self._emit_stall(notice, summary)
-        if self.on_stall == "kill":
-            with self._state_lock:
-                if self._stopping:
-                    return
-                self._message = f"stopped because it {notice}" + (
-                    f"; {summary[0]}" if summary else ""
-                )
-            self._stop_all("failed")
-
-    def _resumed(self) -> None:
-        with self._state_lock:
-            # Its last words as it is stopped are not news, and a stall never said (a
-            # paused rank's) is not taken back.
-            if self._stopping or self.stall_notice is None:
-                return
-            self.stall_notice = None
-        self._write_status()
-        self._emit_stall(None, [])
 
     def cancel(self, reason: str = "cancelled by the user") -> None:
         """Stop every process (SIGTERM, then SIGKILL after the grace period)."""
@@ -350,7 +268,11 @@ class Job(Listened):
         interactive Dask cluster): like `cancel`, but the job has succeeded."""
         self._request_stop("succeeded", reason)
 
-    def _store_failed(self, exc: OSError) -> None:
+    def fail(self, reason: str) -> None:
+        """Stop every process: the job failed, for `reason` (a stall under on_stall=kill)."""
+        self._request_stop("failed", reason)
+
+    def store_failed(self, exc: OSError) -> None:
         """A write to the job's store failed: stop the job, failed, saying what could not
         be written and why (its ranks' lines still reach the listeners until they end;
         without this, a reader that stopped reading left its rank blocked on a full pipe,
@@ -414,14 +336,7 @@ class Job(Listened):
 
     def collect(self, folder: str) -> dict[str, bytes]:
         """The files in `folder` of the job's directory on every node (name -> content)."""
-        found: dict[str, bytes] = {}
-        seen: set[tuple[str, str]] = set()
-        for node in self._nodes.values():
-            path = posixpath.join(node.workdir, self.job_id, folder)  # a node's own paths
-            if (node.host, path) not in seen:  # local nodes share one folder
-                seen.add((node.host, path))
-                found.update(self._backend.collect(node, path))
-        return found
+        return collect_folder(self._backend, self._nodes.values(), self.job_id, folder)
 
     # -- what the debugger's relay reads (run/debug_relay.RelayedJob) --------------------
 
@@ -439,16 +354,13 @@ class Job(Listened):
         return self._final_state if self._stopping else None
 
     def process_changed(self, state: ProcessState) -> None:
-        self._emit_process(state)
+        self.tell("on_process", state)
         self._write_status()
 
     @property
     def summary(self) -> str:
-        """What it starts and where, in words: "4 ranks on 2 nodes (slurm)", and the network
-        interface chosen for it where one was: ", gloo over eth0 on node0, node1 (their
-        hostnames resolve to 127.0.1.1)"."""
-        choice = f", {self.plan.network_choice}" if self.plan.network_choice else ""
-        return f"{launch_summary(self.plan)} ({self._backend.name}){choice}"
+        """Its header line (plan/summary.header_summary)."""
+        return header_summary(self.plan, self._backend.name)
 
     @property
     def done(self) -> bool:
@@ -458,11 +370,11 @@ class Job(Listened):
 
     def _attach(self, proc: ProcessPlan, handle: ProcessHandle) -> None:
         self._handles[proc.name] = handle
-        handle.on_usage = lambda sample, name=proc.name: self._on_usage(name, sample)
+        handle.on_usage = lambda sample, name=proc.name: self.watch.usage(name, sample)
         handle.on_preload_failed = self.on_preload_failed
         state = self.processes[proc.name]
         state.state, state.started = "running", time.time()
-        self._emit_process(state)
+        self.tell("on_process", state)
         readers = [
             threading.Thread(
                 target=self._output.read,
@@ -478,20 +390,6 @@ class Job(Listened):
         threading.Thread(
             target=self._watch, args=(proc, handle), daemon=True, name=f"distrun-{proc.name}"
         ).start()
-
-    def _on_usage(self, name: str, sample: dict) -> None:
-        self.usage[name] = sample
-        readings = self.meters.update(name, sample)
-        now = time.monotonic()
-        with self._usage_lock:  # the store keeps a sample every few seconds per process
-            if now - self._usage_stored.get(name, -STORE_EVERY_S) >= STORE_EVERY_S:
-                self._usage_stored[name] = now
-                try:
-                    self.record.append_usage({"t": round(time.time(), 2), "p": name, **sample})
-                except OSError as exc:
-                    self._store_failed(exc)
-        if self._stall is not None:
-            self._stall.usage(name, readings)
 
     def _watch(self, proc: ProcessPlan, handle: ProcessHandle) -> None:
         code = handle.wait()
@@ -523,7 +421,7 @@ class Job(Listened):
                 state.state = "succeeded"
                 if self._only_services_left():
                     self._stop_all("succeeded")  # the client or chief is done: stop the rest
-        self._emit_process(state)
+        self.tell("on_process", state)
         self._write_status()
         self._finish_when_all_gone()
 
@@ -572,19 +470,12 @@ class Job(Listened):
             threading.Thread(
                 target=escalate, args=(handles, self.grace_period, all_ended), daemon=True
             ).start()
-            elsewhere = self._mpi_daemon_nodes()
+            elsewhere = self.plan.mpi_daemon_nodes()
             if elsewhere:  # their ranks hear it from us, not a second before SIGKILL
                 threading.Thread(
                     target=self._backend.terminate_ranks, args=(self.job_id, elsewhere),
                     daemon=True, name=f"distrun-{self.job_id}-term",
                 ).start()  # fmt: skip
-
-    def _mpi_daemon_nodes(self) -> set[str]:
-        """The nodes where an MPI launcher's daemons run the job's ranks, outside any agent
-        of ours: those with no process of the plan, in a job with an mpirun."""
-        if not any(p.role in MPI_LAUNCHER_ROLES for p in self.plan.processes):
-            return set()
-        return {n["name"] for n in self.plan.nodes} - {p.node for p in self.plan.processes}
 
     def _finish_when_all_gone(self) -> None:
         with self._state_lock:
@@ -605,12 +496,6 @@ class Job(Listened):
                 culprit = self.processes[self._root_cause.process]
                 if culprit.state == "stopped":  # it had failed before our stop reached it
                     culprit.state, culprit.stopped_by_us = "failed", False
-                blamed = {self._root_cause.label, *self._root_cause.collateral}
-                self._root_cause.stopped = [
-                    p.label for p in self.processes.values()
-                    if p.stopped_by_us and p.label not in blamed
-                ]  # fmt: skip
-                self._root_cause.hint = hint_for(self._root_cause)
             if final == "failed" and self._may_restart():
                 previous = self._end_attempt()
             else:
@@ -621,8 +506,7 @@ class Job(Listened):
         if previous is not None:
             self._begin_restart(previous)
             return
-        if self._stall is not None:
-            self._stall.stop()
+        self.watch.stop()
         self.debugger.close()  # before the sweep: its helpers end with their input
         self._backend.sweep(self.job_id, self._unclean_nodes())  # nothing survives the job
         # Before the nodes are given back (a Ray actor, a Slurm allocation holds them). The
@@ -651,10 +535,7 @@ class Job(Listened):
             last_attempt_ran=self._attempt_ran,
         )
         self._write_status(final=True)
-        with self._emit_lock:
-            for listener in self._listeners:
-                with contextlib.suppress(Exception):
-                    listener.on_finish(self._result)
+        self.tell("on_finish", self._result)
         self.debugger.wait_idle(ANSWER_GRACE_S)  # an answer on its way (a `c` that let the
         # job end) goes first
         self._done.set()
@@ -697,10 +578,7 @@ class Job(Listened):
         next one after the delay, in a thread of its own."""
         self._backend.sweep(self.job_id, self._unclean_nodes())  # nothing of it survives
         self._write_status()
-        with self._emit_lock:
-            for listener in self._listeners:
-                with contextlib.suppress(Exception):  # a listener of an older kind
-                    listener.on_attempt(self.attempt, self.attempts_allowed, previous)
+        self.tell("on_attempt", self.attempt, self.attempts_allowed, previous)
         threading.Thread(
             target=self._restart, daemon=True, name=f"distrun-{self.job_id}-restart"
         ).start()
@@ -732,7 +610,7 @@ class Job(Listened):
         for proc in next_plan.processes:  # where this attempt's lines start in each log
             self._output.note(proc, attempt_marker(self.attempt))
         for state in self.processes.values():
-            self._emit_process(state)
+            self.tell("on_process", state)
         self._write_status()
         with contextlib.suppress(Exception):  # it says why, and the job has ended
             self._start_attempt()
@@ -752,29 +630,18 @@ class Job(Listened):
         self._evidence = self._output.evidence = StderrEvidence()
         self._message = None
         self._stopping, self._stop_started = False, None
-        self.stall_notice = None
+        self.watch.new_attempt()
         self._restarting, self._starting = False, True
         self.state = "running"
 
     # -- reporting -----------------------------------------------------------------------
 
     def _emit_lines(self, batch: list[OutputLine]) -> None:
-        if self._stall is not None:
-            self._stall.output()
-        with self._emit_lock:
-            for listener in self._listeners:
-                listener.on_lines(batch)
+        self.watch.output()
+        self.tell("on_lines", batch)
 
-    def _emit_stall(self, notice: str | None, summary: list[str]) -> None:
-        with self._emit_lock:
-            for listener in self._listeners:
-                with contextlib.suppress(Exception):  # a listener of an older kind
-                    listener.on_stall(notice, summary)
-
-    def _emit_process(self, state: ProcessState) -> None:
-        with self._emit_lock:
-            for listener in self._listeners:
-                listener.on_process(state)
+    def status_changed(self) -> None:
+        self._write_status()
 
     def status(self) -> dict:
         with self._state_lock:
@@ -798,7 +665,7 @@ class Job(Listened):
                 "processes": {n: s.to_dict() for n, s in self.processes.items()},
                 "root_cause": self._root_cause.to_dict() if self._root_cause else None,
                 "message": self._message,
-                "stalled": self.stall_notice,
+                "stalled": self.watch.stall_notice,
                 "outputs_copied": self.outputs_copied,
                 "copying_outputs": self._copying,
             }
@@ -814,7 +681,7 @@ class Job(Listened):
                 self.record.write_status(self.status())
                 self._status_final = final
         except OSError as exc:  # outside the lock: the stop it asks for writes the status
-            self._store_failed(exc)
+            self.store_failed(exc)
 
 
 def _process_states(plan: LaunchPlan) -> dict[str, ProcessState]:
@@ -825,3 +692,8 @@ def _process_states(plan: LaunchPlan) -> dict[str, ProcessState]:
         )
         for p in plan.processes
     }
+
+
+def _quiet_wait(handle: ProcessHandle) -> None:
+    with contextlib.suppress(Exception):
+        handle.wait()

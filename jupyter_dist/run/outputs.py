@@ -5,6 +5,7 @@ store into the store's job folder.
     where = output_places(plan, record_path)           # NAME -> where it is, in words
     notes = output_notes(plan, record_path)            # "outputs.NAME: where", each
     said = collect_outputs(plan, nodes, backend, record_path)   # at the job's end
+    files = collect_folder(backend, nodes, job_id, "out")      # a folder's small files
 
 An output without a `path` is written on each node into the job's folder there
 (`outputs/NAME`, a folder; for uri_file a file `outputs/NAME`). On local nodes that folder
@@ -134,6 +135,21 @@ class _Copy:
             self.progress(
                 f"copying outputs from {self.node.name}: {_mib(self.copied)} of {_mib(self.total)}"
             )
+
+
+def collect_folder(
+    backend: Backend, nodes: Iterable[Node], job_id: str, folder: str
+) -> dict[str, bytes]:
+    """The files in `folder` of the job's folder on every node (name -> content), read
+    whole (a session's `--out` values: small); local nodes, which share one folder, once."""
+    found: dict[str, bytes] = {}
+    seen: set[tuple[str, str]] = set()
+    for node in nodes:
+        path = posixpath.join(node.workdir, job_id, folder)  # a node's own paths
+        if (node.host, path) not in seen:
+            seen.add((node.host, path))
+            found.update(backend.collect(node, path))
+    return found
 
 
 def collect_outputs(

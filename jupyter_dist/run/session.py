@@ -120,7 +120,7 @@ class Session:
             messages=(MARK, session._on_message), **job_options,
         )  # fmt: skip
         session.job = job
-        job.stall_watching = lambda: session._running_cell is not None  # not between cells
+        job.watch.stall_watching = lambda: session._running_cell is not None  # not between cells
         names = [p.name for p in job.plan.processes]
         try:
             with interrupts_deferred():  # one that came while it started: stopped below

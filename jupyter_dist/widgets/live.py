@@ -260,7 +260,7 @@ class LiveView(anywidget.AnyWidget):
         keys = {key for name in shown for key in (name, *self._keys.get(name, ()))}
         readings = {
             key: [reading.cpu, reading.rss, *(reading.gpu or ())]
-            for key, reading in self._job.meters.snapshot().items()
+            for key, reading in self._job.watch.meters.snapshot().items()
             if key in keys
         }
         if readings:
