@@ -1,9 +1,10 @@
 """A running job's state machine: start all-or-nothing, watch every process, fail fast,
 cancel, time out, start again after a failure when allowed, and leave nothing running. Its
 helpers each do one job: run/output.py (lines to the store and listeners),
-diagnose/root_cause.py (why it failed), run/stopping.py (SIGTERM to SIGKILL, cancel
-requests from elsewhere), run/debug_relay.py (the debugger's owner side: `Job.debugger`),
-run/rank_watch.py (usage, stacks and stalls: `Job.watch`).
+diagnose/root_cause.py (why it failed), run/starting.py (every process at once),
+run/stopping.py (SIGTERM to SIGKILL, requests from elsewhere), run/debug_relay.py (the
+debugger's owner side: `Job.debugger`), run/rank_watch.py (usage, stacks and stalls:
+`Job.watch`).
 
 States: pending -> running -> one of FINAL_STATES. A job with `Restarts` whose attempt
 failed goes running -> restarting -> running again (the next attempt, planned anew: fresh
@@ -17,7 +18,6 @@ import contextlib
 import threading
 import time
 from collections.abc import Callable
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
 from jupyter_dist.backends.base import Backend, ProcessHandle
@@ -45,7 +45,8 @@ from jupyter_dist.run.output import OutputPipeline
 from jupyter_dist.run.outputs import collect_folder, collect_outputs
 from jupyter_dist.run.rank_watch import RankWatch
 from jupyter_dist.run.requests import ANSWER_GRACE_S, owner_fields
-from jupyter_dist.run.stopping import escalate, watch_requests
+from jupyter_dist.run.starting import start_all
+from jupyter_dist.run.stopping import escalate, kill_and_wait, watch_requests
 from jupyter_dist.store import JobRecord, attempt_marker
 
 GRACE_PERIOD_S = 5.0  # between SIGTERM and SIGKILL when a process is stopped
@@ -112,13 +113,18 @@ class Job(Listened):
         # Why the store cannot be written (a full disk, a file made read-only), once it
         # failed: the job is stopped, failed, saying so, and not started again.
         self.store_problem: str | None = None
-        self.metrics = MetricsSink(record, store_failed=self.store_failed,
-                                   patterns=metrics_patterns or ())  # fmt: skip
+        self.metrics = MetricsSink(
+            record, store_failed=self.store_failed, patterns=metrics_patterns or ()
+        )
         told = [(DEBUG_MARK, self.debugger.on_pause_line), *([messages] if messages else [])]
         self._output = OutputPipeline(
-            record, self._evidence, self._emit_lines, told, self.metrics,
+            record,
+            self._evidence,
+            self._emit_lines,
+            told,
+            self.metrics,
             store_failed=self.store_failed,
-        )  # fmt: skip
+        )
         self.processes = _process_states(plan)
         self._restarts = restarts
         self.attempt = 1  # counted from 1; DISTRUN_RESTART_COUNT is one less
@@ -173,10 +179,16 @@ class Job(Listened):
         self.watch.start()
         threading.Thread(
             target=watch_requests,
-            args=(self.record, self._done, self.cancel, self.watch.answer_stacks_request,
-                  self.debugger.answer_request),
-            daemon=True, name=f"distrun-{self.job_id}-requests",
-        ).start()  # fmt: skip
+            args=(
+                self.record,
+                self._done,
+                self.cancel,
+                self.watch.answer_stacks_request,
+                self.debugger.answer_request,
+            ),
+            daemon=True,
+            name=f"distrun-{self.job_id}-requests",
+        ).start()
         return self
 
     def _start_attempt(self) -> None:
@@ -186,7 +198,8 @@ class Job(Listened):
         started: list[tuple[ProcessPlan, ProcessHandle]] = []
         try:
             self._backend.prepare(self.plan, list(self._nodes.values()))
-            self._start_processes(started)  # on failure, the handler below stops them
+            # On a failure, the handler below stops those that started.
+            start_all(self._backend, self.plan.processes, self._nodes, self.grace_period, started)
             for _, handle in started:
                 handle.confirm()  # every process reports it started before any is watched
             for proc, handle in started:
@@ -210,25 +223,6 @@ class Job(Listened):
         if pending:
             self._stop_all(pending)
 
-    def _start_processes(self, started: list[tuple[ProcessPlan, ProcessHandle]]) -> None:
-        """Start every process at once (SSH round trips overlap), adding each one that
-        started to `started`; the first failure is raised once all attempts are done."""
-        procs = self.plan.processes
-        with ThreadPoolExecutor(max_workers=min(16, len(procs))) as pool:
-            futures = [
-                pool.submit(self._backend.start, p, self._nodes[p.node], self.grace_period)
-                for p in procs
-            ]
-        failures = []
-        for proc, future in zip(procs, futures, strict=True):
-            error = future.exception()
-            if error is None:
-                started.append((proc, future.result()))
-            else:
-                failures.append(error)
-        if failures:
-            raise failures[0]
-
     def _abort_start(self, started: list[tuple[ProcessPlan, ProcessHandle]], state: str) -> None:
         """Stop whatever started before the start failed elsewhere (or was interrupted);
         the job ends in `state`, with no attempt after (a start that fails is not the
@@ -236,22 +230,10 @@ class Job(Listened):
         with self._state_lock:
             self._pending_stop = self._pending_stop or state
         self._stop_all(state)
-        waiters = []
-        for proc, handle in started:
-            if proc.name in self._handles:
-                continue  # attached: its watcher sees it end
-            with contextlib.suppress(Exception):
-                handle.kill()
-            waiter = threading.Thread(target=_quiet_wait, args=(handle,), daemon=True)
-            waiter.start()
-            waiters.append(waiter)
+        unattached = [(p, h) for p, h in started if p.name not in self._handles]
+        for proc, _ in unattached:  # (an attached one's watcher sees it end)
             self.processes[proc.name].state = "stopped"
-        # Something that never answered as an agent (a node's `python` that is not Python)
-        # cannot hear the kill: wait a bounded time, then the sweep takes it, as its exit
-        # code is unknown.
-        deadline = time.monotonic() + self.grace_period + 5
-        for waiter in waiters:
-            waiter.join(max(0.0, deadline - time.monotonic()))
+        kill_and_wait([handle for _, handle in unattached], self.grace_period + 5)
 
     def wait(self, timeout: float | None = None) -> JobResult | None:
         """The result once every process is gone; None if `timeout` passes first."""
@@ -473,9 +455,11 @@ class Job(Listened):
             elsewhere = self.plan.mpi_daemon_nodes()
             if elsewhere:  # their ranks hear it from us, not a second before SIGKILL
                 threading.Thread(
-                    target=self._backend.terminate_ranks, args=(self.job_id, elsewhere),
-                    daemon=True, name=f"distrun-{self.job_id}-term",
-                ).start()  # fmt: skip
+                    target=self._backend.terminate_ranks,
+                    args=(self.job_id, elsewhere),
+                    daemon=True,
+                    name=f"distrun-{self.job_id}-term",
+                ).start()
 
     def _finish_when_all_gone(self) -> None:
         with self._state_lock:
@@ -516,9 +500,13 @@ class Job(Listened):
         if self._copying:
             self._write_status()
         self.outputs_copied = collect_outputs(
-            self.plan, self._nodes.values(), self._backend, self.record.path,
-            stop=self._copy_stop, progress=self._copy_progress,
-        )  # fmt: skip
+            self.plan,
+            self._nodes.values(),
+            self._backend,
+            self.record.path,
+            stop=self._copy_stop,
+            progress=self._copy_progress,
+        )
         self._message, self._copying = message, False
         self._backend.release()
         self._result = JobResult(
@@ -692,8 +680,3 @@ def _process_states(plan: LaunchPlan) -> dict[str, ProcessState]:
         )
         for p in plan.processes
     }
-
-
-def _quiet_wait(handle: ProcessHandle) -> None:
-    with contextlib.suppress(Exception):
-        handle.wait()

@@ -1,6 +1,6 @@
 """Stopping a job's processes from outside the state machine: the escalation from SIGTERM to
-SIGKILL, and the watch for the requests other processes leave in the store (a cancel, a
-stacks dump, the debugger's)."""
+SIGKILL, a kill that waits a bounded time, and the watch for the requests other processes
+leave in the store (a cancel, a stacks dump, the debugger's)."""
 
 from __future__ import annotations
 
@@ -37,6 +37,27 @@ def escalate(handles: list[ProcessHandle], grace: float, all_ended: Callable[[],
             handle.kill()
 
 
+def kill_and_wait(handles: list[ProcessHandle], limit: float) -> None:
+    """SIGKILL every handle, then wait for their ends, at most `limit` seconds in all: what
+    never answered as an agent (a node's `python` that is not Python) cannot hear the
+    kill, and is left to the sweep. Never raises."""
+    waiters = []
+    for handle in handles:
+        with contextlib.suppress(Exception):
+            handle.kill()
+        waiter = threading.Thread(target=_quiet_wait, args=(handle,), daemon=True)
+        waiter.start()
+        waiters.append(waiter)
+    deadline = time.monotonic() + limit
+    for waiter in waiters:
+        waiter.join(max(0.0, deadline - time.monotonic()))
+
+
+def _quiet_wait(handle: ProcessHandle) -> None:
+    with contextlib.suppress(Exception):
+        handle.wait()
+
+
 def watch_requests(
     record: JobRecord,
     done: threading.Event,
@@ -60,9 +81,11 @@ def watch_requests(
         request = stacks_requested(record)
         if request is not None:
             threading.Thread(
-                target=stacks, args=(request["method"], request["id"]), daemon=True,
+                target=stacks,
+                args=(request["method"], request["id"]),
+                daemon=True,
                 name=f"distrun-{record.job_id}-stacks",
-            ).start()  # fmt: skip
+            ).start()
         reason = cancel_requested(record)
         if reason is not None:
             cancel(reason)
