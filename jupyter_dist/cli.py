@@ -16,12 +16,7 @@ from pathlib import Path
 
 from jupyter_dist import job_commands
 from jupyter_dist.backends import declared_options
-from jupyter_dist.describe import (
-    PLAN_COLUMNS,
-    command_masker,
-    format_commands,
-    plan_rows,
-)
+from jupyter_dist.describe import PLAN_COLUMNS, command_masker, format_commands, plan_rows
 from jupyter_dist.errors import DistrunError
 from jupyter_dist.events import JobResult
 from jupyter_dist.export import FORMATS, ExportTarget, export, write
@@ -56,9 +51,13 @@ def _parser() -> argparse.ArgumentParser:
 
     def spec_options(p: argparse.ArgumentParser, session: bool = False) -> None:
         if session:
-            p.add_argument("spec", metavar="SPEC.yml|SESSION", help="job spec (an Azure ML "
-                           "command job works), or a warm session's job id or name: its "
-                           "cells that worked, as one job")  # fmt: skip
+            p.add_argument(
+                "spec",
+                metavar="SPEC.yml|SESSION",
+                help="job spec (an Azure ML "
+                "command job works), or a warm session's job id or name: its "
+                "cells that worked, as one job",
+            )
         else:
             p.add_argument(
                 "spec", metavar="SPEC.yml", help="job spec (an Azure ML command job works)"
@@ -72,9 +71,10 @@ def _parser() -> argparse.ArgumentParser:
     plan.add_argument("--json", action="store_true", help="a JSON list of processes")
 
     export = sub.add_parser(
-        "export", parents=[common],
+        "export",
+        parents=[common],
         help=f"write the job for another scheduler ({', '.join(FORMATS)}); runs nothing",
-    )  # fmt: skip
+    )
     spec_options(export, session=True)
     export_options(export)
 
@@ -129,9 +129,13 @@ def export_options(p: argparse.ArgumentParser) -> None:
         metavar="NAME",
         help="the GPU's name, where a format needs it with gpus_per_node (skypilot: e.g. A100)",
     )
-    p.add_argument("--python", default="python", metavar="PATH",
-                   help="the Python that per-node launchers (torchrun, dask) run with on the "
-                   "cluster (default: python, found on PATH)")  # fmt: skip
+    p.add_argument(
+        "--python",
+        default="python",
+        metavar="PATH",
+        help="the Python that per-node launchers (torchrun, dask) run with on the "
+        "cluster (default: python, found on PATH)",
+    )
 
 
 def _load(args: argparse.Namespace) -> JobSpec:
@@ -161,22 +165,33 @@ def _load(args: argparse.Namespace) -> JobSpec:
 def cmd_export(args: argparse.Namespace, store: JobStore) -> int:
     if not Path(args.spec).exists() and not args.spec.endswith((".yml", ".yaml")):
         # A warm session's history, by its job id or name: as %distrun session export.
-        given = [flag for flag, value in (("--nodes", args.nodes),
-                 ("--procs-per-node", args.procs_per_node)) if value is not None]  # fmt: skip
+        given = [
+            flag
+            for flag, value in (("--nodes", args.nodes), ("--procs-per-node", args.procs_per_node))
+            if value is not None
+        ]
         if given:
-            raise DistrunError(f"{given[0]} applies to a spec file; a session's export has "
-                               "the session's own nodes and ranks")  # fmt: skip
+            raise DistrunError(
+                f"{given[0]} applies to a spec file; a session's export has "
+                "the session's own nodes and ranks"
+            )
         return job_commands.export_session_now(args, store, args.spec)
     if args.to == SPEC_FORMAT or args.cells:
         flag = "--to yaml" if args.to == SPEC_FORMAT else "--cells"
-        raise DistrunError(f"{flag} applies to a session's export (a session's job id or "
-                           f"name), not to a spec file such as {args.spec}")  # fmt: skip
+        raise DistrunError(
+            f"{flag} applies to a session's export (a session's job id or "
+            f"name), not to a spec file such as {args.spec}"
+        )
     spec = _load(args)
     target = ExportTarget.at(
-        args.output, stem=Path(args.spec).stem, image=args.image, python=args.python,
-        accelerator=args.accelerator, code_in_image=args.code_in_image,
+        args.output,
+        stem=Path(args.spec).stem,
+        image=args.image,
+        python=args.python,
+        accelerator=args.accelerator,
+        code_in_image=args.code_in_image,
         source=Path(args.spec).name,
-    )  # fmt: skip
+    )
     exported = export(spec, args.to, target)
     if args.output is None:
         if len(exported.files) > 1:
@@ -204,7 +219,7 @@ def cmd_plan(args: argparse.Namespace, store: JobStore) -> int:
         procs = [
             {**{k: shown[k] for k in keys}, "command": mask(commands[p.name])}
             for p, shown in zip(launch_plan.processes, masked, strict=True)
-        ]  # fmt: skip
+        ]
         print(json.dumps(procs, indent=1))
         return EXIT_OK
     print_table(plan_rows(launch_plan), PLAN_COLUMNS, title=f"{spec.job_type} job plan")

@@ -113,9 +113,14 @@ def read_code_folder(root: Path, *, ignore_files: bool) -> CodeFolder:
                 if info.st_mode & 0o111:
                     executable.add(path)
     return CodeFolder(
-        root, files, tuple(folders), frozenset(executable), tuple(ignored), tuple(special),
+        root,
+        files,
+        tuple(folders),
+        frozenset(executable),
+        tuple(ignored),
+        tuple(special),
         tuple(followed),
-    )  # fmt: skip
+    )
 
 
 def _ignore_file(folder: Path, names: list[str]) -> Path | None:

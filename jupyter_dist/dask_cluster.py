@@ -235,10 +235,11 @@ class DaskCluster:
             )
             head = "".join(f"<th>{c}</th>" for c in WorkerRow.COLUMNS)
             body = "".join(
-                "<tr>" + "".join(f"<td>{esc(str(getattr(r, c)))}</td>" for c in WorkerRow.COLUMNS)
+                "<tr>"
+                + "".join(f"<td>{esc(str(getattr(r, c)))}</td>" for c in WorkerRow.COLUMNS)
                 + "</tr>"
                 for r in self.workers()
-            )  # fmt: skip
+            )
             parts.append(f"<table><thead><tr>{head}</tr></thead><tbody>{body}</tbody></table>")
             parts.append(
                 f"<div>stop it with <code>%distrun dask stop {esc(self.client_name)}</code></div>"

@@ -64,14 +64,27 @@ class OwnerLink:
     def send(self, rank: int, command: str, pid: int | None = None) -> dict[str, Any]:
         """{"answer": pdb's text, "paused": still paused after it, "state"}; to the rank's
         paused process `pid` where it has several."""
-        return self._ask({"action": "send", "rank": rank, "command": check_command(command),
-                          "timeout": self.timeout, "pid": pid})  # fmt: skip
+        return self._ask(
+            {
+                "action": "send",
+                "rank": rank,
+                "command": check_command(command),
+                "timeout": self.timeout,
+                "pid": pid,
+            }
+        )
 
     def cast(self, ranks: list[int] | None, command: str) -> list[dict[str, Any]]:
         """`command` to each of `ranks` (None: every paused one) at once: by rank, each
         {"rank", "answer", "paused"} or {"rank", "error"}."""
-        answer = self._ask({"action": "cast", "ranks": ranks, "command": check_command(command),
-                            "timeout": self.timeout})  # fmt: skip
+        answer = self._ask(
+            {
+                "action": "cast",
+                "ranks": ranks,
+                "command": check_command(command),
+                "timeout": self.timeout,
+            }
+        )
         return list(answer.get("answers", []))
 
     def interrupt(self, rank: int, timeout: float) -> PausedRank | None:
@@ -140,8 +153,11 @@ class DebugConsole:
             else:
                 self._attach(found)
             while True:
-                prompt = (f"(Pdb rank {self.attached}) " if self.attached is not None
-                          else "(distrun debug) ")  # fmt: skip
+                prompt = (
+                    f"(Pdb rank {self.attached}) "
+                    if self.attached is not None
+                    else "(distrun debug) "
+                )
                 try:
                     line = _read(prompt)
                 except EOFError:
@@ -155,8 +171,10 @@ class DebugConsole:
             self.say(f"\nleft the debugger console; {self.on_leaving}")
             return EXIT_OK
         except _NoInput:
-            self.say("this front end cannot ask for input: send commands with --do CMD and "
-                     "--rank R or --ranks SET")  # fmt: skip
+            self.say(
+                "this front end cannot ask for input: send commands with --do CMD and "
+                "--rank R or --ranks SET"
+            )
             return EXIT_OK
         except _JobOver as over:
             self.say(str(over))
@@ -175,8 +193,10 @@ class DebugConsole:
                 return False
             handler = getattr(self, f"do_{word}", None)
             if handler is None:
-                self.say(f"unknown command {word!r}: list, attach R, cast RANKS CMD, continue, "
-                         "quit (help: what each does)")  # fmt: skip
+                self.say(
+                    f"unknown command {word!r}: list, attach R, cast RANKS CMD, continue, "
+                    "quit (help: what each does)"
+                )
                 return True
             handler(rest.strip())
         except DistrunError as exc:
@@ -299,8 +319,10 @@ def debug_session(session: Any, args: argparse.Namespace) -> int:
         if args.do is not None or args.interrupt:
             return cmd_debug(args, session.job.record)
         if rank is None and failed:
-            print(f"the last cell failed on rank {', '.join(map(str, failed))}: "
-                  f"`%distrun debug --rank {failed[0]}` looks where it raised")  # fmt: skip
+            print(
+                f"the last cell failed on rank {', '.join(map(str, failed))}: "
+                f"`%distrun debug --rank {failed[0]}` looks where it raised"
+            )
         return DebugConsole(link, session.job.job_id).run(attach=rank, where=where)
     if args.do is not None:
         check_command(args.do)  # before a post-mortem is started for nothing
@@ -373,10 +395,12 @@ def cmd_debug(args: argparse.Namespace, record: JobRecord) -> int:
             already = f"rank {args.rank} was paused already: " if paused.already else ""
             print(already + visible(paused.line_text()))
         else:
-            print(f"rank {args.rank} was asked to pause; it will once its main thread runs "
-                  "Python again (it is in native code now: a collective, a lock?); "
-                  f"`jupyter distrun debug {record.job_id} --list` lists it then",
-                  file=sys.stderr)  # fmt: skip
+            print(
+                f"rank {args.rank} was asked to pause; it will once its main thread runs "
+                "Python again (it is in native code now: a collective, a lock?); "
+                f"`jupyter distrun debug {record.job_id} --list` lists it then",
+                file=sys.stderr,
+            )
         return EXIT_OK
     if args.do is not None:
         return _do(link, args, record)
@@ -443,8 +467,10 @@ def after_command(rank: int | None, answer: dict[str, Any], timeout: float) -> s
     if state == "paused":
         return None
     if state == "busy":
-        return (f"{who} still runs the command after {timeout:g} s (its answer is not kept): "
-                "it waits in pdb again once the command ends (--list shows it)")  # fmt: skip
+        return (
+            f"{who} still runs the command after {timeout:g} s (its answer is not kept): "
+            "it waits in pdb again once the command ends (--list shows it)"
+        )
     if state == "ended":
         how = answer.get("exit") or "ended"
         job = answer.get("job")
@@ -476,8 +502,10 @@ def _list(
     for found in paused:
         print(visible(found.line_text(several=_with_others(found, paused))))
     for rank in candidates:
-        print(f"rank {rank}: its last cell failed (post-mortem): --rank {rank} looks where it "
-              "raised, and --do runs a command there")  # fmt: skip
+        print(
+            f"rank {rank}: its last cell failed (post-mortem): --rank {rank} looks where it "
+            "raised, and --do runs a command there"
+        )
     if not paused and not candidates:
         print(f"no rank of job {record.job_id} is paused", file=sys.stderr)
     return EXIT_OK

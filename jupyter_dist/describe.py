@@ -16,9 +16,17 @@ from jupyter_dist.run.follow import attempts_of
 from jupyter_dist.run.requests import effective_state
 
 PLAN_COLUMNS = (
-    "process", "role", "node", "host", "node_rank", "local_rank", "rank", "world_size",
-    "master", "tf_config",
-)  # fmt: skip
+    "process",
+    "role",
+    "node",
+    "host",
+    "node_rank",
+    "local_rank",
+    "rank",
+    "world_size",
+    "master",
+    "tf_config",
+)
 
 
 def plan_rows(plan: LaunchPlan) -> list[dict[str, Any]]:
@@ -50,9 +58,17 @@ def plan_rows(plan: LaunchPlan) -> list[dict[str, Any]]:
 
 
 INSPECT_COLUMNS = (
-    "process", "role", "host", "node_rank", "local_rank", "rank", "world_size", "master",
-    "status", "exit",
-)  # fmt: skip
+    "process",
+    "role",
+    "host",
+    "node_rank",
+    "local_rank",
+    "rank",
+    "world_size",
+    "master",
+    "status",
+    "exit",
+)
 
 
 def inspect_rows(plan: LaunchPlan, status: dict[str, Any]) -> list[dict[str, Any]]:
@@ -134,20 +150,28 @@ def attempt_rows(status: dict[str, Any], now: float | None = None) -> list[dict[
     rows = []
     for attempt in attempts_of(status):
         why = attempt.root_cause.summary() if attempt.root_cause else attempt.message or ""
-        rows.append(_attempt_row(attempt.number, allowed, attempt.started, attempt.ended,
-                                 "failed", why, now))  # fmt: skip
+        rows.append(
+            _attempt_row(
+                attempt.number, allowed, attempt.started, attempt.ended, "failed", why, now
+            )
+        )
     state = effective_state(status)
     cause = status.get("root_cause")
     why = RootCause(**cause).summary() if isinstance(cause, dict) else status.get("message")
     started = status.get("attempt_started") or status.get("started")
-    rows.append(_attempt_row(len(rows) + 1, allowed, started, status.get("ended"), state,
-                             why or "", now))  # fmt: skip
+    rows.append(
+        _attempt_row(len(rows) + 1, allowed, started, status.get("ended"), state, why or "", now)
+    )
     return rows
 
 
 def _attempt_row(number, allowed, started, ended, state, why, now) -> dict[str, Any]:
-    return {"attempt": f"{number} of {allowed}", "took": duration(started, ended, now),
-            "state": state, "why": why}  # fmt: skip
+    return {
+        "attempt": f"{number} of {allowed}",
+        "took": duration(started, ended, now),
+        "state": state,
+        "why": why,
+    }
 
 
 def job_size(summary: dict[str, Any]) -> str:

@@ -63,7 +63,8 @@ def environment_variables(value: Any) -> dict[str, str]:
                 item=item,
             )
         if not isinstance(item, str | int | float):
-            raise fail("env_value", "{name}={item!r}: expected a string value",
-                       name=name, item=item)  # fmt: skip
+            raise fail(
+                "env_value", "{name}={item!r}: expected a string value", name=name, item=item
+            )
         clean[name] = str(item)
     return clean

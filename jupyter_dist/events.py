@@ -12,9 +12,14 @@ from typing import Any, NamedTuple
 # Job states: pending -> running -> succeeded | failed | cancelled | timed_out
 FINAL_STATES = ("succeeded", "failed", "cancelled", "timed_out")
 # A state after "job X ...", as a sentence says it: "job X has succeeded", "was cancelled".
-_STATE_WORDS = {"pending": "has not started yet", "running": "is running",
-                "succeeded": "has succeeded", "failed": "has failed",
-                "cancelled": "was cancelled", "timed_out": "timed out"}  # fmt: skip
+_STATE_WORDS = {
+    "pending": "has not started yet",
+    "running": "is running",
+    "succeeded": "has succeeded",
+    "failed": "has failed",
+    "cancelled": "was cancelled",
+    "timed_out": "timed out",
+}
 
 
 def state_words(state: str) -> str:
@@ -146,8 +151,14 @@ class RootCause:
     def summary(self) -> str:
         """One line: who failed, where, how, and the last stderr line (not its debugger's
         word that it paused: node_side/debugger.py)."""
-        last = next((line.strip() for line in reversed(self.stderr_tail)
-                     if line.strip() and not _PAUSE_SAID.match(line)), "")  # fmt: skip
+        last = next(
+            (
+                line.strip()
+                for line in reversed(self.stderr_tail)
+                if line.strip() and not _PAUSE_SAID.match(line)
+            ),
+            "",
+        )
         tail = f": {last}" if last else ""
         return f"{self.label} on {self.node} ({self.host}) {self.how}{tail}"
 
@@ -197,10 +208,12 @@ class Attempt:
     def from_dict(cls, data: dict[str, Any]) -> Attempt:
         cause = data.get("root_cause")
         return cls(
-            number=int(data["number"]), started=data.get("started"), ended=data.get("ended"),
+            number=int(data["number"]),
+            started=data.get("started"),
+            ended=data.get("ended"),
             root_cause=RootCause(**cause) if isinstance(cause, dict) else None,
             message=data.get("message"),
-        )  # fmt: skip
+        )
 
 
 @dataclass
@@ -240,13 +253,13 @@ class JobResult:
             return ""
         lines = [f"  {attempt.summary()}" for attempt in self.attempts]
         if self.replaced:
-            lines.append(f"  Spares taken for nodes that could not be reached: "
-                         f"{', '.join(self.replaced)}")  # fmt: skip
+            lines.append(
+                f"  Spares taken for nodes that could not be reached: {', '.join(self.replaced)}"
+            )
         if not self.last_attempt_ran:
             ran = len(self.attempts)
             times = "once" if ran == 1 else f"{ran} times"
-            return (f"\nIt ran {times} (attempt {ran + 1} did not start):\n"
-                    + "\n".join(lines))  # fmt: skip
+            return f"\nIt ran {times} (attempt {ran + 1} did not start):\n" + "\n".join(lines)
         return f"\nIt ran {len(self.attempts) + 1} times; before this one:\n" + "\n".join(lines)
 
 

@@ -172,19 +172,30 @@ def add_parsers(sub: argparse._SubParsersAction, common: argparse.ArgumentParser
         nodes.add_argument(*option.flags(), **option.argparse_kwargs())
 
     pool = sub.add_parser(
-        "pool", parents=[common],
+        "pool",
+        parents=[common],
         help="the nodes' pools of pre-imported Python (--preload): list them, or stop them",
-    )  # fmt: skip
-    pool.add_argument("action", choices=POOL_ACTIONS, help="list: each node's pools; stop: "
-                      "end them (a pool with ranks running ends after its last)")  # fmt: skip
+    )
+    pool.add_argument(
+        "action",
+        choices=POOL_ACTIONS,
+        help="list: each node's pools; stop: "
+        "end them (a pool with ranks running ends after its last)",
+    )
     pool.add_argument("node", nargs="*", help="only these nodes (default: every node)")
     pool.add_argument(*nodes_file.flags(), **nodes_file.argparse_kwargs())
     # A Slurm allocation's nodes, where a job's pools are steps of their own; the
     # inventory's nodes otherwise (ssh, local).
-    pool.add_argument("--backend", choices=["slurm"], help="slurm: the nodes of a Slurm "
-                      "allocation (default: the node inventory's)")  # fmt: skip
-    pool.add_argument("--slurm-job", metavar="ID", help="the Slurm allocation's job id "
-                      "(implies --backend slurm; default: SLURM_JOB_ID's)")  # fmt: skip
+    pool.add_argument(
+        "--backend",
+        choices=["slurm"],
+        help="slurm: the nodes of a Slurm allocation (default: the node inventory's)",
+    )
+    pool.add_argument(
+        "--slurm-job",
+        metavar="ID",
+        help="the Slurm allocation's job id (implies --backend slurm; default: SLURM_JOB_ID's)",
+    )
 
     jobs = sub.add_parser("jobs", parents=[common], help="list jobs in the store, newest first")
     jobs.add_argument("--json", action="store_true", help="a JSON list of every job's status")
@@ -193,15 +204,19 @@ def add_parsers(sub: argparse._SubParsersAction, common: argparse.ArgumentParser
     inspect.add_argument("job", help="job id (or a unique prefix)")
 
     attach = sub.add_parser(
-        "attach", parents=[common],
+        "attach",
+        parents=[common],
         help="a job's recent lines, then its new ones as they come, until it ends; Ctrl-C "
         "detaches and leaves it running",
-    )  # fmt: skip
+    )
     attach.add_argument("job", help="job id (or a unique prefix)")
     attach.add_argument(
-        "--tail", type=int, default=200, metavar="N",
+        "--tail",
+        type=int,
+        default=200,
+        metavar="N",
         help="how many of the lines already stored to show first (default 200)",
-    )  # fmt: skip
+    )
     attach.add_argument(
         "--color", choices=("auto", "always", "never"), default="auto", help="colour prefixes"
     )
@@ -211,75 +226,96 @@ def add_parsers(sub: argparse._SubParsersAction, common: argparse.ArgumentParser
     )
     cancel.add_argument("job", help="job id (or a unique prefix)")
     cancel.add_argument(
-        "--wait", type=seconds_or_none, default=30.0, metavar="SECONDS",
+        "--wait",
+        type=seconds_or_none,
+        default=30.0,
+        metavar="SECONDS",
         help="how long to wait for every process to stop (default 30; 0: do not wait)",
-    )  # fmt: skip
+    )
 
     stacks = sub.add_parser(
         "stacks", parents=[common], help="every rank's Python stack, grouped (a hung job)"
     )
     stacks.add_argument("job", help="job id (or a unique prefix)")
     stacks.add_argument(
-        "--method", choices=STACK_METHODS, default="auto",
+        "--method",
+        choices=STACK_METHODS,
+        default="auto",
         help="how stacks are read: py-spy where a node has it, else faulthandler (default: auto)",
-    )  # fmt: skip
+    )
     stacks.add_argument(
         "--last", action="store_true", help="print the last stacks taken; ask nobody"
     )
     stacks.add_argument("--brief", action="store_true", help="one line per group of ranks")
     stacks.add_argument("--json", action="store_true", help="the dump as JSON")
     stacks.add_argument(
-        "--timeout", type=seconds, default=60.0, metavar="SECONDS",
+        "--timeout",
+        type=seconds,
+        default=60.0,
+        metavar="SECONDS",
         help="how long to wait for the job's owner to answer (default 60)",
-    )  # fmt: skip
+    )
 
     debug = sub.add_parser(
-        "debug", parents=[common],
+        "debug",
+        parents=[common],
         help="a running job's paused ranks (breakpoint(), pdb.set_trace(), --post-mortem): "
         "a console to list them, attach to one and send pdb commands; or one command",
-    )  # fmt: skip
+    )
     debug.add_argument("job", help="job id (or a unique prefix)")
     debug.add_argument("--list", action="store_true", help="one line per paused rank, then exit")
     debug.add_argument(
-        "--json", action="store_true",
+        "--json",
+        action="store_true",
         help="the paused ranks as a JSON array: rank, node, file, line, function, reason, "
         "exception (with --do and --ranks: each rank's answer)",
-    )  # fmt: skip
+    )
     debug.add_argument(
-        "--rank", type=int, metavar="R",
+        "--rank",
+        type=int,
+        metavar="R",
         help="the rank --do talks to or --interrupt pauses; alone, the console attached to it",
-    )  # fmt: skip
+    )
     debug.add_argument(
         "--ranks", metavar="SET", help="the ranks --do talks to: 0,2-3 or all (the paused ones)"
     )
     debug.add_argument(
-        "--pid", type=int, metavar="PID",
+        "--pid",
+        type=int,
+        metavar="PID",
         help="with --rank: which of its paused processes --do talks to, where it has several "
         "(a forked child's; --list names them)",
-    )  # fmt: skip
+    )
     debug.add_argument(
-        "--interrupt", action="store_true",
+        "--interrupt",
+        action="store_true",
         help="pause --rank R where it runs (a rank that hangs, or loops), as breakpoint() would",
-    )  # fmt: skip
+    )
     debug.add_argument(
-        "--do", metavar="COMMAND",
+        "--do",
+        metavar="COMMAND",
         help="one pdb command for --rank or --ranks ('p x', 'n', 'where', 'c'): prints "
         "pdb's answer",
-    )  # fmt: skip
+    )
     debug.add_argument(
-        "--timeout", type=seconds, default=30.0, metavar="SECONDS",
+        "--timeout",
+        type=seconds,
+        default=30.0,
+        metavar="SECONDS",
         help="how long to wait for the answer (default 30)",
-    )  # fmt: skip
+    )
 
     metrics = sub.add_parser(
-        "metrics", parents=[common],
+        "metrics",
+        parents=[common],
         help="a job's metrics (report() calls, trainers' log lines, progress bars): each "
         "one's first, last, min and max; or every point",
-    )  # fmt: skip
+    )
     metrics.add_argument("job", help="job id (or a unique prefix)")
     shape = metrics.add_mutually_exclusive_group()
-    shape.add_argument("--csv", action="store_true",
-                       help="every point as CSV: time, key, step, metric, value")  # fmt: skip
+    shape.add_argument(
+        "--csv", action="store_true", help="every point as CSV: time, key, step, metric, value"
+    )
     shape.add_argument("--json", action="store_true", help="every record as JSON lines")
 
     logs = sub.add_parser("logs", parents=[common], help="print a job's stored output")
@@ -289,12 +325,19 @@ def add_parsers(sub: argparse._SubParsersAction, common: argparse.ArgumentParser
     logs.add_argument("--stream", choices=("stdout", "stderr", "both"), default="both")
     logs.add_argument("--timestamps", action="store_true", help="show each line's time")
     logs.add_argument("--cell", type=int, help="a session's job: only this cell's output")
-    logs.add_argument("--attempt", type=int, metavar="K",
-                      help="a job that started again after a failure: only attempt K's "
-                      "output (the first is 1)")  # fmt: skip
-    logs.add_argument("--tail", type=int, metavar="N",
-                      help="only the last N lines (0: every line, the terminal's default; "
-                      f"a notebook shows the last {NOTEBOOK_LOG_LINES:,} unless told)")  # fmt: skip
+    logs.add_argument(
+        "--attempt",
+        type=int,
+        metavar="K",
+        help="a job that started again after a failure: only attempt K's output (the first is 1)",
+    )
+    logs.add_argument(
+        "--tail",
+        type=int,
+        metavar="N",
+        help="only the last N lines (0: every line, the terminal's default; "
+        f"a notebook shows the last {NOTEBOOK_LOG_LINES:,} unless told)",
+    )
 
 
 # What `%distrun logs` prints unless --tail says otherwise: a cell holding a whole long log
@@ -317,12 +360,20 @@ def meter_rows(plan, samples: list[dict]) -> list[dict]:
         if found.key in launchers:
             continue  # its ranks have rows of their own
         label = labels.get(found.key) or found.key.replace("-", " ")
-        rows.append({
-            "rank": label, "cpu avg": f"{found.cpu_avg:.0f}%", "cpu peak": f"{found.cpu_peak:.0f}%",
-            "memory avg": mib(found.rss_avg), "memory peak": mib(found.rss_peak),
-            "gpu avg": _percent(found.gpu_avg), "gpu peak": _percent(found.gpu_peak),
-            "gpu memory peak": "" if found.gpu_memory_peak is None else mib(found.gpu_memory_peak),
-        })  # fmt: skip
+        rows.append(
+            {
+                "rank": label,
+                "cpu avg": f"{found.cpu_avg:.0f}%",
+                "cpu peak": f"{found.cpu_peak:.0f}%",
+                "memory avg": mib(found.rss_avg),
+                "memory peak": mib(found.rss_peak),
+                "gpu avg": _percent(found.gpu_avg),
+                "gpu peak": _percent(found.gpu_peak),
+                "gpu memory peak": ""
+                if found.gpu_memory_peak is None
+                else mib(found.gpu_memory_peak),
+            }
+        )
     return rows
 
 
@@ -401,14 +452,17 @@ def cmd_nodes(args: argparse.Namespace, store: JobStore) -> int:
         return EXIT_OK
     rows = [
         {
-            "node": h.name, "host": h.host if h.port is None else f"{h.host}:{h.port}",
+            "node": h.name,
+            "host": h.host if h.port is None else f"{h.host}:{h.port}",
             "status": h.status,
             "latency": "" if h.latency_ms is None else f"{h.latency_ms:.0f} ms",
-            "python": h.python or "", "hostname": h.hostname or "",
-            "gpus": "" if h.gpus is None else str(h.gpus), "problem": h.problem or "",
+            "python": h.python or "",
+            "hostname": h.hostname or "",
+            "gpus": "" if h.gpus is None else str(h.gpus),
+            "problem": h.problem or "",
         }
         for h in backend.health(list(inventory.nodes))
-    ]  # fmt: skip
+    ]
     print_table(rows, list(rows[0]), title=f"nodes in {inventory.source}")
     reached = [row["node"] for row in rows if row["status"] == "ok"]
     if reached:  # and their pools, where they have any
@@ -434,16 +488,19 @@ def _print_pools(answers: list[NodePools], action: str = "list") -> bool:
     """The pools the nodes answered with, as a table; whether there were any."""
     rows = [
         {
-            "node": answer.node, "modules": ",".join(pool["modules"]), "pid": str(pool["pid"]),
+            "node": answer.node,
+            "modules": ",".join(pool["modules"]),
+            "pid": str(pool["pid"]),
             "ranks": str(pool["ranks"]),
             "memory": "" if pool["rss"] is None else mib(pool["rss"]),
             "idle": f"{pool['idle']:.0f} s of {pool['idle_limit']:.0f} s"
-            if pool.get("idle_limit") else f"{pool['idle']:.0f} s",
+            if pool.get("idle_limit")
+            else f"{pool['idle']:.0f} s",
             "started": f"{pool['age']:.0f} s ago",
         }
         for answer in answers
         for pool in answer.pools
-    ]  # fmt: skip
+    ]
     if rows:
         title = (
             "pools stopped (each ends after its running ranks)"
@@ -461,22 +518,26 @@ def _cluster_nodes(args: argparse.Namespace) -> int:
         option.spec_key or option.name: getattr(args, option.name)
         for option in declared_options()
         if option.backend == args.backend and getattr(args, option.name, None) is not None
-    }  # fmt: skip
+    }
     found = backend_class(args.backend)().cluster_nodes(options)
     if found is None:
-        raise DistrunError(f"the {args.backend} backend lists no nodes of its own (its nodes "
-                           f"are the inventory's or an allocation's): jupyter distrun nodes "
-                           f"[--nodes-file FILE]")  # fmt: skip
+        raise DistrunError(
+            f"the {args.backend} backend lists no nodes of its own (its nodes "
+            f"are the inventory's or an allocation's): jupyter distrun nodes "
+            f"[--nodes-file FILE]"
+        )
     rows = [
         {
-            "node": h.name, "host": h.host, "status": h.status,
+            "node": h.name,
+            "host": h.host,
+            "status": h.status,
             "cpus": "" if h.cpus is None else f"{h.cpus:g}",
             "gpus": "" if h.gpus is None else str(h.gpus),
             "memory": "" if h.memory is None else f"{h.memory / 2**30:.1f} GiB",
             "problem": h.problem or "",
         }
         for h in found
-    ]  # fmt: skip
+    ]
     if not rows:
         print(f"the {args.backend} cluster has no nodes", file=sys.stderr)
         return EXIT_FAILED
@@ -552,8 +613,10 @@ def cmd_inspect(args: argparse.Namespace, store: JobStore) -> int:
         print()
         print_table(attempts, list(attempts[0]), title="Attempts (limits.max_restarts)")
         if status.get("replaced"):
-            print("Spares taken for nodes that could not be reached: "
-                  + ", ".join(map(str, status["replaced"])))  # fmt: skip
+            print(
+                "Spares taken for nodes that could not be reached: "
+                + ", ".join(map(str, status["replaced"]))
+            )
     metrics, notes = read_metrics(record)
     if metrics:
         print()
@@ -664,8 +727,9 @@ def cmd_logs(args: argparse.Namespace, store: JobStore) -> int:
                 + (f"attempts 1-{ran})" if ran > 1 else "once: attempt 1)")
             )
     if args.tail is not None and args.tail < 0:
-        raise DistrunError(f"--tail: {args.tail} is not valid; expected a line count >= 0 "
-                           "(0: every line)")  # fmt: skip
+        raise DistrunError(
+            f"--tail: {args.tail} is not valid; expected a line count >= 0 (0: every line)"
+        )
     streams = ("stdout", "stderr") if args.stream == "both" else (args.stream,)
     prefix_each = len(wanted) > 1
     out = []
@@ -673,8 +737,11 @@ def cmd_logs(args: argparse.Namespace, store: JobStore) -> int:
     if args.tail:
         lines, left_out = _last(lines, args.tail)
         if left_out:
-            print(f"({left_out:,} earlier lines left out; --tail 0 shows every one)",
-                  file=sys.stderr, flush=True)  # fmt: skip
+            print(
+                f"({left_out:,} earlier lines left out; --tail 0 shows every one)",
+                file=sys.stderr,
+                flush=True,
+            )
     for ts, key, _stream, text in lines:
         stamp = f"{ts} " if args.timestamps else ""
         label = f"[{key}] " if prefix_each else ""
@@ -754,12 +821,22 @@ def cmd_metrics(args: argparse.Namespace, store: JobStore) -> int:
             values = entry.get("m") or {"progress": (entry.get("p") or [None])[0]}
             for name, value in values.items():
                 step = entry.get("s")
-                writer.writerow([entry.get("t"), csv_text(entry["k"]),
-                                 "" if step is None else step, csv_text(name), value])  # fmt: skip
+                writer.writerow(
+                    [
+                        entry.get("t"),
+                        csv_text(entry["k"]),
+                        "" if step is None else step,
+                        csv_text(name),
+                        value,
+                    ]
+                )
         return EXIT_OK
     if not records:
-        print(f"job {record.job_id} reported no metrics (report(), a trainer's log lines or "
-              "a progress bar)", file=sys.stderr)  # fmt: skip
+        print(
+            f"job {record.job_id} reported no metrics (report(), a trainer's log lines or "
+            "a progress bar)",
+            file=sys.stderr,
+        )
         return EXIT_OK
     print_metrics(records, notes)
     return EXIT_OK
@@ -777,10 +854,17 @@ def print_metrics(records: list[dict], notes: list[str]) -> None:
 
 
 COMMANDS = {
-    "nodes": cmd_nodes, "jobs": cmd_jobs, "logs": cmd_logs, "inspect": cmd_inspect,
-    "cancel": cmd_cancel, "stacks": cmd_stacks, "attach": cmd_attach, "metrics": cmd_metrics,
-    "debug": cmd_debug, "pool": cmd_pool,
-}  # fmt: skip
+    "nodes": cmd_nodes,
+    "jobs": cmd_jobs,
+    "logs": cmd_logs,
+    "inspect": cmd_inspect,
+    "cancel": cmd_cancel,
+    "stacks": cmd_stacks,
+    "attach": cmd_attach,
+    "metrics": cmd_metrics,
+    "debug": cmd_debug,
+    "pool": cmd_pool,
+}
 
 
 Command = Callable[[argparse.Namespace, JobStore], int]
@@ -811,14 +895,25 @@ def session_export_parser(prog: str) -> argparse.ArgumentParser:
     from jupyter_dist.export.session import SPEC_FORMAT
 
     parser = argparse.ArgumentParser(prog=prog, add_help=True)
-    parser.add_argument("session", nargs="?", help="the session's name or job id (default: "
-                        "this kernel's open or last session)")  # fmt: skip
-    parser.add_argument("--cells", metavar="CELLS",
-                        help="the cells to export, by the numbers the live view shows "
-                        "(e.g. 1,3-5; default: every cell that ended well)")  # fmt: skip
-    parser.add_argument("--to", default=SPEC_FORMAT, choices=(SPEC_FORMAT, *FORMATS),
-                        metavar="FORMAT", help=f"what to write: {SPEC_FORMAT} (a job spec for "
-                        f"jupyter distrun run; the default), {', '.join(FORMATS)}")  # fmt: skip
+    parser.add_argument(
+        "session",
+        nargs="?",
+        help="the session's name or job id (default: this kernel's open or last session)",
+    )
+    parser.add_argument(
+        "--cells",
+        metavar="CELLS",
+        help="the cells to export, by the numbers the live view shows "
+        "(e.g. 1,3-5; default: every cell that ended well)",
+    )
+    parser.add_argument(
+        "--to",
+        default=SPEC_FORMAT,
+        choices=(SPEC_FORMAT, *FORMATS),
+        metavar="FORMAT",
+        help=f"what to write: {SPEC_FORMAT} (a job spec for "
+        f"jupyter distrun run; the default), {', '.join(FORMATS)}",
+    )
     parser.add_argument(
         "-o",
         "--export-to",

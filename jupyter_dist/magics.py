@@ -28,12 +28,7 @@ from IPython.core.magic_arguments import argument, magic_arguments
 from traitlets import Int, Unicode
 
 from jupyter_dist.backends import declared_options
-from jupyter_dist.describe import (
-    PLAN_COLUMNS,
-    format_commands,
-    format_table,
-    plan_rows,
-)
+from jupyter_dist.describe import PLAN_COLUMNS, format_commands, format_table, plan_rows
 from jupyter_dist.diagnose.stall import DEFAULT_STALL_TIMEOUT_S, describe_stall
 from jupyter_dist.errors import DistrunError, SpecError
 from jupyter_dist.events import JobListener, JobResult, OutputLine
@@ -50,9 +45,21 @@ from jupyter_dist.spec import JobSpec, dump_yaml, load_spec, script_command, spe
 from jupyter_dist.store import JobStore
 
 LINE_COMMANDS = (
-    "jobs", "logs", "inspect", "stacks", "cancel", "attach", "metrics", "debug", "nodes", "run",
-    "form", "dask", "session", "pool",
-)  # fmt: skip
+    "jobs",
+    "logs",
+    "inspect",
+    "stacks",
+    "cancel",
+    "attach",
+    "metrics",
+    "debug",
+    "nodes",
+    "run",
+    "form",
+    "dask",
+    "session",
+    "pool",
+)
 # JOB defaults to this kernel's latest job
 JOB_COMMANDS = ("logs", "inspect", "stacks", "cancel", "attach", "metrics", "debug")
 
@@ -151,37 +158,73 @@ def _options(func: Callable) -> Callable:
     declared = offered(MAGIC, declared_options())
     decorators = [argument(*o.flags(), **o.argparse_kwargs()) for o in declared]
     decorators += [
-        argument("--client-name", metavar="NAME",
-                 help="interactive dask cluster: the notebook variable for its Client "
-                      "(default: client)"),
-        argument("--start-timeout", type=float, metavar="SECONDS",
-                 help="interactive dask cluster: how long to wait for every worker (default: 60)"),
-        argument("-i", "--push", metavar="NAMES",
-                 help="notebook variables sent to every process (comma-separated)"),
-        argument("-o", "--out", metavar="NAMES",
-                 help="variables brought back from rank 0 after the cell (comma-separated)"),
-        argument("--out-all", action="store_true",
-                 help="with --out: bring back a list of every rank's value"),
+        argument(
+            "--client-name",
+            metavar="NAME",
+            help="interactive dask cluster: the notebook variable for its Client (default: client)",
+        ),
+        argument(
+            "--start-timeout",
+            type=float,
+            metavar="SECONDS",
+            help="interactive dask cluster: how long to wait for every worker (default: 60)",
+        ),
+        argument(
+            "-i",
+            "--push",
+            metavar="NAMES",
+            help="notebook variables sent to every process (comma-separated)",
+        ),
+        argument(
+            "-o",
+            "--out",
+            metavar="NAMES",
+            help="variables brought back from rank 0 after the cell (comma-separated)",
+        ),
+        argument(
+            "--out-all",
+            action="store_true",
+            help="with --out: bring back a list of every rank's value",
+        ),
         argument("--dry-run", action="store_true", help="show the spec and the plan; run nothing"),
-        argument("--new", action="store_true",
-                 help="while a session is open: run this cell as a job of its own"),
-        argument("--ranks", metavar="SET",
-                 help="in a session: run the cell on these ranks only (e.g. 0,2-3)"),
+        argument(
+            "--new",
+            action="store_true",
+            help="while a session is open: run this cell as a job of its own",
+        ),
+        argument(
+            "--ranks",
+            metavar="SET",
+            help="in a session: run the cell on these ranks only (e.g. 0,2-3)",
+        ),
         argument("--save", metavar="FILE", help="also write the job spec to FILE"),
-        argument("--export", metavar="FORMAT", choices=tuple(FORMATS),
-                 help=f"write the job for another scheduler ({', '.join(FORMATS)}) with the "
-                      "cell's code beside it; runs nothing"),
-        argument("--export-to", metavar="FILE|DIR",
-                 help="with --export: where (a file, or a folder ending in /; default: this "
-                      "folder)"),
-        argument("--image", metavar="IMAGE",
-                 help="with --export: the container image the job runs in"),
-        argument("--accelerator", metavar="NAME",
-                 help="with --export skypilot and --gpus-per-node: the GPU's name (e.g. A100)"),
-        argument("--code-in-image", metavar="PATH",
-                 help="with --export kubeflow or jobset: the image's own copy of the code "
-                      "folder, where the pods run the command"),
-    ]  # fmt: skip
+        argument(
+            "--export",
+            metavar="FORMAT",
+            choices=tuple(FORMATS),
+            help=f"write the job for another scheduler ({', '.join(FORMATS)}) with the "
+            "cell's code beside it; runs nothing",
+        ),
+        argument(
+            "--export-to",
+            metavar="FILE|DIR",
+            help="with --export: where (a file, or a folder ending in /; default: this folder)",
+        ),
+        argument(
+            "--image", metavar="IMAGE", help="with --export: the container image the job runs in"
+        ),
+        argument(
+            "--accelerator",
+            metavar="NAME",
+            help="with --export skypilot and --gpus-per-node: the GPU's name (e.g. A100)",
+        ),
+        argument(
+            "--code-in-image",
+            metavar="PATH",
+            help="with --export kubeflow or jobset: the image's own copy of the code "
+            "folder, where the pods run the command",
+        ),
+    ]
     for decorate in reversed(decorators):
         func = decorate(func)
     return magic_arguments()(func)
@@ -237,8 +280,11 @@ class DistrunMagics(Magics):
         for gone in ended:  # said once, by the next cell that would have run in it
             del self.sessions[gone.name]
         session = self._open_session()
-        launch = sorted(k for k, v in vars(args).items()
-                        if k not in _SESSION_CELL_OPTIONS and v not in (None, False))  # fmt: skip
+        launch = sorted(
+            k
+            for k, v in vars(args).items()
+            if k not in _SESSION_CELL_OPTIONS and v not in (None, False)
+        )
         if ended and session is None and not launch and not args.new:
             raise SessionEnded(ended[-1].ended_message())
         if session is not None and not args.new:
@@ -257,8 +303,10 @@ class DistrunMagics(Magics):
         with _one_line_errors():
             interactive = args.type == "dask" and not has_code(cell)
             if not interactive:
-                for flag, value in (("--client-name", args.client_name),
-                                    ("--start-timeout", args.start_timeout)):  # fmt: skip
+                for flag, value in (
+                    ("--client-name", args.client_name),
+                    ("--start-timeout", args.start_timeout),
+                ):
                     if value is not None:
                         raise SpecError(
                             f"{flag} applies to an interactive Dask cluster only (an empty "
@@ -273,8 +321,9 @@ class DistrunMagics(Magics):
             if outs:  # the runner that runs the cell also saves the values asked for
                 spec = spec_from_dict(
                     {**spec.to_dict(), "command": script_command(outs)},
-                    base_dir=os.getcwd(), source="%%distrun",
-                )  # fmt: skip
+                    base_dir=os.getcwd(),
+                    source="%%distrun",
+                )
             if pushed is not None:  # the runner starts the cell with these globals
                 extra["push.b64"] = pushed
             if args.save is not None:
@@ -369,17 +418,24 @@ class DistrunMagics(Magics):
         for session in chosen:
             result = session.stop()
             del self.sessions[session.name]
-            print(f"Session {session.name} stopped (job {result.job_id}): "
-                  f"{launch_summary(session.job.plan)} ended.")  # fmt: skip
+            print(
+                f"Session {session.name} stopped (job {result.job_id}): "
+                f"{launch_summary(session.job.plan)} ended."
+            )
 
     def _start_session(self, line: str) -> None:
         args = self._parse(line)
         name = args.name or "session"
         if name in self.sessions and self.sessions[name].alive:
             raise SpecError(f"session {name} is already open; stop it first or give --name")
-        for flag, value in (("--out", args.out), ("--out-all", args.out_all),
-                            ("--push", args.push), ("--ranks", args.ranks),
-                            ("--dry-run", args.dry_run), ("--new", args.new)):  # fmt: skip
+        for flag, value in (
+            ("--out", args.out),
+            ("--out-all", args.out_all),
+            ("--push", args.push),
+            ("--ranks", args.ranks),
+            ("--dry-run", args.dry_run),
+            ("--new", args.new),
+        ):
             if value:
                 raise SpecError(f"{flag} applies to a cell, not to %distrun session start")
         self._configured_defaults(args)
@@ -394,9 +450,12 @@ class DistrunMagics(Magics):
         printer.flush()
         self.sessions[name] = session
         DistrunMagics.last_job_id = DistrunMagics.last_session_job_id = session.job.job_id
-        print(f"Session {name} ready in {time.monotonic() - started:.1f} s (job "
-              f"{session.job.job_id}): {session.job.summary}; a bare %%distrun cell runs "
-              "in it.", flush=True)  # fmt: skip
+        print(
+            f"Session {name} ready in {time.monotonic() - started:.1f} s (job "
+            f"{session.job.job_id}): {session.job.summary}; a bare %%distrun cell runs "
+            "in it.",
+            flush=True,
+        )
 
     def _start_detached_session(self, spec: JobSpec, name: str, nodes_file: str | None) -> None:
         """A session whose ranks outlive this kernel: a supervisor holds it
@@ -406,14 +465,16 @@ class DistrunMagics(Magics):
 
         started = time.monotonic()
         store = JobStore()
-        detached = detach(spec, store=store, cwd=os.getcwd(), nodes_file=nodes_file,
-                          session=name)  # fmt: skip
+        detached = detach(spec, store=store, cwd=os.getcwd(), nodes_file=nodes_file, session=name)
         session = self.sessions[name] = RemoteSession(store.get(detached.job_id))
         DistrunMagics.last_job_id = DistrunMagics.last_session_job_id = detached.job_id
-        print(f"Session {name} ready in {time.monotonic() - started:.1f} s (job "
-              f"{detached.job_id}): {detached.summary}; a bare %%distrun cell runs in it. "
-              f"Detached: its ranks outlive this kernel; from a new one, %distrun session "
-              f"attach {session.name}.", flush=True)  # fmt: skip
+        print(
+            f"Session {name} ready in {time.monotonic() - started:.1f} s (job "
+            f"{detached.job_id}): {detached.summary}; a bare %%distrun cell runs in it. "
+            f"Detached: its ranks outlive this kernel; from a new one, %distrun session "
+            f"attach {session.name}.",
+            flush=True,
+        )
 
     def _attach_session(self, which: str | None) -> None:
         """`%distrun session attach [NAME|JOB]`: a detached session, open in this kernel."""
@@ -423,9 +484,11 @@ class DistrunMagics(Magics):
         self.sessions.pop(session.name, None)
         self.sessions[session.name] = session  # the latest: bare cells run in it
         DistrunMagics.last_job_id = DistrunMagics.last_session_job_id = session.record.job_id
-        print(f"Session {session.name} attached (job {session.record.job_id}): "
-              f"{session.job.summary}, {session.cells_run} cells run; a bare %%distrun cell "
-              "runs in it.")  # fmt: skip
+        print(
+            f"Session {session.name} attached (job {session.record.job_id}): "
+            f"{session.job.summary}, {session.cells_run} cells run; a bare %%distrun cell "
+            "runs in it."
+        )
 
     def _export_session(self, words: list[str]) -> None:
         """`%distrun session export [NAME|JOB] [--cells C] [--to FORMAT] [-o PATH]`: the
@@ -441,8 +504,10 @@ class DistrunMagics(Magics):
             raise _user_error("%distrun session export: bad arguments (see above)") from None
         which = args.session or self.last_session_job_id
         if which is None:
-            raise _user_error("%distrun session export: no session has run in this kernel; "
-                              "give a session's name or job id")  # fmt: skip
+            raise _user_error(
+                "%distrun session export: no session has run in this kernel; "
+                "give a session's name or job id"
+            )
         job_commands.export_session_now(args, JobStore(), which)
 
     def _print_sessions(self) -> None:
@@ -452,8 +517,10 @@ class DistrunMagics(Magics):
         for session in alive:
             up = time.time() - session.started
             detached = ", detached" if getattr(session, "detached", False) else ""
-            print(f"{session.name}: {session.job.summary}, job {session.job.job_id}, "
-                  f"up {up:.0f} s, {session.cells_run} cells run{detached}")  # fmt: skip
+            print(
+                f"{session.name}: {session.job.summary}, job {session.job.job_id}, "
+                f"up {up:.0f} s, {session.cells_run} cells run{detached}"
+            )
             print(f"  memory (each rank's, after its last cell): {session.memory_text()}")
 
     def _run_in_session(self, session: Session, cell: str, args: Any) -> None:
@@ -546,8 +613,11 @@ class DistrunMagics(Magics):
         if not name.isidentifier():
             raise SpecError(f"--client-name: {name!r} is not a Python variable name")
         job = prepare_job(spec, inventory=inventory)
-        print(f"Starting a Dask cluster (job {job.job_id}): {launch_summary(job.plan)}, "
-              f"the scheduler on {job.plan.processes[0].node}...", flush=True)  # fmt: skip
+        print(
+            f"Starting a Dask cluster (job {job.job_id}): {launch_summary(job.plan)}, "
+            f"the scheduler on {job.plan.processes[0].node}...",
+            flush=True,
+        )
         cluster = DaskCluster(job, client_name=name).start(
             timeout=args.start_timeout or DaskCluster.default_timeout
         )
@@ -591,8 +661,9 @@ class DistrunMagics(Magics):
             result = cluster.stop("stopped with %distrun dask stop")
             if self.shell.user_ns.get(cluster.client_name) is cluster.client:
                 del self.shell.user_ns[cluster.client_name]
-            print(f"Dask cluster {result.job_id} stopped: "
-                  f"{launch_summary(cluster.job.plan)} ended.")  # fmt: skip
+            print(
+                f"Dask cluster {result.job_id} stopped: {launch_summary(cluster.job.plan)} ended."
+            )
 
     def _line_command(self, line: str) -> None:
         words = _words(line, "%distrun")
@@ -663,9 +734,12 @@ class DistrunMagics(Magics):
         runs. The files go beside each other; a file export did not write is never
         replaced."""
         if not args.export:
-            given = [("--export-to", args.export_to), ("--image", args.image),
-                     ("--accelerator", args.accelerator),
-                     ("--code-in-image", args.code_in_image)]  # fmt: skip
+            given = [
+                ("--export-to", args.export_to),
+                ("--image", args.image),
+                ("--accelerator", args.accelerator),
+                ("--code-in-image", args.code_in_image),
+            ]
             flag = next(name for name, value in given if value)
             raise _user_error(f"{flag} applies with --export FORMAT only")
         self._configured_defaults(args)

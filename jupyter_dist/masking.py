@@ -61,8 +61,12 @@ class Masker:
         forms: set[str] = set()
         for value in values:
             if value:
-                forms |= {value, shlex.quote(value), value.replace("'", "'\"'\"'"),
-                          json.dumps(value)[1:-1]}  # fmt: skip
+                forms |= {
+                    value,
+                    shlex.quote(value),
+                    value.replace("'", "'\"'\"'"),
+                    json.dumps(value)[1:-1],
+                }
         ordered = sorted(forms, key=len, reverse=True)  # the longest form wins
         parts = [
             re.escape(form) if len(form) >= _SHORTEST else rf"(?<!\w){re.escape(form)}(?!\w)"

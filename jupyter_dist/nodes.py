@@ -183,15 +183,20 @@ class NodeEntry(StrictSection):
     def to_node(self) -> Node:
         home = os.path.expanduser
         return Node(
-            name=self.name, host=self.host, backend="ssh", python=self.python,
-            workdir=self.workdir, gpus=self.gpus,
+            name=self.name,
+            host=self.host,
+            backend="ssh",
+            python=self.python,
+            workdir=self.workdir,
+            gpus=self.gpus,
             access=SshAccess(
-                port=self.port, user=self.user,
+                port=self.port,
+                user=self.user,
                 key_file=home(self.key_file) if self.key_file else None,
                 known_hosts=home(self.known_hosts) if self.known_hosts else None,
                 host_key_policy=self.host_key_policy,
             ),
-        )  # fmt: skip
+        )
 
 
 class InventoryFile(StrictSection):

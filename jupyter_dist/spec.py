@@ -79,8 +79,9 @@ class TensorFlowDistribution(StrictSection):
     evaluator_count: count(0, 1) = 0
     base_port: Port | None = None
     # Ours: variables for the tasks of one type only, over the job's (task type -> mapping).
-    task_environment_variables: dict[Literal["chief", "worker", "ps", "evaluator"],
-                                     dict[str, str]] = Field(default_factory=dict)  # fmt: skip
+    task_environment_variables: dict[
+        Literal["chief", "worker", "ps", "evaluator"], dict[str, str]
+    ] = Field(default_factory=dict)
 
     @field_validator("task_environment_variables", mode="before")
     @classmethod
@@ -88,8 +89,10 @@ class TensorFlowDistribution(StrictSection):
         if value is None:
             return {}
         if not isinstance(value, dict):
-            raise fail("mapping", "expected a mapping of task types (chief, worker, ps, "
-                       "evaluator) to variables")  # fmt: skip
+            raise fail(
+                "mapping",
+                "expected a mapping of task types (chief, worker, ps, evaluator) to variables",
+            )
         return {kind: environment_variables(env) for kind, env in value.items()}
 
     def tasks(self, instance_count: int) -> list[tuple[str, int]]:
@@ -208,13 +211,15 @@ class PreloadSection(StrictSection):
         if isinstance(value, str):
             value = [v.strip() for v in value.split(",") if v.strip()]
         if not isinstance(value, list) or not value or not all(isinstance(v, str) for v in value):
-            raise fail("preload", "expected a list of module names, e.g. [torch, numpy], "
-                       "or none")  # fmt: skip
+            raise fail("preload", "expected a list of module names, e.g. [torch, numpy], or none")
         for name in value:
             if not _MODULE_NAME.match(name):
                 shown = name if len(name) <= 40 else name[:40] + "..."
-                raise fail("preload", "{name!r} is not a module name (e.g. torch, "
-                           "transformers, my_pkg.models)", name=shown)  # fmt: skip
+                raise fail(
+                    "preload",
+                    "{name!r} is not a module name (e.g. torch, transformers, my_pkg.models)",
+                    name=shown,
+                )
         if len(value) > MAX_PRELOAD:
             raise fail("preload", "{n} modules; at most {cap}", n=len(value), cap=MAX_PRELOAD)
         return list(dict.fromkeys(value))
@@ -238,22 +243,35 @@ class MetricsSection(StrictSection):
         if isinstance(value, str):
             value = [value]
         if not isinstance(value, list) or not value or not all(isinstance(v, str) for v in value):
-            raise fail("metrics", "metrics.pattern: expected a regular expression, or a list "
-                       "of them")  # fmt: skip
+            raise fail(
+                "metrics", "metrics.pattern: expected a regular expression, or a list of them"
+            )
         if len(value) > MAX_METRIC_PATTERNS:
-            raise fail("metrics", "metrics.pattern: {n} patterns; at most {cap}", n=len(value),
-                       cap=MAX_METRIC_PATTERNS)  # fmt: skip
+            raise fail(
+                "metrics",
+                "metrics.pattern: {n} patterns; at most {cap}",
+                n=len(value),
+                cap=MAX_METRIC_PATTERNS,
+            )
         for text in value:
             shown = text if len(text) <= 60 else text[:60] + "..."
             try:
                 groups = re.compile(text).groupindex
             except re.error as exc:
-                raise fail("metrics", "metrics.pattern {text!r} is not a regular expression "
-                           "({why})", text=shown, why=str(exc)) from None  # fmt: skip
+                raise fail(
+                    "metrics",
+                    "metrics.pattern {text!r} is not a regular expression ({why})",
+                    text=shown,
+                    why=str(exc),
+                ) from None
             if not set(groups) - {"step"}:
-                raise fail("metrics", "metrics.pattern {text!r} names no metric: give each "
-                           "value a named group, e.g. loss (?P<loss>[\\d.]+), and the step "
-                           "(?P<step>\\d+)", text=shown)  # fmt: skip
+                raise fail(
+                    "metrics",
+                    "metrics.pattern {text!r} names no metric: give each "
+                    "value a named group, e.g. loss (?P<loss>[\\d.]+), and the step "
+                    "(?P<step>\\d+)",
+                    text=shown,
+                )
         return value
 
 
@@ -286,8 +304,7 @@ class BackendSection(StrictSection):
         if isinstance(data, dict):
             for key, value in data.items():
                 if key not in cls.model_fields and not isinstance(value, str | int | float):
-                    raise fail("backend_option", "{key}: expected a string or a number",
-                               key=key)  # fmt: skip
+                    raise fail("backend_option", "{key}: expected a string or a number", key=key)
         return data
 
     def option(self, key: str) -> Any:
@@ -307,9 +324,12 @@ class BackendSection(StrictSection):
         asked = [name for name in SALLOC_KEYS if getattr(self, name) is not None]
         if self.job and asked:
             raise fail(
-                "slurm_job", "{key} applies to an allocation jupyter-dist asks for; job: {job} "
-                "names one that exists", key=asked[0], job=self.job,
-            )  # fmt: skip
+                "slurm_job",
+                "{key} applies to an allocation jupyter-dist asks for; job: {job} "
+                "names one that exists",
+                key=asked[0],
+                job=self.job,
+            )
         return self
 
 
@@ -467,11 +487,7 @@ class JobSpec(StrictSection):
                     key=key,
                 )
             if isinstance(item, dict) and not any(k in item for k in ("path", "value", "default")):
-                raise fail(
-                    "input",
-                    "input {key!r} needs a 'path', 'value' or 'default'",
-                    key=key,
-                )
+                raise fail("input", "input {key!r} needs a 'path', 'value' or 'default'", key=key)
         return value
 
     @field_validator("outputs", mode="before")
@@ -484,8 +500,12 @@ class JobSpec(StrictSection):
         for name in value:
             if not isinstance(name, str) or not _OUTPUT_NAME.match(name):
                 shown = name if not isinstance(name, str) or len(name) <= 40 else name[:40] + "..."
-                raise fail("output", "{name!r} cannot name an output (letters, digits, _ "
-                           "and -, at most 100; not first a digit)", name=shown)  # fmt: skip
+                raise fail(
+                    "output",
+                    "{name!r} cannot name an output (letters, digits, _ "
+                    "and -, at most 100; not first a digit)",
+                    name=shown,
+                )
         return {name: {} if item is None else item for name, item in value.items()}
 
     @field_validator("environment_variables", mode="before")
@@ -548,9 +568,11 @@ class JobSpec(StrictSection):
             processes = self.resources.instance_count * dist.process_count_per_instance
         if processes > MAX_PROCESSES:
             raise fail(
-                "size", "distribution: {n} processes in one job; at most {cap}",
-                n=processes, cap=MAX_PROCESSES,
-            )  # fmt: skip
+                "size",
+                "distribution: {n} processes in one job; at most {cap}",
+                n=processes,
+                cap=MAX_PROCESSES,
+            )
         return self
 
     # -- derived values ------------------------------------------------------------------

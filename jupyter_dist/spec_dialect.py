@@ -40,10 +40,17 @@ ROLES = {
     "pytorch": ("worker",),
     "tensorflow": ("worker", "parameter_server", "chief", "evaluator"),
 }
-_TF_COUNTS = {"parameter_server": "parameter_server_count", "chief": "chief_count",
-              "evaluator": "evaluator_count"}  # fmt: skip
-_TF_TASK = {"worker": "worker", "parameter_server": "ps", "chief": "chief",
-            "evaluator": "evaluator"}  # fmt: skip
+_TF_COUNTS = {
+    "parameter_server": "parameter_server_count",
+    "chief": "chief_count",
+    "evaluator": "evaluator_count",
+}
+_TF_TASK = {
+    "worker": "worker",
+    "parameter_server": "ps",
+    "chief": "chief",
+    "evaluator": "evaluator",
+}
 
 
 # Whole numbers (the canonical spec checks their upper bounds again once translated).
@@ -98,12 +105,16 @@ def translate(data: dict[str, Any]) -> tuple[dict[str, Any], list[str]]:
     if DIALECT_KEY not in data:
         return data, []
     if "distribution" in data:
-        raise SpecError("distributed: and distribution: are two shapes of the same setting "
-                        "(the design proposal's and Azure ML's); keep one")  # fmt: skip
+        raise SpecError(
+            "distributed: and distribution: are two shapes of the same setting "
+            "(the design proposal's and Azure ML's); keep one"
+        )
     given = data[DIALECT_KEY]
     if not isinstance(given, dict) or len(given) != 1:
-        raise SpecError("distributed: expected one of mpi, pytorch, tensorflow, as "
-                        "distributed: {pytorch: {worker: {count: 2}}}")  # fmt: skip
+        raise SpecError(
+            "distributed: expected one of mpi, pytorch, tensorflow, as "
+            "distributed: {pytorch: {worker: {count: 2}}}"
+        )
     try:
         parsed = _Distributed.model_validate(given)
     except ValidationError as exc:
@@ -113,12 +124,15 @@ def translate(data: dict[str, Any]) -> tuple[dict[str, Any], list[str]]:
     (kind,) = given
     framework: _Framework = getattr(parsed, kind)
     if framework is None:
-        raise SpecError(f"distributed.{kind}: expected a mapping of its roles "
-                        f"({', '.join(ROLES[kind])})")  # fmt: skip
+        raise SpecError(
+            f"distributed.{kind}: expected a mapping of its roles ({', '.join(ROLES[kind])})"
+        )
     for role in ("worker", "launcher", "parameter_server", "chief", "evaluator"):
         if getattr(framework, role) is not None and role not in ROLES[kind]:
-            raise SpecError(f"distributed.{kind}.{role}: a {kind} job has no such role; its "
-                            f"roles: {', '.join(ROLES[kind])}")  # fmt: skip
+            raise SpecError(
+                f"distributed.{kind}.{role}: a {kind} job has no such role; its "
+                f"roles: {', '.join(ROLES[kind])}"
+            )
     return _Reader(data, kind, framework).canonical()
 
 
@@ -132,8 +146,11 @@ class _Reader:
         self.dist: dict[str, Any] = {"type": kind}
 
     def said(self, source: str, value: Any, target: str, why: str = "") -> None:
-        shown = ("{" + ", ".join(f"{k}: {v}" for k, v in value.items()) + "}"
-                 if isinstance(value, dict) else value)  # fmt: skip
+        shown = (
+            "{" + ", ".join(f"{k}: {v}" for k, v in value.items()) + "}"
+            if isinstance(value, dict)
+            else value
+        )
         self.notes.append(f"read {source}: {shown} as {target}: {shown}{why}")
 
     def canonical(self) -> tuple[dict[str, Any], list[str]]:
@@ -159,19 +176,22 @@ class _Reader:
             raise SpecError("resources: expected a mapping of keys to values")
         resources = dict(raw or {})
         if (
-            "instance_count" in compute and "instance_count" in resources
+            "instance_count" in compute
+            and "instance_count" in resources
             and compute["instance_count"] != resources["instance_count"]
-        ):  # fmt: skip
+        ):
             raise SpecError(
                 f"compute.instance_count is {compute['instance_count']!r} but "
                 f"resources.instance_count is {resources['instance_count']!r}; make them "
                 "agree, or write one (both count the job's nodes)"
             )
         written = compute.get("instance_count", resources.get("instance_count"))
-        where = ("compute.instance_count" if "instance_count" in compute
-                 else "resources.instance_count")  # fmt: skip
-        if written is not None and (isinstance(written, bool) or not isinstance(written, int)
-                                    or written < 1):  # fmt: skip
+        where = (
+            "compute.instance_count" if "instance_count" in compute else "resources.instance_count"
+        )
+        if written is not None and (
+            isinstance(written, bool) or not isinstance(written, int) or written < 1
+        ):
             raise SpecError(f"{where}: {written!r} is not valid; expected a whole number >= 1")
         source = f"distributed.{self.kind}.worker.count"
         if self.kind == "tensorflow":
@@ -180,21 +200,29 @@ class _Reader:
                 self.said(source, workers, "distribution.worker_count")
             nodes = written if written is not None else (workers or 1)
             if written is None:
-                self.said(source, workers or 1, "resources.instance_count",
-                          " (a node for each worker; the other tasks share them)")  # fmt: skip
+                self.said(
+                    source,
+                    workers or 1,
+                    "resources.instance_count",
+                    " (a node for each worker; the other tasks share them)",
+                )
         else:
             if workers == 0:
-                raise SpecError(f"{source}: 0 is not valid; expected a whole number >= 1 (the "
-                                "job's nodes)")  # fmt: skip
+                raise SpecError(
+                    f"{source}: 0 is not valid; expected a whole number >= 1 (the job's nodes)"
+                )
             if workers is not None and written is not None and workers != written:
-                raise SpecError(f"{source} is {workers} but {where} is {written}; make them "
-                                "agree (both count the job's nodes)")  # fmt: skip
+                raise SpecError(
+                    f"{source} is {workers} but {where} is {written}; make them "
+                    "agree (both count the job's nodes)"
+                )
             nodes = workers if workers is not None else (written or 1)
             if workers is not None:
                 self.said(source, workers, "resources.instance_count")
         if "instance_count" in compute and "instance_count" not in resources:
-            self.said("compute.instance_count", compute["instance_count"],
-                      "resources.instance_count")  # fmt: skip
+            self.said(
+                "compute.instance_count", compute["instance_count"], "resources.instance_count"
+            )
         if "instance_type" in compute and "instance_type" not in resources:
             resources["instance_type"] = compute["instance_type"]
         resources["instance_count"] = nodes
@@ -203,8 +231,10 @@ class _Reader:
 
     def _gpus(self) -> int | None:
         """The workers' GPU limit (else the framework's) as resources.gpus_per_node."""
-        for where, holder in ((f"distributed.{self.kind}.worker", self.framework.worker),
-                              (f"distributed.{self.kind}", self.framework)):  # fmt: skip
+        for where, holder in (
+            (f"distributed.{self.kind}.worker", self.framework.worker),
+            (f"distributed.{self.kind}", self.framework),
+        ):
             found = _limits_of(holder) if holder is not None else None
             if found is not None and found[1].gpu is not None:
                 path, limits = found
@@ -224,8 +254,11 @@ class _Reader:
         started = torch_processes_per_node(command) if self.kind == "pytorch" else None
         if slots is not None:
             per_node = slots
-            self.said(f"distributed.{self.kind}.worker.slots_per", slots,
-                      "distribution.process_count_per_instance")  # fmt: skip
+            self.said(
+                f"distributed.{self.kind}.worker.slots_per",
+                slots,
+                "distribution.process_count_per_instance",
+            )
             if world > slots * nodes:
                 raise SpecError(
                     f"command: -np {world} is more ranks than {nodes} workers with "
@@ -242,8 +275,10 @@ class _Reader:
                         f"runs (at most {MAX_PROCS_PER_NODE})"
                     )
                 per_node = 1
-                why = (f"the command starts {started} processes on each node itself: "
-                       f"--nproc_per_node {started}, {nodes * started} ranks in all")  # fmt: skip
+                why = (
+                    f"the command starts {started} processes on each node itself: "
+                    f"--nproc_per_node {started}, {nodes * started} ranks in all"
+                )
             elif gpus:
                 per_node, why = gpus, "one process per GPU"
             else:
@@ -258,16 +293,19 @@ class _Reader:
             holder: _Role | None = getattr(self.framework, role)
             if holder is not None and holder.count is not None:
                 self.dist[key] = holder.count
-                self.said(f"distributed.tensorflow.{role}.count", holder.count,
-                          f"distribution.{key}")  # fmt: skip
+                self.said(
+                    f"distributed.tensorflow.{role}.count", holder.count, f"distribution.{key}"
+                )
         own: dict[str, Any] = {}
         for role, task in _TF_TASK.items():
             holder = getattr(self.framework, role)
             if holder is not None and holder.environment_variables:
                 own[task] = holder.environment_variables
-                self.said(f"distributed.tensorflow.{role}.environment_variables",
-                          holder.environment_variables,
-                          f"distribution.task_environment_variables.{task}")  # fmt: skip
+                self.said(
+                    f"distributed.tensorflow.{role}.environment_variables",
+                    holder.environment_variables,
+                    f"distribution.task_environment_variables.{task}",
+                )
         if own:
             self.dist["task_environment_variables"] = own
 
@@ -289,13 +327,18 @@ class _Reader:
                         continue
                     if where.endswith(".launcher"):  # what an MPIJob export's Launcher gets
                         self.dist.setdefault("launcher_limits", {})[name] = value
-                        self.said(f"{where}.{path}.{name}", value,
-                                  f"distribution.launcher_limits.{name}",
-                                  " (an exported MPIJob's Launcher pod)")  # fmt: skip
+                        self.said(
+                            f"{where}.{path}.{name}",
+                            value,
+                            f"distribution.launcher_limits.{name}",
+                            " (an exported MPIJob's Launcher pod)",
+                        )
                     else:
-                        self.notes.append(f"kept {where}.{path}.{name}: {value} as written "
-                                          "(not acted on: jupyter-dist does not cap a "
-                                          "node's CPUs or memory)")  # fmt: skip
+                        self.notes.append(
+                            f"kept {where}.{path}.{name}: {value} as written "
+                            "(not acted on: jupyter-dist does not cap a "
+                            "node's CPUs or memory)"
+                        )
                 if limits.gpu is not None and not where.endswith((".worker", self.kind)):
                     self.notes.append(
                         f"kept {where}.{path}.gpu: {limits.gpu} as written "
@@ -303,14 +346,18 @@ class _Reader:
                     )
             image = _docker_image(getattr(holder, "environment", None))
             if image:
-                self.notes.append(f"kept {where}.environment.docker.image: {image} as written "
-                                  "(not acted on: a job runs in one image)")  # fmt: skip
+                self.notes.append(
+                    f"kept {where}.environment.docker.image: {image} as written "
+                    "(not acted on: a job runs in one image)"
+                )
             if where.endswith((".worker", ".launcher")) and self.kind != "tensorflow":
                 env = getattr(holder, "environment_variables", None)
                 if env:
-                    raise SpecError(f"{where}.environment_variables: a {self.kind} job's "
-                                    "ranks share one environment; use the job's "
-                                    "environment_variables")  # fmt: skip
+                    raise SpecError(
+                        f"{where}.environment_variables: a {self.kind} job's "
+                        "ranks share one environment; use the job's "
+                        "environment_variables"
+                    )
 
     def _image(self) -> None:
         """environment: {docker: {image}} as environment: {image} (what exports read)."""

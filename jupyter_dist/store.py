@@ -66,10 +66,18 @@ class UnknownJob(DistrunError):
 
 # What the views read of a status, and the types they need.
 _STATUS_TYPES = {
-    "state": str, "name": str, "type": str, "processes": dict, "nodes": list,
-    "root_cause": dict, "started": (int, float), "ended": (int, float), "owner_host": str,
-    "world_size": int, "message": str,
-}  # fmt: skip
+    "state": str,
+    "name": str,
+    "type": str,
+    "processes": dict,
+    "nodes": list,
+    "root_cause": dict,
+    "started": (int, float),
+    "ended": (int, float),
+    "owner_host": str,
+    "world_size": int,
+    "message": str,
+}
 
 
 _MAX_PID = 1 << 22  # Linux's pid_max can be no higher
@@ -241,9 +249,8 @@ class JobRecord:
     def open_log(self, key: str, stream: str):
         """An append-mode text file for one key and stream (the runner's writer)."""
         return open(
-            self.log_path(key, stream), "a", encoding="utf-8", newline="\n",
-            opener=_private_opener,
-        )  # fmt: skip
+            self.log_path(key, stream), "a", encoding="utf-8", newline="\n", opener=_private_opener
+        )
 
     def write_plan(self, plan: dict[str, Any]) -> None:
         """Replace plan.json with the plan now running (a later attempt's)."""
@@ -382,16 +389,23 @@ class JobRecord:
                 )
                 lines = _lines_between_markers(
                     [(line.ts, key, stream, line.text) for stream, line in self.read_log(key)],
-                    marker, number, streams, first,
-                )  # fmt: skip
+                    marker,
+                    number,
+                    streams,
+                    first,
+                )
                 lines = lines[-tail:] if tail else lines
             elif tail is None:
-                lines = [(line.ts, key, stream, line.text)
-                         for stream, line in self.read_log(key, streams)]  # fmt: skip
+                lines = [
+                    (line.ts, key, stream, line.text)
+                    for stream, line in self.read_log(key, streams)
+                ]
             else:
-                lines = [(line["ts"], key, line["stream"], line["text"])
-                         for line in self.read_range(key, tail=tail)[0]
-                         if line["stream"] in streams]  # fmt: skip
+                lines = [
+                    (line["ts"], key, line["stream"], line["text"])
+                    for line in self.read_range(key, tail=tail)[0]
+                    if line["stream"] in streams
+                ]
             per_key.append(lines)
         return list(heapq.merge(*per_key, key=lambda line: line[0]))
 

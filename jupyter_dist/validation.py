@@ -89,8 +89,12 @@ def one_line(
         expected = message.removeprefix("Input should be ").replace("'", "")
         return f"{where}: {value!r} is not valid; expected {expected}"
     if kind in ("string_type", "list_type", "dict_type", "bool_type"):
-        what = {"string_type": "a string", "list_type": "a list", "dict_type": "a mapping",
-                "bool_type": "true or false"}[kind]  # fmt: skip
+        what = {
+            "string_type": "a string",
+            "list_type": "a list",
+            "dict_type": "a mapping",
+            "bool_type": "true or false",
+        }[kind]
         return f"{where}: {value!r} is not valid; expected {what}"
     if kind == "missing":
         return f"{where}: missing"

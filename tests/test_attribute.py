@@ -45,9 +45,7 @@ def test_torchrun_fragments_are_reassembled_per_rank():
     to a JSON error), another rank's fragment may stand between."""
     split = attributor(_proc("torchrun", ranks=(2, 3)))
     assert split('[default1]:{"rank": 3}[default1]:') == [("rank-3", "rank 3", '{"rank": 3}')]
-    assert split("[default0]:half [default1]:other[default0]:") == [
-        ("rank-2", "rank 2", "half "),
-    ]
+    assert split("[default0]:half [default1]:other[default0]:") == [("rank-2", "rank 2", "half ")]
     assert split("[default1]: end") == [("rank-3", "rank 3", "other end")]
 
 

@@ -164,9 +164,7 @@ def _run_in_kernel(kc, code: str, timeout: float = 120) -> str:
     """Run `code` in the kernel; it must succeed. Returns what it printed."""
     lines = []
     reply = kc.execute_interactive(
-        code,
-        timeout=timeout,
-        output_hook=lambda msg: lines.append(msg["content"].get("text", "")),
+        code, timeout=timeout, output_hook=lambda msg: lines.append(msg["content"].get("text", ""))
     )
     assert reply["content"]["status"] == "ok", reply["content"]
     return "".join(lines)

@@ -262,7 +262,7 @@ def test_the_forms_keep_running_box_detaches_the_job(kernel_env):
     nb = execute_notebook(
         "from jupyter_dist.widgets.form import SubmitForm\nf = SubmitForm()\n"
         "f.script.value = 'print(\"from the form\")'\nf.nodes.value = 2\n"
-        "f.controls['detach'].value = True\nimport os\nprint(f.submit(), os.getpid())",
+        "f.controls['detach'].value = True\nimport os\nprint(f.submit(), os.getpid())"
     )
     job_id, kernel = nb.cells[1].outputs[-1]["text"].split()
     record = JobStore(kernel_env).get(job_id)
@@ -297,9 +297,7 @@ def test_a_detached_cells_live_view_follows_the_job_while_the_kernel_is_free(ker
     assert nb.cells[6].outputs[-1]["text"].strip() == "succeeded 5"
 
 
-def test_a_detached_sessions_cell_has_its_view_and_an_interrupt_stops_only_that_cell(
-    kernel_env,
-):
+def test_a_detached_sessions_cell_has_its_view_and_an_interrupt_stops_only_that_cell(kernel_env):
     """Under the live view a detached session's cell has its view (its lines, followed
     from the store); the kernel's interrupt reaches the cell's ranks through the
     supervisor, and the session lives on."""

@@ -11,14 +11,7 @@ import time
 from dataclasses import replace
 
 import pytest
-from helpers import (
-    EXAMPLES,
-    execute_notebook,
-    job_processes,
-    not_private,
-    run_cli,
-    stream_text,
-)
+from helpers import EXAMPLES, execute_notebook, job_processes, not_private, run_cli, stream_text
 
 from jupyter_dist.backends.ssh import horovodrun_ssh, ssh_config
 from jupyter_dist.run.launch import launch, make_plan, run

@@ -317,7 +317,7 @@ def test_report_in_a_cell_on_nodes_without_jupyter_dist(kernel_env, ssh_nodes, t
     nb = execute_notebook(
         f"%%distrun --nodes 2 --nodes-file {inventory} --name reported\n"
         "import os\nfrom distrun import report\n"
-        "for step in range(3):\n    report(step=step, loss=float(os.environ['RANK']) + step)",
+        "for step in range(3):\n    report(step=step, loss=float(os.environ['RANK']) + step)"
     )
     assert nb.cells[1].outputs[-1].get("output_type") != "error"
     (record,) = JobStore(kernel_env).jobs()

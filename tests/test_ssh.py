@@ -248,12 +248,7 @@ def test_a_failing_rank_on_node_1_stops_node_0(ssh_nodes, store, tmp_path):
         distribution: {{type: pytorch, process_count_per_instance: 2}}
     """)
     started = time.monotonic()
-    result = run(
-        spec,
-        store=store,
-        inventory=ssh_nodes.load_inventory(tmp_path),
-        grace_period=3,
-    )
+    result = run(spec, store=store, inventory=ssh_nodes.load_inventory(tmp_path), grace_period=3)
     assert time.monotonic() - started < 90
     assert result.state == "failed"
     cause = result.root_cause

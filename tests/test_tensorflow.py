@@ -94,12 +94,7 @@ def test_a_failing_tensorflow_worker_stops_the_job_with_the_root_cause(ssh_nodes
         distribution: {{type: tensorflow, worker_count: 2}}
         """)
     )
-    result = run(
-        spec,
-        store=store,
-        inventory=ssh_nodes.load_inventory(tmp_path),
-        grace_period=3,
-    )
+    result = run(spec, store=store, inventory=ssh_nodes.load_inventory(tmp_path), grace_period=3)
     assert result.state == "failed"
     cause = result.root_cause
     assert cause.label == "worker 1" and cause.node == ssh_nodes.nodes[1].name

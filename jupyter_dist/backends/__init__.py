@@ -74,8 +74,9 @@ def check_section(section: BackendSection) -> None:
     """The spec's `backend:` keys against the options its backend declares (their
     `spec_key`s): a key it does not declare, or a value of the wrong kind, is SpecError in
     one line naming what is valid."""
-    declared = {option.spec_key or option.name: option for option in
-                backend_class(section.type).options}  # fmt: skip
+    declared = {
+        option.spec_key or option.name: option for option in backend_class(section.type).options
+    }
     typed = {k for k in section.model_fields_set if k in type(section).model_fields}
     written = {key: getattr(section, key) for key in typed - {"type"}}
     written.update(section.model_extra or {})
@@ -85,13 +86,16 @@ def check_section(section: BackendSection) -> None:
             close = difflib.get_close_matches(key, list(declared), n=1)
             hint = f" (did you mean {close[0]!r}?)" if close else ""
             valid = ", ".join(declared) or "none"
-            raise SpecError(f"backend: {key!r} is not an option of the {section.type} "
-                            f"backend{hint}; its options: {valid}")  # fmt: skip
+            raise SpecError(
+                f"backend: {key!r} is not an option of the {section.type} "
+                f"backend{hint}; its options: {valid}"
+            )
         low, high = option.bounds or (None, None)
         if option.kind == "int" and not (
-            isinstance(value, int) and not isinstance(value, bool)
+            isinstance(value, int)
+            and not isinstance(value, bool)
             and (low is None or low <= value <= high)
-        ):  # fmt: skip
+        ):
             within = f" from {low} to {high}" if low is not None else ""
             raise SpecError(f"backend: {key}: expected a whole number{within} ({option.flag})")
         if option.kind == "str" and not isinstance(value, str):
@@ -124,7 +128,13 @@ def inventory_backend(inventory: Inventory) -> Backend:
 
 
 __all__ = [
-    "Backend", "NodeHealth", "ProcessHandle", "available", "backend_class", "check_section",
+    "Backend",
+    "NodeHealth",
+    "ProcessHandle",
+    "available",
+    "backend_class",
+    "check_section",
     "choose_backend",
-    "declared_options", "inventory_backend",
-]  # fmt: skip
+    "declared_options",
+    "inventory_backend",
+]

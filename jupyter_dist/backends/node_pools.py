@@ -36,8 +36,10 @@ def pools_on_nodes(
     backend: Backend = inventory_backend(inventory)
     if inventory.is_local:
         if names:
-            raise NodeError("no node inventory: jobs run on local nodes, whose pools are this "
-                            "machine's (leave out the node names)")  # fmt: skip
+            raise NodeError(
+                "no node inventory: jobs run on local nodes, whose pools are this "
+                "machine's (leave out the node names)"
+            )
         nodes = local_nodes(1, workdir="")
     else:
         nodes = inventory.select(len(names or inventory.nodes), names, workdir="")

@@ -58,19 +58,42 @@ from jupyter_dist.plan.model import LaunchPlan, ProcessPlan
 from jupyter_dist.spec import MAX_PROCS_PER_NODE, JobSpec
 
 RAY_OPTIONS = (
-    Option("ray_address", "the Ray cluster: auto, ray://HOST:10001 (Ray Client, from outside "
-           "the cluster) or a head's HOST:PORT (default: RAY_ADDRESS, else auto)",
-           metavar="ADDRESS", backend="ray", spec_key="address"),
-    Option("ray_gpus_per_node", "GPUs each node's bundle asks for (default 0)", kind="int",
-           metavar="N", backend="ray", spec_key="gpus_per_node",
-           bounds=(0, MAX_PROCS_PER_NODE)),
-    Option("ray_cpus_per_node", "CPUs each node's bundle asks for (default: its processes)",
-           kind="int", metavar="N", backend="ray", spec_key="cpus_per_node",
-           bounds=(0, 4096)),
-    Option("ray_autoscaling", "the cluster adds nodes on demand (KubeRay's or a cloud "
-           "cluster's autoscaler): a request for more nodes than it has now waits for them, "
-           "where it would be refused", kind="flag", backend="ray", spec_key="autoscaling"),
-)  # fmt: skip
+    Option(
+        "ray_address",
+        "the Ray cluster: auto, ray://HOST:10001 (Ray Client, from outside "
+        "the cluster) or a head's HOST:PORT (default: RAY_ADDRESS, else auto)",
+        metavar="ADDRESS",
+        backend="ray",
+        spec_key="address",
+    ),
+    Option(
+        "ray_gpus_per_node",
+        "GPUs each node's bundle asks for (default 0)",
+        kind="int",
+        metavar="N",
+        backend="ray",
+        spec_key="gpus_per_node",
+        bounds=(0, MAX_PROCS_PER_NODE),
+    ),
+    Option(
+        "ray_cpus_per_node",
+        "CPUs each node's bundle asks for (default: its processes)",
+        kind="int",
+        metavar="N",
+        backend="ray",
+        spec_key="cpus_per_node",
+        bounds=(0, 4096),
+    ),
+    Option(
+        "ray_autoscaling",
+        "the cluster adds nodes on demand (KubeRay's or a cloud "
+        "cluster's autoscaler): a request for more nodes than it has now waits for them, "
+        "where it would be refused",
+        kind="flag",
+        backend="ray",
+        spec_key="autoscaling",
+    ),
+)
 
 CALL_TIMEOUT_S = 60.0  # an actor that does not answer a short call in this long is lost
 READ_WAIT_S = 1.0  # how long one read (or wait) call waits on the Ray node for something
@@ -294,8 +317,9 @@ class RayProcess(AgentProcess):
 
     def _call(self, method: str, *args: Any, timeout: float = CALL_TIMEOUT_S) -> Any:
         try:
-            return self._ray.get(getattr(self._host, method).remote(self._key, *args),
-                                 timeout=timeout)  # fmt: skip
+            return self._ray.get(
+                getattr(self._host, method).remote(self._key, *args), timeout=timeout
+            )
         except Exception as exc:  # the actor (or its node) is gone: the streams end
             self._lost = self._lost or type(exc).__name__
             raise OSError(str(exc)) from None
@@ -356,8 +380,9 @@ class RayBackend(Backend):
                 "a pytorch job"
             )
         if spec.nodes:
-            raise NodeError("ray: Ray places the job's nodes itself; give a count (--nodes N), "
-                            "not names")  # fmt: skip
+            raise NodeError(
+                "ray: Ray places the job's nodes itself; give a count (--nodes N), not names"
+            )
         # Placed on a thread of its own, with the main thread only waiting for it: Ctrl-C
         # (KeyboardInterrupt, raised wherever the main thread is) must never land inside
         # Ray Client's calls, whose data channel it can leave waiting for ever for an
@@ -366,8 +391,9 @@ class RayBackend(Backend):
         placed: list[Any] = []
         placing = threading.Thread(
             target=lambda: placed.append(_outcome(self._place, spec, withdrawn)),
-            daemon=True, name="distrun-ray-place",
-        )  # fmt: skip
+            daemon=True,
+            name="distrun-ray-place",
+        )
         placing.start()
         try:
             while placing.is_alive():
@@ -414,13 +440,15 @@ class RayBackend(Backend):
             host_class = ray.remote(ray_host.RayNodeHost)
             hosts = [
                 host_class.options(
-                    num_cpus=bundle["CPU"], num_gpus=bundle.get("GPU", 0),
+                    num_cpus=bundle["CPU"],
+                    num_gpus=bundle.get("GPU", 0),
                     max_concurrency=3 * max(procs, 1) + 16,  # a reader per stream, a waiter
                     scheduling_strategy=PlacementGroupSchedulingStrategy(
-                        self._group, placement_group_bundle_index=index),
+                        self._group, placement_group_bundle_index=index
+                    ),
                 ).remote()
                 for index in range(count)
-            ]  # fmt: skip
+            ]
             infos = ray.get([host.info.remote() for host in hosts], timeout=START_TIMEOUT_S)
             nodes = []
             taken = set()
@@ -430,11 +458,18 @@ class RayBackend(Backend):
                     name = f"{name}-{index}"
                 taken.add(name)
                 self._hosts[name] = host
-                nodes.append(Node(
-                    name=name, host=info["ip"], backend="ray", python=info["python"],
-                    workdir=info["workdir"], gpus=gpus or None, shares_files=False,
-                    software={"python": info["version"]},
-                ))  # fmt: skip
+                nodes.append(
+                    Node(
+                        name=name,
+                        host=info["ip"],
+                        backend="ray",
+                        python=info["python"],
+                        workdir=info["workdir"],
+                        gpus=gpus or None,
+                        shares_files=False,
+                        software={"python": info["version"]},
+                    )
+                )
         except BaseException:
             self.release()
             raise
@@ -460,9 +495,10 @@ class RayBackend(Backend):
         """The cluster's live nodes, and those of them that could ever hold `bundle`."""
         alive = [n for n in self._ray.nodes() if n.get("Alive")]
         fits = [
-            n for n in alive
+            n
+            for n in alive
             if all(n.get("Resources", {}).get(k, 0) >= v for k, v in bundle.items())
-        ]  # fmt: skip
+        ]
         return alive, fits
 
     def _wait_placed(
@@ -479,8 +515,10 @@ class RayBackend(Backend):
                 raise _Withdrawn
             if not said and time.monotonic() - asked > PENDING_SAY_AFTER_S:
                 said = True
-                self._report(f"ray: waiting for {count} nodes with {_resources(bundle)} each "
-                             f"({self._why_waiting(bundle, count)})")  # fmt: skip
+                self._report(
+                    f"ray: waiting for {count} nodes with {_resources(bundle)} each "
+                    f"({self._why_waiting(bundle, count)})"
+                )
         if said:
             self._report(f"ray: placed after {time.monotonic() - asked:.0f} s")
 
@@ -504,13 +542,18 @@ class RayBackend(Backend):
         for node in ray.nodes():
             has = node.get("Resources", {})
             alive = bool(node.get("Alive"))
-            found.append(NodeHealth(
-                node.get("NodeManagerHostname") or node.get("NodeManagerAddress", "?"),
-                node.get("NodeManagerAddress", "?"), None, "ok" if alive else "dead",
-                gpus=int(has.get("GPU", 0)), cpus=has.get("CPU", 0.0),
-                memory=int(has.get("memory", 0)) or None,
-                problem=None if alive else "Ray lost this node",
-            ))  # fmt: skip
+            found.append(
+                NodeHealth(
+                    node.get("NodeManagerHostname") or node.get("NodeManagerAddress", "?"),
+                    node.get("NodeManagerAddress", "?"),
+                    None,
+                    "ok" if alive else "dead",
+                    gpus=int(has.get("GPU", 0)),
+                    cpus=has.get("CPU", 0.0),
+                    memory=int(has.get("memory", 0)) or None,
+                    problem=None if alive else "Ray lost this node",
+                )
+            )
         return sorted(found, key=lambda h: (h.status != "ok", h.name))
 
     def spares(self, inventory: Inventory) -> list[Node]:
@@ -550,11 +593,14 @@ class RayBackend(Backend):
         group, self._group = self._group, None
         if ray is None or not (hosts or group):
             return
-        if not _ended_within(RELEASE_WAIT_S, "distrun-ray-release", self._give_back, ray, hosts,
-                             group):  # fmt: skip
-            self._report(f"ray: the cluster did not confirm in {RELEASE_WAIT_S:.0f} s that the "
-                         "job's actors and placement are given back; Ray gives them back "
-                         "once this process's connection ends")  # fmt: skip
+        if not _ended_within(
+            RELEASE_WAIT_S, "distrun-ray-release", self._give_back, ray, hosts, group
+        ):
+            self._report(
+                f"ray: the cluster did not confirm in {RELEASE_WAIT_S:.0f} s that the "
+                "job's actors and placement are given back; Ray gives them back "
+                "once this process's connection ends"
+            )
 
     @staticmethod
     def _give_back(ray: Any, hosts: list[Any], group: Any) -> None:
@@ -592,8 +638,7 @@ class RayBackend(Backend):
 
     def _call(self, node: Node, method: str, *args: Any, timeout: float = CALL_TIMEOUT_S):
         try:
-            return self._ray.get(getattr(self._host(node), method).remote(*args),
-                                 timeout=timeout)  # fmt: skip
+            return self._ray.get(getattr(self._host(node), method).remote(*args), timeout=timeout)
         except NodeError:
             raise
         except Exception as exc:
@@ -609,10 +654,14 @@ class RayBackend(Backend):
         agent = (agent_file_name(), AGENT_SOURCE.read_bytes())
         code = Path(plan.code_dir) if plan.code_dir else None
         shipped = read_code_folder(code, ignore_files=False) if code is not None else None
-        code_files = [  # read once, sent to every node
-            (rel, (code / rel).read_bytes(), 0o700 if rel in shipped.executable else 0o600)
-            for rel in shipped.files
-        ] if shipped is not None else []  # fmt: skip
+        code_files = (
+            [  # read once, sent to every node
+                (rel, (code / rel).read_bytes(), 0o700 if rel in shipped.executable else 0o600)
+                for rel in shipped.files
+            ]
+            if shipped is not None
+            else []
+        )
 
         def ship(node: Node) -> None:
             job_dir = posixpath.join(node.workdir, plan.job_id)
@@ -621,12 +670,14 @@ class RayBackend(Backend):
             if shipped is not None:
                 target = posixpath.join(job_dir, "code")
                 folders += [target, *(posixpath.join(target, f) for f in shipped.folders)]
-                entries += [(posixpath.join(target, rel), data, mode)
-                            for rel, data, mode in code_files]  # fmt: skip
+                entries += [
+                    (posixpath.join(target, rel), data, mode) for rel, data, mode in code_files
+                ]
             entries += [
                 (p.path, p.content.encode(), 0o700 if p.executable else 0o600)
-                for p in plan.files if nodes[p.node_rank].name == node.name
-            ]  # fmt: skip
+                for p in plan.files
+                if nodes[p.node_rank].name == node.name
+            ]
             self._call(node, "make_folders", folders)
             for batch in _batches(entries):
                 self._call(node, "put_files", batch)
@@ -670,5 +721,10 @@ class RayBackend(Backend):
 
     def _agents_say(self, flag: str, job_id: str, node_names: set[str]) -> list[int]:
         nodes = [n for n in self._nodes.values() if n.name in node_names and n.name in self._hosts]
-        return agents_say(flag, job_id, nodes, self.run_on_node,
-                          lambda node: posixpath.join(node.workdir, agent_file_name()))  # fmt: skip
+        return agents_say(
+            flag,
+            job_id,
+            nodes,
+            self.run_on_node,
+            lambda node: posixpath.join(node.workdir, agent_file_name()),
+        )

@@ -59,10 +59,13 @@ class RayNodeHost:
         import ray
 
         return {
-            "hostname": socket.gethostname(), "ip": ray.util.get_node_ip_address(),
-            "python": sys.executable, "version": platform.python_version(),
-            "workdir": self.workdir, "pid": os.getpid(),
-        }  # fmt: skip
+            "hostname": socket.gethostname(),
+            "ip": ray.util.get_node_ip_address(),
+            "python": sys.executable,
+            "version": platform.python_version(),
+            "workdir": self.workdir,
+            "pid": os.getpid(),
+        }
 
     def put_files(self, entries: list) -> None:
         """(path, piece, mode, offset, size) each: the piece of the file at `offset`; a file
@@ -91,10 +94,14 @@ class RayNodeHost:
         shell dies so; the agent, its child, lives on, sees its input close as the actor's
         end of the pipe goes, and stops its process tree, as it does when SSH drops."""
         popen = subprocess.Popen(
-            ["/bin/sh", "-c", '"$@"; exit $?', "sh", *argv], env={**os.environ, **env},
-            cwd=cwd, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+            ["/bin/sh", "-c", '"$@"; exit $?', "sh", *argv],
+            env={**os.environ, **env},
+            cwd=cwd,
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
             start_new_session=True,
-        )  # fmt: skip
+        )
         with self.lock:
             self.processes[key] = popen
         return popen.pid

@@ -144,17 +144,27 @@ _ALLOCATION_HELP = {
 _TIME = r"(?i:unlimited|infinite)|\d+(?::\d+){0,2}|\d+-\d+(?::\d+){0,2}"
 _TIME_FORMATS = "MM, MM:SS, HH:MM:SS, D-HH, D-HH:MM, D-HH:MM:SS or UNLIMITED"
 SLURM_OPTIONS = (
-    Option("slurm_job", "run in this allocation (its job id; default: SLURM_JOB_ID's, else "
-           "a new one)", metavar="ID", backend="slurm", spec_key="job"),
+    Option(
+        "slurm_job",
+        "run in this allocation (its job id; default: SLURM_JOB_ID's, else a new one)",
+        metavar="ID",
+        backend="slurm",
+        spec_key="job",
+    ),
     *(
-        Option(key, text, kind="int" if key == "gpus_per_node" else "str", metavar=metavar,
-               backend="slurm",
-               bounds=(0, MAX_PROCS_PER_NODE) if key == "gpus_per_node" else None,
-               pattern=_TIME if key == "time" else None,
-               expects=_TIME_FORMATS if key == "time" else "")
+        Option(
+            key,
+            text,
+            kind="int" if key == "gpus_per_node" else "str",
+            metavar=metavar,
+            backend="slurm",
+            bounds=(0, MAX_PROCS_PER_NODE) if key == "gpus_per_node" else None,
+            pattern=_TIME if key == "time" else None,
+            expects=_TIME_FORMATS if key == "time" else "",
+        )
         for key, (metavar, text) in _ALLOCATION_HELP.items()
     ),
-)  # fmt: skip
+)
 
 
 class SlurmBackend(LocalBackend):
@@ -202,13 +212,16 @@ class SlurmBackend(LocalBackend):
         outside any job (`jupyter distrun pool --backend slurm`). NodeError outside an
         allocation, or for a name not in it."""
         if not self.job_id:
-            raise NodeError("slurm: not inside an allocation (no SLURM_JOB_ID): name one "
-                            "with --slurm-job ID")  # fmt: skip
+            raise NodeError(
+                "slurm: not inside an allocation (no SLURM_JOB_ID): name one with --slurm-job ID"
+            )
         found = self._allocation_names()
         unknown = [name for name in names or [] if name not in found]
         if unknown:
-            raise NodeError(f"node {unknown[0]!r} is not in Slurm job {self.job_id} "
-                            f"(its nodes: {', '.join(found)})")  # fmt: skip
+            raise NodeError(
+                f"node {unknown[0]!r} is not in Slurm job {self.job_id} "
+                f"(its nodes: {', '.join(found)})"
+            )
         return [_node(name, "", "") for name in names or found]
 
     def _allocation_names(self) -> list[str]:
@@ -248,9 +261,13 @@ class SlurmBackend(LocalBackend):
         granted; a request Slurm can never grant is withdrawn; an interrupt gives it back."""
         _require("salloc")
         proc = subprocess.Popen(
-            salloc_argv(spec), stdin=subprocess.PIPE, stdout=subprocess.DEVNULL,
-            stderr=subprocess.PIPE, text=True, start_new_session=True,
-        )  # fmt: skip
+            salloc_argv(spec),
+            stdin=subprocess.PIPE,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.PIPE,
+            text=True,
+            start_new_session=True,
+        )
         lines: queue.Queue[str | None] = queue.Queue()  # salloc's stderr; None once it ends
         threading.Thread(target=_pump, args=(proc.stderr, lines), daemon=True).start()
         job_id, said, reason = "", [], ""
@@ -307,8 +324,10 @@ class SlurmBackend(LocalBackend):
             if proc.env.get(PRELOAD_VAR):
                 firsts.setdefault(proc.node, proc)
         by_name = {node.name: node for node in nodes}
-        on_every_node([by_name[name] for name in firsts],
-                      lambda node: self._hold_pool(node, firsts[node.name]))  # fmt: skip
+        on_every_node(
+            [by_name[name] for name in firsts],
+            lambda node: self._hold_pool(node, firsts[node.name]),
+        )
 
     def _hold_pool(self, node: Node, proc: ProcessPlan) -> str:
         """Start `node`'s pool for `proc`'s preload as a step of its own unless one runs
@@ -317,16 +336,28 @@ class SlurmBackend(LocalBackend):
         ranks start cold."""
         pool = posixpath.join(proc.env["DISTRUN_JOB_DIR"], shipped_path("pool_agent.py"))
         # Not bound to one CPU (the step's): the ranks it forks take their fronts' CPUs.
-        argv = [*self._step(node), "--job-name=distrun-pool", "--cpu-bind=none",
-                node.python, pool, "hold"]  # fmt: skip
+        argv = [
+            *self._step(node),
+            "--job-name=distrun-pool",
+            "--cpu-bind=none",
+            node.python,
+            pool,
+            "hold",
+        ]
         # Started through a process that ends at once: the srun is no child of this one
         # (a kernel, a `run`), and outlives it, as the pool does.
         starter = subprocess.Popen(
-            [sys.executable, "-c", "import subprocess, sys; "
-             "subprocess.Popen(sys.argv[1:], start_new_session=True)", *argv],
-            env={**os.environ, **proc.env}, stdin=subprocess.DEVNULL,
-            stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
-        )  # fmt: skip
+            [
+                sys.executable,
+                "-c",
+                "import subprocess, sys; subprocess.Popen(sys.argv[1:], start_new_session=True)",
+                *argv,
+            ],
+            env={**os.environ, **proc.env},
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.DEVNULL,
+        )
         starter.wait()
         with starter.stdout, selectors.DefaultSelector() as waiting:
             waiting.register(starter.stdout, selectors.EVENT_READ)
@@ -358,9 +389,15 @@ class SlurmBackend(LocalBackend):
     def _step(self, node: Node) -> list[str]:
         """An srun that runs one task on `node` within the allocation, beside other steps."""
         return [
-            "srun", f"--jobid={self.job_id}", f"--nodelist={node.name}", "--nodes=1",
-            "--ntasks=1", "--overlap", "--kill-on-bad-exit=1", "--quiet",
-        ]  # fmt: skip
+            "srun",
+            f"--jobid={self.job_id}",
+            f"--nodelist={node.name}",
+            "--nodes=1",
+            "--ntasks=1",
+            "--overlap",
+            "--kill-on-bad-exit=1",
+            "--quiet",
+        ]
 
     def _argv(
         self, proc: ProcessPlan, node: Node, grace: float, stdin_fd: int | None = None
@@ -379,9 +416,12 @@ class SlurmBackend(LocalBackend):
         """`argv` as a step of the allocation on `node`, beside the job's own steps."""
         try:
             done = subprocess.run(
-                [*self._step(node), *argv], capture_output=True, text=True,
-                timeout=timeout, stdin=subprocess.DEVNULL,
-            )  # fmt: skip
+                [*self._step(node), *argv],
+                capture_output=True,
+                text=True,
+                timeout=timeout,
+                stdin=subprocess.DEVNULL,
+            )
         except (OSError, subprocess.TimeoutExpired) as exc:
             return 1, "", f"srun: {exc}"
         return done.returncode, done.stdout, done.stderr
@@ -442,9 +482,10 @@ def allocation_options(spec: JobSpec, name: str = "jupyter-dist") -> list[str]:
     per node, a job name, and the spec's backend options."""
     options = spec.backend
     argv = [
-        f"--nodes={spec.instance_count}", f"--ntasks-per-node={spec.processes_per_node()}",
+        f"--nodes={spec.instance_count}",
+        f"--ntasks-per-node={spec.processes_per_node()}",
         f"--job-name={name}",
-    ]  # fmt: skip
+    ]
     for flag in SALLOC_KEYS:
         value = getattr(options, flag, None) if options else None
         if flag == "gpus_per_node":  # the backend's, else the job's resources'
@@ -509,8 +550,10 @@ def _never_granted(reason: str, spec: JobSpec) -> DistrunError:
     asked = f"{counted(spec.instance_count, 'node')} of {tasks}"
     try:
         rows = _slurm("sinfo", "-h", "-o", "%R %D %c", timeout=10).split("\n")
-        offers = [f"{p} ({counted(int(n), 'node')}, {c} CPUs each)" for p, n, c in
-                  (row.split() for row in rows if row.strip())]  # fmt: skip
+        offers = [
+            f"{p} ({counted(int(n), 'node')}, {c} CPUs each)"
+            for p, n, c in (row.split() for row in rows if row.strip())
+        ]
     except (NodeError, ValueError):
         offers = []
     where = f"; partitions: {', '.join(offers)}" if offers else ""
@@ -530,8 +573,15 @@ def _uses_held_pool(proc: ProcessPlan) -> ProcessPlan:
 
 def _node(name: str, workdir: str, cwd: str) -> Node:
     """An allocation's node, at the address Slurm knows it by; it sees this machine's files."""
-    return Node(name=name, host=_address(name), backend="slurm", python=sys.executable,
-                workdir=workdir, cwd=cwd, shares_files=True)  # fmt: skip
+    return Node(
+        name=name,
+        host=_address(name),
+        backend="slurm",
+        python=sys.executable,
+        workdir=workdir,
+        cwd=cwd,
+        shares_files=True,
+    )
 
 
 def _address(name: str) -> str:

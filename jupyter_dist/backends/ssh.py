@@ -176,11 +176,16 @@ def connect(node: Node, policy: str | None = None) -> paramiko.SSHClient:
     user = ssh.user or getpass.getuser()
     try:
         client.connect(
-            node.host, port=ssh.port, username=user,
-            key_filename=ssh.key_file, look_for_keys=ssh.key_file is None,
-            allow_agent=True, timeout=CONNECT_TIMEOUT, banner_timeout=CONNECT_TIMEOUT,
+            node.host,
+            port=ssh.port,
+            username=user,
+            key_filename=ssh.key_file,
+            look_for_keys=ssh.key_file is None,
+            allow_agent=True,
+            timeout=CONNECT_TIMEOUT,
+            banner_timeout=CONNECT_TIMEOUT,
             auth_timeout=CONNECT_TIMEOUT,
-        )  # fmt: skip
+        )
     except paramiko.BadHostKeyException:
         client.close()
         raise NodeError(
@@ -419,10 +424,16 @@ def probe(node: Node, connections: Connections | None = None) -> NodeInfo:
         raise NodeError(f"node {node.name}: checking python {node.python!r} failed: {last}")
     info = json.loads(out.strip().splitlines()[-1])
     return NodeInfo(
-        name=node.name, host=node.host, python=info["python"], workdir=info["workdir"],
-        hostname=info["hostname"], gpus=info["gpus"], latency_ms=latency,
-        torch=info.get("torch"), comm_env=info.get("comm_env") or {},
-    )  # fmt: skip
+        name=node.name,
+        host=node.host,
+        python=info["python"],
+        workdir=info["workdir"],
+        hostname=info["hostname"],
+        gpus=info["gpus"],
+        latency_ms=latency,
+        torch=info.get("torch"),
+        comm_env=info.get("comm_env") or {},
+    )
 
 
 class SshProcess(AgentProcess):
@@ -594,9 +605,15 @@ class SshBackend(Backend):
                 problem = str(exc).split(": ", 1)[-1]
                 return NodeHealth(node.name, node.host, port, "unreachable", problem=problem)
             return NodeHealth(
-                node.name, node.host, port, "ok", latency_ms=round(info.latency_ms, 1),
-                python=info.python, hostname=info.hostname, gpus=info.gpus,
-            )  # fmt: skip
+                node.name,
+                node.host,
+                port,
+                "ok",
+                latency_ms=round(info.latency_ms, 1),
+                python=info.python,
+                hostname=info.hostname,
+                gpus=info.gpus,
+            )
 
         return parallel(nodes, check)
 
@@ -731,10 +748,16 @@ class SshBackend(Backend):
         target = f"{ssh.user}@{node.host}" if ssh.user else node.host
         checking = "accept-new" if ssh.host_key_policy == "accept-new" else "yes"
         options = [
-            "-p", str(ssh.port), "-o", "BatchMode=yes", "-o", f"StrictHostKeyChecking={checking}",
-            "-o", f"UserKnownHostsFile={known_hosts_path(node)}",
+            "-p",
+            str(ssh.port),
+            "-o",
+            "BatchMode=yes",
+            "-o",
+            f"StrictHostKeyChecking={checking}",
+            "-o",
+            f"UserKnownHostsFile={known_hosts_path(node)}",
             *(["-i", os.path.expanduser(ssh.key_file)] if ssh.key_file else []),
-        ]  # fmt: skip
+        ]
         remote = self._remote_command(proc, node, grace)
         return shlex.join(["ssh", *options, target, remote])
 
@@ -762,8 +785,13 @@ class SshBackend(Backend):
 
     def _agents_say(self, flag: str, job_id: str, node_names: set[str]) -> list[int]:
         nodes = [n for n in self._nodes.values() if n.name in node_names]
-        return agents_say(flag, job_id, nodes, self.run_on_node,
-                          lambda node: posixpath.join(node.workdir, agent_file_name()))  # fmt: skip
+        return agents_say(
+            flag,
+            job_id,
+            nodes,
+            self.run_on_node,
+            lambda node: posixpath.join(node.workdir, agent_file_name()),
+        )
 
 
 def _code_key(folder: Path) -> str:

@@ -195,14 +195,18 @@ class PausedRank:
         rank = found.get("rank")
         return cls(
             rank=rank if isinstance(rank, int) and not isinstance(rank, bool) else None,
-            node=node, pid=int(found["pid"]), file=str(found.get("file", "?")),
-            line=int(found.get("line", 0)), function=str(found.get("function", "?")),
-            reason=str(found.get("reason", "breakpoint")), since=float(found.get("since", 0.0)),
+            node=node,
+            pid=int(found["pid"]),
+            file=str(found.get("file", "?")),
+            line=int(found.get("line", 0)),
+            function=str(found.get("function", "?")),
+            reason=str(found.get("reason", "breakpoint")),
+            since=float(found.get("since", 0.0)),
             exception=str(found["exception"]) if found.get("exception") else None,
             cell=found.get("cell") is True,
             source=str(found["source"]) if found.get("source") else None,
             already=found.get("already") is True,
-        )  # fmt: skip
+        )
 
     def line_text(self, several: bool = False) -> str:
         """One line: `rank 1 (node-1): bp.py:3 in main (breakpoint)`, or `(post-mortem:
@@ -313,16 +317,26 @@ def by_rank(paused: PausedRank) -> tuple[bool, int]:
 
 
 def send(
-    helpers: NodeHelpers, node: Node, job_dir: str, paused: PausedRank, command: str,
+    helpers: NodeHelpers,
+    node: Node,
+    job_dir: str,
+    paused: PausedRank,
+    command: str,
     timeout: float = 30.0,
-) -> dict[str, Any]:  # fmt: skip
+) -> dict[str, Any]:
     """`command` to the paused process; {"answer": pdb's text, "paused": still paused,
     "state": paused, running, busy or ended} (node_side/debugger.py's `do`). DistrunError
     in one line where it is not paused or its node cannot be asked."""
     who = f"rank {paused.rank}" if paused.rank is not None else f"pid {paused.pid}"
-    answer = _ask_helper(helpers, node, who, ["do", job_dir, str(paused.pid), command],
-                         timeout, "the command could not be sent",
-                         not_paused=f"{who} is not paused (any more)")  # fmt: skip
+    answer = _ask_helper(
+        helpers,
+        node,
+        who,
+        ["do", job_dir, str(paused.pid), command],
+        timeout,
+        "the command could not be sent",
+        not_paused=f"{who} is not paused (any more)",
+    )
     paused = bool(answer.get("paused"))
     state = str(answer.get("state") or ("paused" if paused else "running"))
     return {"answer": str(answer.get("answer", "")), "paused": paused, "state": state}
@@ -336,8 +350,14 @@ def interrupt(
     pauses once back in Python). NotPaused where no process of that rank on the node can
     be paused; DistrunError in one line where the node cannot be asked."""
     who = f"rank {rank}"
-    answer = _ask_helper(helpers, node, who, ["interrupt", job_dir, job_id, str(rank)],
-                         timeout, f"could not be paused on {node.name}")  # fmt: skip
+    answer = _ask_helper(
+        helpers,
+        node,
+        who,
+        ["interrupt", job_dir, job_id, str(rank)],
+        timeout,
+        f"could not be paused on {node.name}",
+    )
     if answer.get("paused") is None:
         return None
     try:
@@ -347,9 +367,14 @@ def interrupt(
 
 
 def _ask_helper(
-    helpers: NodeHelpers, node: Node, who: str, words: list[str], timeout: float,
-    failed: str, not_paused: str | None = None,
-) -> dict[str, Any]:  # fmt: skip
+    helpers: NodeHelpers,
+    node: Node,
+    who: str,
+    words: list[str],
+    timeout: float,
+    failed: str,
+    not_paused: str | None = None,
+) -> dict[str, Any]:
     """Run the node helper (node_side/debugger.py) with `words` and `timeout`: its JSON
     answer. NotPaused where it says the process is not paused (`not_paused`, else its own
     line); else DistrunError in one line, `who` first (`failed`: what went wrong)."""

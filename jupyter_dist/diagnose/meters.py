@@ -45,8 +45,9 @@ def keyed(process: str, sample: dict[str, Any]) -> dict[str, tuple[float, int, G
     """A report's (CPU seconds, resident bytes, GPU) by key: the process's whole tree under
     its name (a launcher's row in the inspector), each rank under its log key (its chip)."""
     gpus = sample.get("gpus") or {}
-    found = {process: (float(sample.get("cpu", 0.0)), int(sample.get("rss", 0)),
-                       _gpu(sample.get("gpu")))}  # fmt: skip
+    found = {
+        process: (float(sample.get("cpu", 0.0)), int(sample.get("rss", 0)), _gpu(sample.get("gpu")))
+    }
     for rank, (cpu, rss) in (sample.get("ranks") or {}).items():
         found[rank_key(int(rank))[0]] = (float(cpu), int(rss), _gpu(gpus.get(rank)))
     return found
@@ -125,12 +126,16 @@ def summarize(samples: Iterable[dict[str, Any]]) -> list[Summary]:
         busy = [percent for percent, _ in used if percent is not None]
         found.append(
             Summary(
-                key, round(average, 1), round(max(shares, default=0.0), 1),
-                sum(memory) // len(memory), max(memory),
-                round(sum(busy) / len(busy), 1) if busy else None, max(busy, default=None),
+                key,
+                round(average, 1),
+                round(max(shares, default=0.0), 1),
+                sum(memory) // len(memory),
+                max(memory),
+                round(sum(busy) / len(busy), 1) if busy else None,
+                max(busy, default=None),
                 max((held for _, held in used), default=None),
             )
-        )  # fmt: skip
+        )
     return found
 
 
@@ -157,10 +162,14 @@ def node_series(
         series: dict[str, list[tuple[float, float, int, int | None]]] = {}
         for sample in samples:
             gpu = _gpu(sample.get("gpu"))
-            series.setdefault(sample["p"], []).append((
-                float(sample["t"]), float(sample.get("cpu", 0.0)), int(sample.get("rss", 0)),
-                None if gpu is None else gpu[1],
-            ))  # fmt: skip
+            series.setdefault(sample["p"], []).append(
+                (
+                    float(sample["t"]),
+                    float(sample.get("cpu", 0.0)),
+                    int(sample.get("rss", 0)),
+                    None if gpu is None else gpu[1],
+                )
+            )
         for process, readings in series.items():
             node = node_of.get(process)
             if node is None:

@@ -150,9 +150,10 @@ def gloo_interfaces(run_on_node: RunOnNode, plan: LaunchPlan, nodes: list[Node])
         return plan
     procs = [
         dataclasses.replace(p, env={**p.env, "GLOO_SOCKET_IFNAME": chosen[p.host]})
-        if p.host in chosen else p
+        if p.host in chosen
+        else p
         for p in plan.processes
-    ]  # fmt: skip
+    ]
     notes = [
         f"{', '.join(names)}: GLOO_SOCKET_IFNAME={interface}, the interface that reaches the "
         f"master {plan.master_addr}: {'its hostname' if len(names) == 1 else 'their hostnames'} "
@@ -167,12 +168,16 @@ def gloo_interfaces(run_on_node: RunOnNode, plan: LaunchPlan, nodes: list[Node])
     choice = "; ".join(
         f"gloo over {interface} on {', '.join(names)} ("
         + f"{'its hostname' if len(names) == 1 else 'their hostnames'} "
-        + (f"resolve{'s' * (len(names) == 1)} to {resolved})" if resolved
-           else f"do{'es' * (len(names) == 1)} not resolve)")
+        + (
+            f"resolve{'s' * (len(names) == 1)} to {resolved})"
+            if resolved
+            else f"do{'es' * (len(names) == 1)} not resolve)"
+        )
         for (interface, resolved), names in why.items()
-    )  # fmt: skip
-    return dataclasses.replace(plan, processes=procs, network_choice=choice,
-                               network_notes=[*plan.network_notes, *notes])  # fmt: skip
+    )
+    return dataclasses.replace(
+        plan, processes=procs, network_choice=choice, network_notes=[*plan.network_notes, *notes]
+    )
 
 
 def _routes(run_on_node: RunOnNode, plan: LaunchPlan, nodes: list[Node]) -> list[tuple[Node, dict]]:
@@ -182,9 +187,12 @@ def _routes(run_on_node: RunOnNode, plan: LaunchPlan, nodes: list[Node]) -> list
     if len(one_per_host) < 2:
         return []  # one machine: its ranks meet on it, whatever they advertise
     with ThreadPoolExecutor(max_workers=min(16, len(one_per_host))) as pool:
-        answers = list(pool.map(
-            lambda node: _helper(run_on_node, node, ["route", plan.master_addr], 30), one_per_host
-        ))  # fmt: skip
+        answers = list(
+            pool.map(
+                lambda node: _helper(run_on_node, node, ["route", plan.master_addr], 30),
+                one_per_host,
+            )
+        )
     return list(zip(one_per_host, answers, strict=True))
 
 
@@ -272,15 +280,25 @@ def _reach(run_on_node: RunOnNode, point: MeetingPoint, far: Node, near: list[No
 
     def listen() -> None:
         seconds = str(CONNECT_S + 2)
-        listened.update(_helper(run_on_node, far, ["listen", str(point.port), seconds,
-                                                   str(len(near))], CONNECT_S + 30))  # fmt: skip
+        listened.update(
+            _helper(
+                run_on_node,
+                far,
+                ["listen", str(point.port), seconds, str(len(near))],
+                CONNECT_S + 30,
+            )
+        )
 
     listener = threading.Thread(target=listen, daemon=True, name=f"distrun-netcheck-{far.name}")
     listener.start()
 
     def connect(node: Node) -> str | None:
-        found = _helper(run_on_node, node, ["connect", point.host, str(point.port),
-                                            str(CONNECT_S)], CONNECT_S + 30)  # fmt: skip
+        found = _helper(
+            run_on_node,
+            node,
+            ["connect", point.host, str(point.port), str(CONNECT_S)],
+            CONNECT_S + 30,
+        )
         if found.get("ok"):
             return None
         error = found.get("error", "no answer")

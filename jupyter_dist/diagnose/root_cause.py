@@ -46,11 +46,19 @@ class StderrEvidence:
         tail = list(self._tails.get(key) or self._tails.get(proc.name) or ())
         start = max((i for i, line in enumerate(tail) if starts_traceback(line)), default=0)
         return RootCause(
-            process=proc.name, label=label, role=proc.role, node=proc.node, host=proc.host,
-            rank=rank, exit_code=state.exit_code, signal=state.signal, note=state.note,
-            stderr_tail=tail[start:], log_path=str(record.log_path(key, "stderr")),
+            process=proc.name,
+            label=label,
+            role=proc.role,
+            node=proc.node,
+            host=proc.host,
+            rank=rank,
+            exit_code=state.exit_code,
+            signal=state.signal,
+            note=state.note,
+            stderr_tail=tail[start:],
+            log_path=str(record.log_path(key, "stderr")),
             oom=state.oom,
-        )  # fmt: skip
+        )
 
     def culprit(
         self,
@@ -65,9 +73,12 @@ class StderrEvidence:
         communication errors after it listed as collateral, those our stop ended as
         stopped, and its hint (diagnose/hints.py)."""
         found = suspects(
-            processes, {k: list(v) for k, v in self._tails.items()}, dict(self._first),
-            stop_started, grace,
-        )  # fmt: skip
+            processes,
+            {k: list(v) for k, v in self._tails.items()},
+            dict(self._first),
+            stop_started,
+            grace,
+        )
         cause = provisional
         if found:
             best = found[0]

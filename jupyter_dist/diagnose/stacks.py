@@ -257,11 +257,16 @@ def take_stacks(
             node = on_machine.get(found.get("node_rank"), first).name
             dump.processes.append(
                 ProcessStack(
-                    label=_label(found), node=node, pid=found["pid"], rank=found.get("rank"),
-                    command=found.get("command", ""), method=found.get("method"),
-                    threads=found.get("threads", []), error=found.get("error"),
+                    label=_label(found),
+                    node=node,
+                    pid=found["pid"],
+                    rank=found.get("rank"),
+                    command=found.get("command", ""),
+                    method=found.get("method"),
+                    threads=found.get("threads", []),
+                    error=found.get("error"),
                 )
-            )  # fmt: skip
+            )
         for other in answer.get("others", []):
             name = os.path.basename(other["command"].split()[0]) if other["command"] else "?"
             dump.others.append(f"{name} ({first.name}, pid {other['pid']})")

@@ -25,13 +25,7 @@ from jupyter_dist.backends import check_section
 from jupyter_dist.code_folder import CodeFolder, read_code_folder
 from jupyter_dist.errors import ExportError
 from jupyter_dist.export import azureml, kubernetes, sbatch, skypilot
-from jupyter_dist.export.target import (
-    ExportTarget,
-    command_spec,
-    ours,
-    path_from,
-    script_file,
-)
+from jupyter_dist.export.target import ExportTarget, command_spec, ours, path_from, script_file
 from jupyter_dist.masking import is_secret
 from jupyter_dist.spec import JobSpec, spec_from_dict
 from jupyter_dist.store import write_atomic
@@ -61,22 +55,35 @@ KUBECTL = "kubectl apply -f {name}"
 FORMATS = {
     "sbatch": Format(sbatch.render, sbatch.SUFFIX, sbatch.HOW_TO_RUN),
     "kubeflow": Format(
-        kubernetes.render_kubeflow, ".kubeflow.yaml", KUBECTL, carries_code=True,
+        kubernetes.render_kubeflow,
+        ".kubeflow.yaml",
+        KUBECTL,
+        carries_code=True,
         options=("image", "code_in_image"),
     ),
     "jobset": Format(
-        kubernetes.render_jobset, ".jobset.yaml", KUBECTL, carries_code=True,
-        options=("image", "code_in_image"), restarts=True,
+        kubernetes.render_jobset,
+        ".jobset.yaml",
+        KUBECTL,
+        carries_code=True,
+        options=("image", "code_in_image"),
+        restarts=True,
     ),
     "skypilot": Format(
-        skypilot.render, ".sky.yaml", "sky launch {name}", uploads_code=True,
+        skypilot.render,
+        ".sky.yaml",
+        "sky launch {name}",
+        uploads_code=True,
         options=("image", "accelerator"),
     ),
     "azureml": Format(
-        azureml.render, ".yml", "az ml job create --file {name}", uploads_code=True,
+        azureml.render,
+        ".yml",
+        "az ml job create --file {name}",
+        uploads_code=True,
         options=("image",),
     ),
-}  # fmt: skip
+}
 
 
 @dataclass(frozen=True)
@@ -148,10 +155,13 @@ def export(spec: JobSpec, fmt: str, target: ExportTarget) -> Exported:
     manifest = chosen.render(runnable, target, files.get(script_file_name), code)
     secrets = tuple(sorted(name for name in spec.environment_variables if is_secret(name)))
     return Exported(
-        format=fmt, folder=target.folder, files={manifest_name: manifest, **files},
-        secrets=secrets, left_out=code.left_out() if code else "",
+        format=fmt,
+        folder=target.folder,
+        files={manifest_name: manifest, **files},
+        secrets=secrets,
+        left_out=code.left_out() if code else "",
         not_carried=_not_carried(spec, fmt),
-    )  # fmt: skip
+    )
 
 
 # Settings that jupyter-dist's node agent, the ranks' startup hook or its owner act on (a
@@ -174,18 +184,26 @@ def _not_carried(spec: JobSpec, fmt: str) -> tuple[str, ...]:
     said = []
     if spec.max_restarts and not FORMATS[fmt].restarts:
         restarting = ", ".join(name for name, f in FORMATS.items() if f.restarts)
-        said.append(f"Not carried: limits.max_restarts: {spec.max_restarts} ({fmt} runs the "
-                    f"job once; {restarting} starts the whole job again)")  # fmt: skip
+        said.append(
+            f"Not carried: limits.max_restarts: {spec.max_restarts} ({fmt} runs the "
+            f"job once; {restarting} starts the whole job again)"
+        )
     if spec.preload is not None and spec.preload.modules:
-        said.append(f"Not carried: preload: {', '.join(spec.preload.modules)} (the ranks "
-                    "start cold: a node's pool is jupyter-dist's own)")  # fmt: skip
+        said.append(
+            f"Not carried: preload: {', '.join(spec.preload.modules)} (the ranks "
+            "start cold: a node's pool is jupyter-dist's own)"
+        )
     if spec.metric_patterns():
-        said.append("Not carried: metrics.pattern (the lines are read as metrics by "
-                    "jupyter-dist's owner of the job; the other scheduler keeps them as "
-                    "output)")  # fmt: skip
+        said.append(
+            "Not carried: metrics.pattern (the lines are read as metrics by "
+            "jupyter-dist's owner of the job; the other scheduler keeps them as "
+            "output)"
+        )
     if spec.post_mortem_wait():
-        said.append("Not carried: debug: {post_mortem: true} (a failed rank exits at once: "
-                    "the debugger is jupyter-dist's own)")  # fmt: skip
+        said.append(
+            "Not carried: debug: {post_mortem: true} (a failed rank exits at once: "
+            "the debugger is jupyter-dist's own)"
+        )
     return tuple(said)
 
 

@@ -26,12 +26,7 @@ AZURE_DISTRIBUTION = {
     "mpi": ("type", "process_count_per_instance"),
 }
 # Ours, and only about how jupyter-dist launches or watches the job: left out, and said so.
-LAUNCH_ONLY = {
-    "launcher",
-    "launcher_limits",
-    "master_port",
-    "base_port",
-}
+LAUNCH_ONLY = {"launcher", "launcher_limits", "master_port", "base_port"}
 # Ours, and part of what the job runs: cannot be left out.
 CHANGES_THE_JOB = {
     "chief_count": "Azure ML's TensorFlow jobs have workers and parameter servers only",
@@ -83,10 +78,11 @@ def render(
     if "environment" not in data:
         if not target.image:
             raise unsupported(
-                FORMAT, "a job without an environment",
+                FORMAT,
+                "a job without an environment",
                 "Azure ML runs every job in one; give --image IMAGE, or set environment: "
                 "in the spec",
-            )  # fmt: skip
+            )
         data["environment"] = {"image": target.image}
     if spec.code is not None:  # as a path from the manifest's folder, where Azure reads it
         data["code"] = path_from(target.folder, spec.code_dir())

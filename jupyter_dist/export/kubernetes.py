@@ -38,12 +38,7 @@ from typing import Any
 
 from jupyter_dist.code_folder import CodeFolder
 from jupyter_dist.export.pernode import node_template
-from jupyter_dist.export.symbolic import (
-    placeholder,
-    placeholders_in,
-    shell_word,
-    symbolic_plan,
-)
+from jupyter_dist.export.symbolic import placeholder, placeholders_in, shell_word, symbolic_plan
 from jupyter_dist.export.target import MARKER, ExportTarget, unsupported
 from jupyter_dist.plan.model import MpiLaunch, ProcessPlan
 from jupyter_dist.spec import JobSpec, dump_yaml
@@ -90,9 +85,10 @@ class _Pods:
         )
         if not self.image:
             raise unsupported(
-                fmt, "a job without an image",
+                fmt,
+                "a job without an image",
                 "its pods run in a container: give --image IMAGE (or environment: {image: ...})",
-            )  # fmt: skip
+            )
         self.name = target.job_name(spec)
         # Placeholders with one value for every pod: the scratch folder, the job's id.
         self.literal = {placeholder("here"): SCRATCH, placeholder("job"): self.name}
@@ -138,10 +134,13 @@ class _Pods:
             container["workingDir"] = self.workdir
         if self.code_files and self.target.code_in_image:  # the cell, into the image's folder
             (key,) = self.code_files
-            container["volumeMounts"] = [{
-                "name": CODE_VOLUME, "subPath": key,
-                "mountPath": posixpath.join(self.workdir, key),
-            }]  # fmt: skip
+            container["volumeMounts"] = [
+                {
+                    "name": CODE_VOLUME,
+                    "subPath": key,
+                    "mountPath": posixpath.join(self.workdir, key),
+                }
+            ]
         elif self.code_files:
             container["volumeMounts"] = [{"name": CODE_VOLUME, "mountPath": CODE_MOUNT}]
         return container
@@ -180,8 +179,10 @@ class _Pods:
                 if isinstance(content, bytes)
             }
             config_map: dict[str, Any] = {
-                "apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": self.code_map},
-            }  # fmt: skip
+                "apiVersion": "v1",
+                "kind": "ConfigMap",
+                "metadata": {"name": self.code_map},
+            }
             if text:
                 config_map["data"] = text
             if binary:
@@ -219,9 +220,10 @@ def render_kubeflow(
         kind, body = "MPIJob", _mpijob(pods)
     else:
         raise unsupported(
-            "kubeflow", f"distribution.type: {spec.job_type}",
+            "kubeflow",
+            f"distribution.type: {spec.job_type}",
             "Kubeflow Training runs pytorch, tensorflow and mpi jobs",
-        )  # fmt: skip
+        )
     job = {"apiVersion": KUBEFLOW, "kind": kind, "metadata": {"name": pods.name}, "spec": body}
     return pods.documents(job, f"a {kind}")
 
@@ -231,9 +233,10 @@ def render_jobset(
 ) -> str:
     if spec.job_type != "pytorch":
         raise unsupported(
-            "jobset", f"distribution.type: {spec.job_type}",
+            "jobset",
+            f"distribution.type: {spec.job_type}",
             "the jobset format writes PyTorch jobs; use kubeflow for this one",
-        )  # fmt: skip
+        )
     pods = _Pods(spec, target, "jobset", cell, code)
     nodes = spec.instance_count
     # JobSet's DNS name of the first pod: <jobset>-<replicated job>-<job index>-<pod index>
@@ -241,10 +244,13 @@ def render_jobset(
     container = pods.node_container({"index": "JOB_COMPLETION_INDEX"})
     job_template = {
         "spec": {
-            "parallelism": nodes, "completions": nodes, "completionMode": "Indexed",
-            "backoffLimit": 0, "template": {"spec": pods.pod(container)},
+            "parallelism": nodes,
+            "completions": nodes,
+            "completionMode": "Indexed",
+            "backoffLimit": 0,
+            "template": {"spec": pods.pod(container)},
         }
-    }  # fmt: skip
+    }
     jobset = {
         "apiVersion": JOBSET,
         "kind": "JobSet",
@@ -307,9 +313,10 @@ def _mpijob(pods: _Pods) -> dict:
     dist = pods.spec.distribution
     if dist.launcher == "horovodrun":
         raise unsupported(
-            "kubeflow", "distribution.launcher: horovodrun",
+            "kubeflow",
+            "distribution.launcher: horovodrun",
             "the MPIJob's launcher runs mpirun; use launcher: mpirun (Horovod runs under it)",
-        )  # fmt: skip
+        )
     # The operator gives mpirun its hosts (a hostfile in OMPI_MCA_orte_default_hostfile).
     planned = symbolic_plan(
         pods.spec, pods.target.python, mpi_launch=lambda ctx: MpiLaunch(hostfile=False)
@@ -373,17 +380,19 @@ def _code_files(
     if code is not None:
         if cell is not None and cell_name in code.files:
             raise unsupported(
-                fmt, f"code: {code.root}",
+                fmt,
+                f"code: {code.root}",
                 f"it holds a {cell_name} of its own, where the cell's code would go; give the "
                 "export another name",
-            )  # fmt: skip
+            )
         total = code.size + (len(cell.encode()) if cell is not None else 0)
         if total > CONFIGMAP_BYTES - _CONFIGMAP_ROOM:
             raise unsupported(
-                fmt, f"code: {code.root}",
+                fmt,
+                f"code: {code.root}",
                 f"its files hold {total / 2**20:.1f} MiB and a ConfigMap about 1 MiB; build the "
                 "folder into the image and give --code-in-image PATH (where the image has it)",
-            )  # fmt: skip
+            )
         for path in code.files:
             try:
                 content: str | bytes = (code.root / path).read_bytes()

@@ -140,14 +140,16 @@ def _common_env(planned: LaunchPlan) -> dict[str, str]:
 def _check(spec: JobSpec, target: ExportTarget) -> None:
     if spec.job_type == "dask" and spec.command is None:
         raise unsupported(
-            FORMAT, "a Dask job without a command",
+            FORMAT,
+            "a Dask job without a command",
             "it keeps a cluster for the notebook; a batch job needs a command to run",
-        )  # fmt: skip
+        )
     if any(c in str(target.folder) for c in "'\n"):
         raise unsupported(
-            FORMAT, f"the folder {str(target.folder)!r}",
+            FORMAT,
+            f"the folder {str(target.folder)!r}",
             "its name holds a quote or a line break; write the script elsewhere",
-        )  # fmt: skip
+        )
 
 
 def _sbatch_lines(spec: JobSpec, target: ExportTarget) -> list[str]:
@@ -162,9 +164,10 @@ def _sbatch_lines(spec: JobSpec, target: ExportTarget) -> list[str]:
         if not _SBATCH_VALUE.match(option):
             key = option.split("=", 1)[0].lstrip("-").replace("-", "_")
             raise unsupported(
-                FORMAT, f"{key} {option.split('=', 1)[-1]!r}",
+                FORMAT,
+                f"{key} {option.split('=', 1)[-1]!r}",
                 "an #SBATCH line cannot carry spaces, quotes or backslashes",
-            )  # fmt: skip
+            )
     return [f"#SBATCH {option}" for option in options]
 
 

@@ -19,9 +19,12 @@ _MARK = "# A job made from session"  # the first line of a spec this module wrot
 
 
 def export_session(
-    record: JobRecord, to: str = SPEC_FORMAT, output: str | Path | None = None,
-    picked: str | None = None, **options: object,
-) -> tuple[list[Path], list[str]]:  # fmt: skip
+    record: JobRecord,
+    to: str = SPEC_FORMAT,
+    output: str | Path | None = None,
+    picked: str | None = None,
+    **options: object,
+) -> tuple[list[Path], list[str]]:
     """Write the session's job (`picked`: its cells `1,3-5`, else all that ended well) as
     `to` into `output` (a folder, or the manifest's name; None: this folder), named after
     the session. The files written, and what to tell: each cell left out with why, the
@@ -43,12 +46,15 @@ def export_session(
     target = ExportTarget.at(output, stem=stem)
     path = target.folder / target.name(".yml")
     if path.exists() and not _ours(path):
-        raise ExportError(f"{path} exists and was not written by a session export; "
-                          "give another name with -o")  # fmt: skip
+        raise ExportError(
+            f"{path} exists and was not written by a session export; give another name with -o"
+        )
     cells = ", ".join(map(str, job.kept))
-    text = (f"{_MARK} {stem.removesuffix('-export')} (job {record.job_id}): "
-            f"cells {cells}, in the order they ran.\n"
-            f"# Run it with: jupyter distrun run {path.name}\n{job.spec.to_yaml()}")  # fmt: skip
+    text = (
+        f"{_MARK} {stem.removesuffix('-export')} (job {record.job_id}): "
+        f"cells {cells}, in the order they ran.\n"
+        f"# Run it with: jupyter distrun run {path.name}\n{job.spec.to_yaml()}"
+    )
     path.parent.mkdir(parents=True, exist_ok=True)
     write_atomic(path, text)
     return [path], [*said, f"run it with: jupyter distrun run {path}"]

@@ -26,10 +26,11 @@ def render(
     """The manifest (a cell's code is the file beside it: `cell` is not needed)."""
     if spec.job_type == "dask":
         raise unsupported(
-            FORMAT, "distribution.type: dask",
+            FORMAT,
+            "distribution.type: dask",
             "a Dask cluster is several processes per node, and SkyPilot runs one command "
             "per node; use sbatch",
-        )  # fmt: skip
+        )
     if spec.job_type == "pytorch":  # one torchrun per node: the same variables per rank
         spec = spec.with_overrides(launcher="torchrun")
     planned = symbolic_plan(spec, target.python)
@@ -94,9 +95,10 @@ def _resources(spec: JobSpec, target: ExportTarget) -> dict:
     if gpus:
         if not target.accelerator:
             raise unsupported(
-                FORMAT, f"gpus_per_node: {gpus}",
+                FORMAT,
+                f"gpus_per_node: {gpus}",
                 "SkyPilot needs the GPU's name too: give --accelerator NAME (e.g. A100)",
-            )  # fmt: skip
+            )
         resources["accelerators"] = f"{target.accelerator}:{gpus}"
     elif target.accelerator:  # SkyPilot's own meaning: one of them per node
         resources["accelerators"] = target.accelerator

@@ -35,10 +35,21 @@ from pathlib import Path
 
 FOLDER = Path(__file__).parent
 NAMES = (
-    "agent.py", "cell_runner.py", "dask_wait.py", "debugger.py", "netcheck.py",
-    "pool_agent.py", "pool_front.py", "pool_protocol.py", "pool_server.py", "ports.py",
-    "report.py", "session_worker.py", "stack_hook.py", "stacks.py",
-)  # fmt: skip
+    "agent.py",
+    "cell_runner.py",
+    "dask_wait.py",
+    "debugger.py",
+    "netcheck.py",
+    "pool_agent.py",
+    "pool_front.py",
+    "pool_protocol.py",
+    "pool_server.py",
+    "ports.py",
+    "report.py",
+    "session_worker.py",
+    "stack_hook.py",
+    "stacks.py",
+)
 
 
 # The job's startup hook folder, in its folder on each node: first on every rank's PYTHONPATH.

@@ -578,8 +578,18 @@ class Tree:
 
 # Launchers that give their ranks about a second between SIGTERM and SIGKILL (Open MPI's
 # mpirun and daemons, MPICH's hydra): the agent signals their ranks itself.
-MPI_LAUNCHERS = frozenset({"mpirun", "mpiexec", "orterun", "orted", "prterun", "prted",
-                           "hydra_pmi_proxy", "mpiexec.hydra"})  # fmt: skip
+MPI_LAUNCHERS = frozenset(
+    {
+        "mpirun",
+        "mpiexec",
+        "orterun",
+        "orted",
+        "prterun",
+        "prted",
+        "hydra_pmi_proxy",
+        "mpiexec.hydra",
+    }
+)
 _TICKS = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
 _PAGE = os.sysconf("SC_PAGE_SIZE") if hasattr(os, "sysconf") else 4096
 # torchrun and per-process ranks, Open MPI, MPICH and Slurm, horovodrun --gloo
@@ -670,9 +680,13 @@ def _nvidia_smi(program, query):
     """nvidia-smi's CSV rows for `query`, or None when it fails (no driver, a timeout)."""
     try:
         done = subprocess.run(
-            [program, *query], stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
-            stderr=subprocess.DEVNULL, timeout=10, check=False,
-        )  # fmt: skip
+            [program, *query],
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.DEVNULL,
+            timeout=10,
+            check=False,
+        )
     except (OSError, subprocess.SubprocessError):
         return None
     if done.returncode != 0:
@@ -800,11 +814,13 @@ class Agent:
             cgroup = Cgroup.make(os.environ.get("DISTRUN_JOB_ID", "job"), token)
         try:
             self.child = subprocess.Popen(
-                self.command, cwd=self.cwd, env=env,
+                self.command,
+                cwd=self.cwd,
+                env=env,
                 stdin=self._child_stdin(),
                 start_new_session=True,
                 preexec_fn=cgroup.enter if cgroup else None,  # no thread runs yet: safe
-            )  # fmt: skip
+            )
         except OSError as exc:
             if cgroup is not None:
                 cgroup.remove()
@@ -882,8 +898,12 @@ class Agent:
         if not self.start():
             return 127
         for sig in (signal.SIGTERM, signal.SIGHUP, signal.SIGINT):
-            signal.signal(sig, lambda *_: threading.Thread(
-                target=self.stop, args=(self.grace,), daemon=True).start())  # fmt: skip
+            signal.signal(
+                sig,
+                lambda *_: threading.Thread(
+                    target=self.stop, args=(self.grace,), daemon=True
+                ).start(),
+            )
         threading.Thread(target=self.listen, daemon=True).start()
         # Remember descendants while they are still linked to the child.
         usage = Usage(self.tree) if self.usage_every > 0 else None

@@ -189,16 +189,21 @@ class _Console:
 
         job_dir = os.environ.get("DISTRUN_JOB_DIR")
         record = {
-            "pid": self.pid, "rank": _rank(),
+            "pid": self.pid,
+            "rank": _rank(),
             "node_rank": int(os.environ.get("DISTRUN_NODE_RANK", "0") or 0),
-            "host": socket.gethostname(), "file": code.co_filename, "line": frame.f_lineno,
-            "function": code.co_name, "reason": reason, "since": time.time(),
+            "host": socket.gethostname(),
+            "file": code.co_filename,
+            "line": frame.f_lineno,
+            "function": code.co_name,
+            "reason": reason,
+            "since": time.time(),
             "exception": exception,
             # A %%distrun cell is the job's script.py: the views say "cell line N" and show
             # the line, as the user knows it, not the store's file.
             "cell": bool(job_dir) and code.co_filename == os.path.join(job_dir, "script.py"),
             "source": linecache.getline(code.co_filename, frame.f_lineno).strip() or None,
-        }  # fmt: skip
+        }
         temporary = self.record_path + ".tmp"
         fd = os.open(temporary, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
         with os.fdopen(fd, "w") as handle:
@@ -305,9 +310,11 @@ def _make_debugger(console):
             me = threading.get_ident()
             with self.turns:
                 if self.waiting not in (None, me):
-                    _say(f"distrun: {_who()} thread {threading.current_thread().name!r} "
-                         "waits to pause: another thread of it is paused (it pauses once "
-                         "that one goes on)\n")  # fmt: skip
+                    _say(
+                        f"distrun: {_who()} thread {threading.current_thread().name!r} "
+                        "waits to pause: another thread of it is paused (it pauses once "
+                        "that one goes on)\n"
+                    )
                 while self.waiting not in (None, me):
                     self.turns.wait()
                 self.waiting = me
@@ -512,8 +519,11 @@ def do(job_dir, pid, command, timeout=30.0):
                 break  # the process ended (a `q`, an exit)
             answer += data
             if answer.endswith(PROMPT.encode()):
-                return {"answer": answer[: -len(PROMPT)].decode(errors="replace"),
-                        "paused": True, "state": "paused"}  # fmt: skip
+                return {
+                    "answer": answer[: -len(PROMPT)].decode(errors="replace"),
+                    "paused": True,
+                    "state": "paused",
+                }
             continue
         if os.path.exists(record_path):
             gone_since = None

@@ -141,8 +141,14 @@ def route(host):
         resolves_to = socket.gethostbyname(hostname)
     except OSError:
         resolves_to = None
-    say({"address": address, "interface": interface, "hostname": hostname,
-         "resolves_to": resolves_to})  # fmt: skip
+    say(
+        {
+            "address": address,
+            "interface": interface,
+            "hostname": hostname,
+            "resolves_to": resolves_to,
+        }
+    )
     return 0
 
 

@@ -28,9 +28,24 @@ START_WAIT_S = 30.0  # how long an agent that started the node's pool waits for 
 PING_S = 10.0  # how long a pool that has imported its modules may take to answer a ping
 SHIM_FOLDER = "distrun-pool-bin"  # in the job's folder: `python` and `python3`
 # Variables that differ between ranks or jobs: never the pool's, never its key.
-_PER_JOB = ("DISTRUN_", "RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "GROUP_RANK",
-            "NODE_RANK", "MASTER_ADDR", "MASTER_PORT", "TF_CONFIG", "OMPI_", "PMI_",
-            "HOROVOD_", "TORCHELASTIC_", "OMP_NUM_THREADS", "CUDA_VISIBLE_DEVICES")  # fmt: skip
+_PER_JOB = (
+    "DISTRUN_",
+    "RANK",
+    "LOCAL_RANK",
+    "WORLD_SIZE",
+    "LOCAL_WORLD_SIZE",
+    "GROUP_RANK",
+    "NODE_RANK",
+    "MASTER_ADDR",
+    "MASTER_PORT",
+    "TF_CONFIG",
+    "OMPI_",
+    "PMI_",
+    "HOROVOD_",
+    "TORCHELASTIC_",
+    "OMP_NUM_THREADS",
+    "CUDA_VISIBLE_DEVICES",
+)
 
 
 class NoPool(Exception):
@@ -139,8 +154,7 @@ def _wait_until_ready(key, since):
             return
         if info and _state(info.get("pid")) in (None, "Z"):
             error = protocol.failure_since(key, since)
-            raise NoPool(error or "the pool ended as it imported",
-                         failed=True)  # fmt: skip
+            raise NoPool(error or "the pool ended as it imported", failed=True)
         time.sleep(0.005)
 
 
@@ -167,8 +181,7 @@ def hold_main():
     pool_env = {**_pool_env(env, hook), protocol.LOCK_FD_VAR: str(lock)}
     room = "-" * protocol.ARGV_ROOM
     server = protocol.beside("pool_server.py")
-    os.execve(python, [python, server, "serve", key, ",".join(modules), room],
-              pool_env)  # fmt: skip
+    os.execve(python, [python, server, "serve", key, ",".join(modules), room], pool_env)
 
 
 def _answers(path):
@@ -189,10 +202,20 @@ def _start_pool(python, key, modules, env, since):
     argv = [python, protocol.beside("pool_server.py"), "serve", key, ",".join(modules), room]
     with open(os.devnull, "rb") as null_in, open(os.devnull, "wb") as null_out:
         subprocess.run(
-            [python, "-c", "import subprocess, sys; subprocess.Popen(sys.argv[1:], "
-             "start_new_session=True, close_fds=True)", *argv],
-            stdin=null_in, stdout=null_out, stderr=null_out, env=env, check=True, timeout=30,
-        )  # fmt: skip
+            [
+                python,
+                "-c",
+                "import subprocess, sys; subprocess.Popen(sys.argv[1:], "
+                "start_new_session=True, close_fds=True)",
+                *argv,
+            ],
+            stdin=null_in,
+            stdout=null_out,
+            stderr=null_out,
+            env=env,
+            check=True,
+            timeout=30,
+        )
     # Until it answers, not until its socket exists: between the pool's bind and its
     # listen, a probe is refused, and the next agent (the lock freed) started a second
     # pool that took the path, leaving this one serving its first ranks and then nobody.

@@ -104,10 +104,17 @@ def front(real_python, argv):
         conn.settimeout(protocol.START_S)
         conn.connect(protocol.socket_path(key))
         shown = [os.path.basename(sys.argv[0]), *argv]
-        request = {"kind": kind, "target": target, "args": rest, "unbuffered": unbuffered,
-                   "env": dict(os.environ), "argv": shown, "cwd": os.getcwd(),
-                   "executable": executable,
-                   "cpus": sorted(os.sched_getaffinity(0))}  # fmt: skip
+        request = {
+            "kind": kind,
+            "target": target,
+            "args": rest,
+            "unbuffered": unbuffered,
+            "env": dict(os.environ),
+            "argv": shown,
+            "cwd": os.getcwd(),
+            "executable": executable,
+            "cpus": sorted(os.sched_getaffinity(0)),
+        }
         socket.send_fds(conn, [protocol.encode(request)], [0, 1, 2])
         answer = protocol.read_message(conn)
     except (OSError, ValueError):
@@ -163,9 +170,8 @@ def _executable(real_python):
     without them (its `sys.executable`); the real Python where none is."""
     shims = os.path.dirname(os.path.abspath(sys.argv[0]))
     path = os.pathsep.join(
-        p for p in os.environ.get("PATH", "").split(os.pathsep)
-        if p and os.path.abspath(p) != shims
-    )  # fmt: skip
+        p for p in os.environ.get("PATH", "").split(os.pathsep) if p and os.path.abspath(p) != shims
+    )
     found = shutil.which(os.path.basename(sys.argv[0]), path=path)
     return os.path.abspath(found) if found else real_python
 

@@ -175,9 +175,15 @@ def pool_key(python, modules, pythonpath, env):
         with open(beside(name), "rb") as handle:
             sources.append(hashlib.sha256(handle.read()).hexdigest())
     text = json.dumps(
-        [os.path.realpath(python), sorted(modules), pythonpath, startup_variables(env),
-         namespaces(), sources]
-    )  # fmt: skip
+        [
+            os.path.realpath(python),
+            sorted(modules),
+            pythonpath,
+            startup_variables(env),
+            namespaces(),
+            sources,
+        ]
+    )
     return hashlib.sha256(text.encode()).hexdigest()[:16]
 
 
@@ -323,13 +329,20 @@ def list_pools():
                     os.unlink(stale)
             continue
         idle = 0.0 if pool.get("ranks") else max(0.0, now - pool.get("last_used", now))
-        found.append({
-            "key": key, "pid": pool["pid"], "modules": pool.get("modules", []),
-            "python": pool.get("python"), "ranks": pool.get("ranks", 0),
-            "rss": _rss(pool["pid"]), "idle": round(idle, 1),
-            "age": round(now - pool.get("started", now), 1),
-            "ready": pool.get("ready", False), "idle_limit": pool.get("idle_limit"),
-        })  # fmt: skip
+        found.append(
+            {
+                "key": key,
+                "pid": pool["pid"],
+                "modules": pool.get("modules", []),
+                "python": pool.get("python"),
+                "ranks": pool.get("ranks", 0),
+                "rss": _rss(pool["pid"]),
+                "idle": round(idle, 1),
+                "age": round(now - pool.get("started", now), 1),
+                "ready": pool.get("ready", False),
+                "idle_limit": pool.get("idle_limit"),
+            }
+        )
     return found
 
 

@@ -174,11 +174,17 @@ class Pool:
 
     def write_info(self):
         """What `list_pools` shows: the pool's modules, ranks and when it was last used."""
-        info = {"pid": os.getpid(), "python": sys.executable, "modules": self.modules,
-                "started": self.started, "last_used": self.last_used,
-                "ranks": sum(1 for conn, _ in self.ranks.values() if conn is not None),
-                "ready": hasattr(self, "fingerprint"), "idle_limit": self.idle,
-                "where": protocol.here()}  # fmt: skip
+        info = {
+            "pid": os.getpid(),
+            "python": sys.executable,
+            "modules": self.modules,
+            "started": self.started,
+            "last_used": self.last_used,
+            "ranks": sum(1 for conn, _ in self.ranks.values() if conn is not None),
+            "ready": hasattr(self, "fingerprint"),
+            "idle_limit": self.idle,
+            "where": protocol.here(),
+        }
         with contextlib.suppress(OSError):
             protocol.write_private(self.info_path, json.dumps(info))
 
@@ -460,9 +466,12 @@ def _stdio(unbuffered):
         else:
             buffer = (io.BufferedWriter if writing else io.BufferedReader)(raw)
         return io.TextIOWrapper(
-            buffer, encoding=encoding, errors=errors,
-            line_buffering=writing and (tty or fd == 2), write_through=writing and unbuffered,
-        )  # fmt: skip
+            buffer,
+            encoding=encoding,
+            errors=errors,
+            line_buffering=writing and (tty or fd == 2),
+            write_through=writing and unbuffered,
+        )
 
     sys.stdin = sys.__stdin__ = stream(0, False, "strict")
     sys.stdout = sys.__stdout__ = stream(1, True, "strict")

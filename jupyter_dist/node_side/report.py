@@ -33,8 +33,7 @@ MAX_NAME = 1000
 _ON = "DISTRUN_JOB_ID" in os.environ
 # The rank, as each launcher names it (torch's, MPI's, Slurm's); none for a TF task.
 _RANK = next(
-    (os.environ[n] for n in ("RANK", "OMPI_COMM_WORLD_RANK", "PMI_RANK") if n in os.environ),
-    None,
+    (os.environ[n] for n in ("RANK", "OMPI_COMM_WORLD_RANK", "PMI_RANK") if n in os.environ), None
 )
 _held = []
 _lock = threading.Lock()

@@ -149,8 +149,11 @@ def main():
             return
         request = json.loads(line)
         if "post_mortem" in request:
-            report = {"cell": request["cell"], "ok": True,
-                      "debugged": post_mortem(float(request["post_mortem"]))}  # fmt: skip
+            report = {
+                "cell": request["cell"],
+                "ok": True,
+                "debugged": post_mortem(float(request["post_mortem"])),
+            }
         else:
             if request.get("push"):
                 namespace.update(pickle.loads(base64.b64decode(request["push"])))

@@ -146,8 +146,10 @@ def by_py_spy(py_spy, pid):
     try:
         done = subprocess.run(
             [py_spy, "dump", "--pid", str(pid), "--json"],
-            capture_output=True, text=True, timeout=PY_SPY_TIMEOUT_S,
-        )  # fmt: skip
+            capture_output=True,
+            text=True,
+            timeout=PY_SPY_TIMEOUT_S,
+        )
     except subprocess.TimeoutExpired:
         raise RuntimeError(f"py-spy did not answer in {PY_SPY_TIMEOUT_S} s") from None
     if done.returncode != 0:
@@ -161,11 +163,13 @@ def by_py_spy(py_spy, pid):
         raise RuntimeError("py-spy: " + reason)
     threads = []
     for thread in json.loads(done.stdout):
-        threads.append({
-            "name": thread.get("thread_name") or f"thread {thread.get('os_thread_id')}",
-            "main": thread.get("os_thread_id") == pid,
-            "frames": [frame(f["name"], f["filename"], f["line"]) for f in thread["frames"]],
-        })  # fmt: skip
+        threads.append(
+            {
+                "name": thread.get("thread_name") or f"thread {thread.get('os_thread_id')}",
+                "main": thread.get("os_thread_id") == pid,
+                "frames": [frame(f["name"], f["filename"], f["line"]) for f in thread["frames"]],
+            }
+        )
     threads.sort(key=lambda t: not t["main"])
     return threads
 
@@ -330,8 +334,13 @@ def collect(job_id, method="auto"):
             alive = os.path.exists(f"/proc/{pid}")
             entry["error"] = "; ".join(reasons) if alive else "it ended while being read"
         processes.append(entry)
-    return {"host": socket.gethostname(), "machine": machine(), "py_spy": py_spy,
-            "processes": processes, "others": others}  # fmt: skip
+    return {
+        "host": socket.gethostname(),
+        "machine": machine(),
+        "py_spy": py_spy,
+        "processes": processes,
+        "others": others,
+    }
 
 
 def machine():

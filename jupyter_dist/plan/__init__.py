@@ -67,9 +67,12 @@ def plan(
         per_node[SCRIPT_RUNNER_NAME] = _SCRIPT_RUNNER_SOURCE
     files = [
         *files,
-        *(PlannedFile(n, posixpath.join(ctx.job_dir(node), name), text)
-          for n, node in enumerate(nodes) for name, text in per_node.items()),
-    ]  # fmt: skip
+        *(
+            PlannedFile(n, posixpath.join(ctx.job_dir(node), name), text)
+            for n, node in enumerate(nodes)
+            for name, text in per_node.items()
+        ),
+    ]
     master_port = processes[0].env.get("MASTER_PORT")
     return LaunchPlan(
         job_id=job_id,

@@ -125,7 +125,15 @@ class PlanContext:
         the rest of ProcessPlan's fields (rank, local_rank, ranks, line_tags, service, ...)."""
         node = self.nodes[node_rank]
         return ProcessPlan(
-            name=name, label=label or name, role=role or name, node=node.name,
-            node_rank=node_rank, host=node.host, argv=argv, env=env, cwd=self.cwd(node),
-            world_size=world_size, **details,
-        )  # fmt: skip
+            name=name,
+            label=label or name,
+            role=role or name,
+            node=node.name,
+            node_rank=node_rank,
+            host=node.host,
+            argv=argv,
+            env=env,
+            cwd=self.cwd(node),
+            world_size=world_size,
+            **details,
+        )

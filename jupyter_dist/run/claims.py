@@ -103,10 +103,15 @@ class PortClaims:
 
     def _claim_one(self, job_id: str, want: Wanted) -> Path:
         path = self.folder / f"{re.sub(r'[^A-Za-z0-9.-]', '_', want.host)}_{want.port}.json"
-        mine = json.dumps({
-            "job": job_id, "pid": os.getpid(), "host": socket.gethostname(),
-            "store": str(self.store.root), "since": time.time(),
-        })  # fmt: skip
+        mine = json.dumps(
+            {
+                "job": job_id,
+                "pid": os.getpid(),
+                "host": socket.gethostname(),
+                "store": str(self.store.root),
+                "since": time.time(),
+            }
+        )
         # Written whole beside it, then linked into place: the link is the exclusive step,
         # and a reader never sees a claim half written.
         draft = self.folder / f".{path.name}.{os.getpid()}.{threading.get_ident()}"

@@ -113,8 +113,9 @@ class DebugRelay:
         """The ranks waiting in their debugger (diagnose/debug.py), and one line per node
         that could not be asked; DistrunError once the job ended."""
         self._refuse_unless_running()
-        found, problems = paused_ranks(self._helpers, list(self.job.node_map.values()),
-                                       self._job_dirs())  # fmt: skip
+        found, problems = paused_ranks(
+            self._helpers, list(self.job.node_map.values()), self._job_dirs()
+        )
         return found, problems
 
     def on_pause_line(self, proc: ProcessPlan, message: str) -> None:
@@ -152,8 +153,14 @@ class DebugRelay:
             if name not in job_dirs:
                 continue
             try:
-                paused = interrupt(self._helpers, self.job.node_map[name],
-                                   job_dirs[name], self.job.job_id, rank, timeout)  # fmt: skip
+                paused = interrupt(
+                    self._helpers,
+                    self.job.node_map[name],
+                    job_dirs[name],
+                    self.job.job_id,
+                    rank,
+                    timeout,
+                )
             except NotPaused as exc:
                 problems.append(f"{name}: {exc}")
                 continue
@@ -237,8 +244,7 @@ class DebugRelay:
 
     def _send(self, target: PausedRank, command: str, timeout: float) -> dict:
         node = self.job.node_map[target.node]
-        answer = send(self._helpers, node, self._job_dirs()[node.name], target,
-                      command, timeout)  # fmt: skip
+        answer = send(self._helpers, node, self._job_dirs()[node.name], target, command, timeout)
         if answer["state"] == "ended":  # how: its exit as the job saw it, and the job's end
             answer |= self._how_it_ended(target.rank)
         return answer
@@ -261,8 +267,11 @@ class DebugRelay:
 
     def _job_dirs(self) -> dict[str, str]:
         """Each node's folder of this job (DISTRUN_JOB_DIR there)."""
-        return {p.node: p.env["DISTRUN_JOB_DIR"] for p in self.job.plan.processes
-                if p.env.get("DISTRUN_JOB_DIR")}  # fmt: skip
+        return {
+            p.node: p.env["DISTRUN_JOB_DIR"]
+            for p in self.job.plan.processes
+            if p.env.get("DISTRUN_JOB_DIR")
+        }
 
     def answer_request(self, request: dict) -> None:
         """Answer another process's debugger request (run/requests.request_debug). The job
@@ -300,8 +309,12 @@ class DebugRelay:
                 pid = request.get("pid")
                 if pid is not None and (not isinstance(pid, int) or isinstance(pid, bool)):
                     raise DistrunError(f"a pid is a number, not {pid!r:.40}")
-                answer = self.send(rank, str(request.get("command", "")),
-                                         float(request.get("timeout") or 30.0), pid)  # fmt: skip
+                answer = self.send(
+                    rank,
+                    str(request.get("command", "")),
+                    float(request.get("timeout") or 30.0),
+                    pid,
+                )
             elif request.get("action") == "interrupt":
                 paused = self.interrupt(rank, float(request.get("timeout") or 5.0))
                 answer = {"paused": paused.to_dict() if paused else None}

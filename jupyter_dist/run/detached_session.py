@@ -135,8 +135,9 @@ def _run(
                 wait = float(wait) if isinstance(wait, (int, float)) and wait > 0 else 300.0
                 found["debugged"] = session.post_mortem(request["post_mortem"], wait)
                 return
-            result = session.run_cell(request["code"], ranks=request.get("ranks"),
-                                      push=request.get("push"))  # fmt: skip
+            result = session.run_cell(
+                request["code"], ranks=request.get("ranks"), push=request.get("push")
+            )
             found.update(cell=result.cell, labels=result.labels, reports=result.reports)
         except SessionEnded as exc:
             found["ended"] = str(exc)
@@ -165,8 +166,12 @@ def _run(
 
 
 def _write_info(session: Session, root: Path) -> None:
-    info = {"name": session.name, "cells_run": session.cells_run,
-            "memory": session.memory_text(), "failed_ranks": session.failed_ranks}  # fmt: skip
+    info = {
+        "name": session.name,
+        "cells_run": session.cells_run,
+        "memory": session.memory_text(),
+        "failed_ranks": session.failed_ranks,
+    }
     write_atomic(root / "session.json", json.dumps(info))
 
 
@@ -191,10 +196,11 @@ class RemoteSession:
         """The detached session named `which` (or whose job id starts with it; the latest
         open one without), still running; DistrunError saying what is open otherwise."""
         open_ones = [
-            record for record in store.jobs()
+            record
+            for record in store.jobs()
             if is_detached_session(record)
             and effective_state(record.status()) not in SETTLED_STATES
-        ]  # fmt: skip
+        ]
         sessions = [cls(record) for record in open_ones]
         chosen = [s for s in sessions if which in (None, s.name)] or [
             s for s in sessions if which and s.record.job_id.startswith(which)
@@ -204,9 +210,12 @@ class RemoteSession:
             wanted = f"named {which!r} " if which else ""
             raise DistrunError(
                 f"no detached session {wanted}is open ("
-                + (f"open: {named})" if named else "none is; start one with %distrun session "
-                   "start --detach)")
-            )  # fmt: skip
+                + (
+                    f"open: {named})"
+                    if named
+                    else "none is; start one with %distrun session start --detach)"
+                )
+            )
         return chosen[0]  # the store lists the newest first
 
     def _info(self) -> dict[str, Any]:
@@ -294,8 +303,10 @@ class RemoteSession:
         the id, and where its answer will be."""
         _, requests, results = _folders(self.record)
         request_id = uuid.uuid4().hex
-        write_atomic(requests / f"{time.time_ns()}-{request_id}.json",
-                     json.dumps({"id": request_id, **asked}))  # fmt: skip
+        write_atomic(
+            requests / f"{time.time_ns()}-{request_id}.json",
+            json.dumps({"id": request_id, **asked}),
+        )
         return request_id, results / f"{request_id}.json"
 
     def _accepted(self, answer: dict[str, Any]) -> dict[str, Any]:

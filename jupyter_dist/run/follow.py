@@ -102,14 +102,18 @@ class Follower:
         if state == "lost":
             message = "its owner is gone (the process that ran it was killed)"
         return JobResult(
-            job_id=self.record.job_id, state=state, processes=processes_of(status),
+            job_id=self.record.job_id,
+            state=state,
+            processes=processes_of(status),
             root_cause=RootCause(**cause) if isinstance(cause, dict) else None,
-            store_path=str(self.record.path), message=message,
-            started=status.get("started"), ended=status.get("ended"),
+            store_path=str(self.record.path),
+            message=message,
+            started=status.get("started"),
+            ended=status.get("ended"),
             attempts=attempts_of(status),
             replaced=[str(text) for text in status.get("replaced") or []],
             last_attempt_ran=status.get("attempt_ran") is not False,
-        )  # fmt: skip
+        )
 
     def _lines(self, key: str, lines: list[dict[str, str]]) -> list[OutputLine]:
         """Stored lines as a listener gets them; our markers are not (a job's own

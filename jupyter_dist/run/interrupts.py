@@ -13,8 +13,9 @@ import threading
 
 # What stops a launch from outside: Ctrl-C, and `kill` or a closed terminal where a handler
 # turns them into KeyboardInterrupt too (the CLI's does).
-_STOPPING = tuple(getattr(signal, name) for name in ("SIGINT", "SIGTERM", "SIGHUP")
-                  if hasattr(signal, name))  # fmt: skip
+_STOPPING = tuple(
+    getattr(signal, name) for name in ("SIGINT", "SIGTERM", "SIGHUP") if hasattr(signal, name)
+)
 
 
 @contextlib.contextmanager

@@ -115,9 +115,14 @@ def _plan_attempt(
 
 
 def _replan(
-    spec: JobSpec, chosen: Backend, inventory: Inventory, job_id: str,
-    extra_files: Mapping[str, str] | None, nodes: list[Node], restart_count: int,
-) -> tuple[LaunchPlan, list[Node]]:  # fmt: skip
+    spec: JobSpec,
+    chosen: Backend,
+    inventory: Inventory,
+    job_id: str,
+    extra_files: Mapping[str, str] | None,
+    nodes: list[Node],
+    restart_count: int,
+) -> tuple[LaunchPlan, list[Node]]:
     """A later attempt's plan and nodes: the nodes checked again, one that cannot be
     reached replaced by a spare (`_replace_lost`)."""
     nodes = chosen.preflight(_replace_lost(spec, chosen, inventory, nodes))
@@ -165,10 +170,7 @@ def _replace_lost(
 
 
 def dry_run(
-    spec: JobSpec,
-    *,
-    inventory: Inventory | None = None,
-    store: JobStore | None = None,
+    spec: JobSpec, *, inventory: Inventory | None = None, store: JobStore | None = None
 ) -> tuple[LaunchPlan, dict[str, str]]:
     """The plan, and the exact command line each process would be started with (process
     name -> command), as its backend would run it. Nodes are checked; nothing starts."""
@@ -208,10 +210,17 @@ def prepare_job(
     job_id = store.new_job_id()
     try:  # its fixed ports are held until it ends: no other job of ours can join it
         launch_plan, nodes, chosen = make_plan(
-            spec, inventory=inventory, store=store, job_id=job_id, cwd=cwd,
-            extra_files=extra_files, stdin=messages is not None, hold_ports=claims.claim,
-            check_network=True, remembered=remembered,
-        )  # fmt: skip
+            spec,
+            inventory=inventory,
+            store=store,
+            job_id=job_id,
+            cwd=cwd,
+            extra_files=extra_files,
+            stdin=messages is not None,
+            hold_ports=claims.claim,
+            check_network=True,
+            remembered=remembered,
+        )
     except BaseException:
         claims.release(job_id)
         raise
@@ -222,18 +231,32 @@ def prepare_job(
         chosen.release()
         raise
     job = Job(
-        launch_plan, nodes, chosen, record,
-        name=spec.display_name_or_default(), timeout=spec.timeout,
+        launch_plan,
+        nodes,
+        chosen,
+        record,
+        name=spec.display_name_or_default(),
+        timeout=spec.timeout,
         grace_period=_first(grace_period, spec.grace_period, GRACE_PERIOD_S),
-        messages=messages, on_stall=spec.on_stall or "warn",
+        messages=messages,
+        on_stall=spec.on_stall or "warn",
         metrics_patterns=spec.metric_patterns(),
         stall_timeout=_first(spec.stall_timeout, DEFAULT_STALL_TIMEOUT_S),
         restarts=Restarts(
-            spec.max_restarts, _first(spec.restart_delay, RESTART_DELAY_S),
-            functools.partial(_replan, _gpus_as_default(spec, nodes), chosen,
-                              inventory or Inventory(), launch_plan.job_id, extra_files),
-        ) if spec.max_restarts else None,
-    )  # fmt: skip
+            spec.max_restarts,
+            _first(spec.restart_delay, RESTART_DELAY_S),
+            functools.partial(
+                _replan,
+                _gpus_as_default(spec, nodes),
+                chosen,
+                inventory or Inventory(),
+                launch_plan.job_id,
+                extra_files,
+            ),
+        )
+        if spec.max_restarts
+        else None,
+    )
     job.add_listener(ReleaseClaims(claims, job.job_id))
     preload_memory.keep(named, store, job.job_id)
     if spec.preload is not None and spec.preload.modules:

@@ -139,12 +139,14 @@ class MetricsSink:
             return
         groups = found.groupdict()
         numbers = {
-            name: json_number(number) for name, value in groups.items()
+            name: json_number(number)
+            for name, value in groups.items()
             if name != "step" and (number := _number(value)) is not None
-        }  # fmt: skip
+        }
         if numbers:
-            self._store(key, [{"t": now, "k": key, "s": _step_text(groups.get("step")),
-                               "m": numbers}])  # fmt: skip
+            self._store(
+                key, [{"t": now, "k": key, "s": _step_text(groups.get("step")), "m": numbers}]
+            )
 
     def _keras(self, key: str, text: str, now: float, whole: bool = True) -> None:
         """Keras' lines: an epoch's number (kept for its end's record), and a progress line:
@@ -165,9 +167,10 @@ class MetricsSink:
         if not whole or n != total:
             return
         numbers = {
-            name: json_number(number) for name, value in _KERAS_VALUE.findall(text)
+            name: json_number(number)
+            for name, value in _KERAS_VALUE.findall(text)
             if (number := _number(value)) is not None
-        }  # fmt: skip
+        }
         if numbers:
             self._store(key, [{"t": now, "k": key, "s": self._epochs.get(key), "m": numbers}])
 
@@ -183,9 +186,10 @@ class MetricsSink:
             with _skipped():
                 when, step, values = entry
                 numbers = {
-                    str(n): json_number(number) for n, v in values.items()
+                    str(n): json_number(number)
+                    for n, v in values.items()
                     if (number := _stored_number(v)) is not None
-                }  # fmt: skip
+                }
                 if numbers:
                     found.append({"t": float(when), "k": key, "s": _step(step), "m": numbers})
         self._store(key, found)
@@ -196,12 +200,14 @@ class MetricsSink:
         with _skipped():
             values = ast.literal_eval(text)
             numbers = {
-                str(name): json_number(number) for name, value in values.items()
+                str(name): json_number(number)
+                for name, value in values.items()
                 if (number := _number(value)) is not None
-            }  # fmt: skip
+            }
             if numbers:
-                self._store(key, [{"t": now, "k": key, "s": _step(values.get("step")),
-                                   "m": numbers}])  # fmt: skip
+                self._store(
+                    key, [{"t": now, "k": key, "s": _step(values.get("step")), "m": numbers}]
+                )
 
     def _progress_bar(self, key: str, text: str, now: float, whole: bool = False) -> None:
         """A tqdm bar's progress, and the numbers of its postfix (as drawn: at most every
@@ -211,9 +217,10 @@ class MetricsSink:
             return
         done, total, per_second, seconds_each, postfix = found[-1]
         numbers = {
-            name: json_number(number) for name, value in _POSTFIX_VALUE.findall(postfix.strip())
+            name: json_number(number)
+            for name, value in _POSTFIX_VALUE.findall(postfix.strip())
             if name not in _NOT_METRICS and (number := _number(value)) is not None
-        }  # fmt: skip
+        }
         if numbers:
             self._store(key, [{"t": now, "k": key, "s": None, "m": numbers}])
         each = float(seconds_each or 0)
@@ -236,8 +243,12 @@ class MetricsSink:
                 count = self._counts[key] = self._counts.get(key, 0) + 1
                 stride = _stride(count, self.cap)
                 if stride != _stride(count - 1, self.cap):
-                    notes.append({"note": f"{key}: over {count - 1} records: from here "
-                                          f"every {_ordinal(stride)} is kept"})  # fmt: skip
+                    notes.append(
+                        {
+                            "note": f"{key}: over {count - 1} records: from here "
+                            f"every {_ordinal(stride)} is kept"
+                        }
+                    )
                 if (count - 1) % stride == 0:
                     kept.append(record)
         self._write(notes + kept)
@@ -256,8 +267,12 @@ class MetricsSink:
         if len(kept) < len(values) and not self._names_noted:
             self._names_noted = True
             left_out = next(name for name in values if name not in self._names)
-            notes.append({"note": f"over {MAX_NAMES} metric names: later ones are left out "
-                                  f"(the first: {left_out[:80]!r})"})  # fmt: skip
+            notes.append(
+                {
+                    "note": f"over {MAX_NAMES} metric names: later ones are left out "
+                    f"(the first: {left_out[:80]!r})"
+                }
+            )
         return {**record, "m": kept} if kept else None
 
     def _write(self, lines: list[dict[str, Any]]) -> None:
@@ -316,12 +331,15 @@ def _record(entry: Any) -> dict[str, Any] | None:
         return None
     values, when, step = entry.get("m"), entry.get("t"), entry.get("s")
     if (  # as this module writes a record: taken as it is (most lines, read fast)
-        type(values) is dict and type(entry.get("k")) is str and type(when) is float
+        type(values) is dict
+        and type(entry.get("k")) is str
+        and type(when) is float
         and (step is None or (type(step) is int and abs(step) <= MAX_COUNT))
-        and len(entry) == 4 and values
+        and len(entry) == 4
+        and values
         and all(type(v) is float and v - v == 0 for v in values.values())  # finite
         and all(type(n) is str for n in values)
-    ):  # fmt: skip
+    ):
         return entry
     if isinstance(entry.get("note"), str) and "k" not in entry:
         return {"note": entry["note"]}
@@ -337,15 +355,20 @@ def _record(entry: Any) -> dict[str, Any] | None:
         rate = _stored_number(entry.get("r"))
         if n is None or total is None:
             return None
-        return {"t": when, "k": key, "p": [n, total],
-                "r": rate if rate is not None and math.isfinite(rate) else None}  # fmt: skip
+        return {
+            "t": when,
+            "k": key,
+            "p": [n, total],
+            "r": rate if rate is not None and math.isfinite(rate) else None,
+        }
     values = entry.get("m")
     if not isinstance(values, dict):
         return None
     numbers = {
-        name: json_number(number) for name, value in values.items()
+        name: json_number(number)
+        for name, value in values.items()
         if (number := _stored_number(value)) is not None
-    }  # fmt: skip
+    }
     if not numbers:
         return None
     return {"t": when, "k": key, "s": _step(entry.get("s")), "m": numbers}
@@ -525,8 +548,7 @@ def readable(record: dict[str, Any]) -> dict[str, Any]:
     )
     if "p" in record:
         n, total = record["p"]
-        return {"time": record["t"], **who, "progress": n, "total": total,
-                "rate": record.get("r")}  # fmt: skip
+        return {"time": record["t"], **who, "progress": n, "total": total, "rate": record.get("r")}
     return {"time": record["t"], **who, "step": record.get("s"), "values": record["m"]}
 
 
@@ -546,9 +568,17 @@ def summarize_metrics(records: Iterable[dict[str, Any]]) -> tuple[list[dict[str,
     rows = []
     for name, values in series.items():
         numbers = [v for v in values if not math.isnan(v)] or [math.nan]  # a NaN is no bound
-        rows.append({"metric": name, "ranks": len(ranks[name]), "first": _short(values[0]),
-                     "last": _short(values[-1]), "min": _short(min(numbers)),
-                     "max": _short(max(numbers)), "points": len(values)})  # fmt: skip
+        rows.append(
+            {
+                "metric": name,
+                "ranks": len(ranks[name]),
+                "first": _short(values[0]),
+                "last": _short(values[-1]),
+                "min": _short(min(numbers)),
+                "max": _short(max(numbers)),
+                "points": len(values),
+            }
+        )
     reached = ""
     if progress:
         n, total = min(progress.values(), key=_share)

@@ -66,8 +66,10 @@ def output_places(plan: LaunchPlan, record_path: Path) -> dict[str, str]:
             places[name] = str(record_path / OUTPUTS_FOLDER / name)
         else:
             copies = record_path / OUTPUTS_FOLDER
-            places[name] = (f"{OUTPUTS_FOLDER}/{name} in the job's folder on each node; "
-                            f"copied into {copies}/<node>/{name} when the job ends")  # fmt: skip
+            places[name] = (
+                f"{OUTPUTS_FOLDER}/{name} in the job's folder on each node; "
+                f"copied into {copies}/<node>/{name} when the job ends"
+            )
     return places
 
 
@@ -179,8 +181,10 @@ def collect_outputs(
             said += _copy_node(copy, plan, wanted, record_path)
         except CopyCancelled:
             rest = posixpath.join(node.workdir, plan.job_id, OUTPUTS_FOLDER)
-            said.append(f"outputs: the copy was cancelled; what it had not copied is on the "
-                        f"nodes, {rest} on {node.name}")  # fmt: skip
+            said.append(
+                f"outputs: the copy was cancelled; what it had not copied is on the "
+                f"nodes, {rest} on {node.name}"
+            )
             break
     return said
 

@@ -103,12 +103,7 @@ class Session:
     # -- starting and stopping -----------------------------------------------------------
 
     @classmethod
-    def start(
-        cls,
-        spec: JobSpec,
-        name: str = "session",
-        **job_options,
-    ) -> Session:
+    def start(cls, spec: JobSpec, name: str = "session", **job_options) -> Session:
         """Start the session's ranks (keyword arguments as for run.launch.prepare_job) and
         return once every one is ready; SessionEnded if the job ended first."""
         from jupyter_dist.run.launch import prepare_job
@@ -116,9 +111,11 @@ class Session:
         session = cls(name)
         files = {name: node_side.source(name) for name in (WORKER, CELL_RUNNER)}
         job = prepare_job(
-            session_spec(spec), extra_files=files,
-            messages=(MARK, session._on_message), **job_options,
-        )  # fmt: skip
+            session_spec(spec),
+            extra_files=files,
+            messages=(MARK, session._on_message),
+            **job_options,
+        )
         session.job = job
         job.watch.stall_watching = lambda: session._running_cell is not None  # not between cells
         names = [p.name for p in job.plan.processes]
@@ -202,8 +199,11 @@ class Session:
             try:
                 self._wait(all_reported, INTERRUPT_GRACE_S, on_tick)
             except TimeoutError:
-                stuck = [self.job.processes[n].label for n in names
-                         if n not in self._reports.get(cell, {})]  # fmt: skip
+                stuck = [
+                    self.job.processes[n].label
+                    for n in names
+                    if n not in self._reports.get(cell, {})
+                ]
                 self.job.cancel(
                     f"session {self.name} broken: {ranges(stuck)} did not come back from "
                     f"an interrupt within {INTERRUPT_GRACE_S:g} s"
@@ -293,8 +293,7 @@ class Session:
             else:
                 sizes = sorted(n for _, n in known)
                 top = max(known, key=lambda item: item[1])
-                parts.append(f"{mib(sizes[0])} to {mib(sizes[-1])} per rank{word} "
-                             f"(most: {top[0]})")  # fmt: skip
+                parts.append(f"{mib(sizes[0])} to {mib(sizes[-1])} per rank{word} (most: {top[0]})")
         return "; ".join(parts) or "not reported yet"
 
     @staticmethod

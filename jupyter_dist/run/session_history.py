@@ -87,8 +87,9 @@ def find_session(store: JobStore, which: str) -> JobRecord:
     except DistrunError:
         named = [r for r in store.jobs() if _is_session(r) and which in _names(r)]
         if not named:
-            raise SpecError(f"no session named {which!r} or with job id {which!r} in "
-                            f"{store.root}") from None  # fmt: skip
+            raise SpecError(
+                f"no session named {which!r} or with job id {which!r} in {store.root}"
+            ) from None
         return max(named, key=lambda r: r.job_id)  # ids start with their time
     if not _is_session(record):
         raise SpecError(f"job {record.job_id} is not a session (its spec runs no cells)")
@@ -162,8 +163,9 @@ def session_job(record: JobRecord, picked: str | None = None) -> SessionJob:
     return SessionJob(spec, [r.cell for r in kept], left_out)
 
 
-def _script(name: str, job_id: str, runs: list[CellRun], kept: list[CellRun],
-            left_out: dict[int, str]) -> str:  # fmt: skip
+def _script(
+    name: str, job_id: str, runs: list[CellRun], kept: list[CellRun], left_out: dict[int, str]
+) -> str:
     """The kept cells in the order they ran, under a header naming where each came from."""
     lines = [
         f"# From session {name} (job {job_id}), exported {_when(time.time())} by jupyter-dist:",

@@ -83,19 +83,28 @@ def detach(
     Slurm request) goes to `on_note`. An interrupt meanwhile stops the supervisor, which
     gives back what it asked for, and propagates."""
     request = LaunchRequest(
-        spec_yaml=spec.to_yaml(), base_dir=str(spec._base_dir), store_root=str(store.root),
-        cwd=cwd, nodes_file=nodes_file, grace_period=grace_period,
-        extra_files=dict(extra_files or {}), session=session,
-    )  # fmt: skip
+        spec_yaml=spec.to_yaml(),
+        base_dir=str(spec._base_dir),
+        store_root=str(store.root),
+        cwd=cwd,
+        nodes_file=nodes_file,
+        grace_period=grace_period,
+        extra_files=dict(extra_files or {}),
+        session=session,
+    )
     fd, path = tempfile.mkstemp(prefix="distrun-launch-", suffix=".json")
     with os.fdopen(fd, "w") as handle:  # mkstemp's file is its owner's alone (0600)
         json.dump(asdict(request), handle)
     try:
         supervisor = subprocess.Popen(
             [sys.executable, "-m", "jupyter_dist.run.supervisor", path],
-            stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
-            start_new_session=True, text=True, cwd=cwd,
-        )  # fmt: skip
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.DEVNULL,
+            start_new_session=True,
+            text=True,
+            cwd=cwd,
+        )
     except OSError as exc:
         os.unlink(path)
         raise DistrunError(f"could not start the job's supervisor: {exc}") from None
@@ -186,10 +195,13 @@ def supervise(request: LaunchRequest) -> int:
     try:
         spec = parse_spec(request.spec_yaml, base_dir=request.base_dir)
         job = prepare_job(
-            spec, store=JobStore(request.store_root), cwd=request.cwd,
-            inventory=load_inventory(request.nodes_file), grace_period=request.grace_period,
+            spec,
+            store=JobStore(request.store_root),
+            cwd=request.cwd,
+            inventory=load_inventory(request.nodes_file),
+            grace_period=request.grace_period,
             extra_files=request.extra_files,
-        )  # fmt: skip
+        )
     except KeyboardInterrupt:
         _say("error interrupted before it started; nothing runs")
         return 0
@@ -230,9 +242,13 @@ def _supervise_session(
     try:
         spec = parse_spec(request.spec_yaml, base_dir=request.base_dir)
         session = Session.start(
-            spec, name=request.session, store=JobStore(request.store_root), cwd=request.cwd,
-            inventory=load_inventory(request.nodes_file), grace_period=request.grace_period,
-        )  # fmt: skip
+            spec,
+            name=request.session,
+            store=JobStore(request.store_root),
+            cwd=request.cwd,
+            inventory=load_inventory(request.nodes_file),
+            grace_period=request.grace_period,
+        )
     except KeyboardInterrupt:
         _say("error interrupted before it started; nothing runs")
         return 0

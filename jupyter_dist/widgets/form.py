@@ -32,51 +32,90 @@ _LAUNCHERS = {"pytorch": ["per_process", "torchrun"], "mpi": ["mpirun", "horovod
 # say: the value a control starts at, the value that means "the spec's default" (not written
 # into the spec), a caption and a placeholder. Every other option is a plain control of its
 # kind, captioned by its name, with its help as the tooltip.
-_START = {"nodes": 1, "procs_per_node": 1, "stall_timeout": DEFAULT_STALL_TIMEOUT_S,
-          "grace_period": int(GRACE_PERIOD_S), "restart_delay": int(RESTART_DELAY_S)}  # fmt: skip
-_UNSET = {
-    "worker_count": 0, "ps_count": 0, "threads": 0, "scheduler_port": 0, "dashboard_port": 0,
-    "timeout": 0, "stall_timeout": DEFAULT_STALL_TIMEOUT_S,
-    "grace_period": int(GRACE_PERIOD_S), "on_stall": "warn", "max_restarts": 0,
+_START = {
+    "nodes": 1,
+    "procs_per_node": 1,
+    "stall_timeout": DEFAULT_STALL_TIMEOUT_S,
+    "grace_period": int(GRACE_PERIOD_S),
     "restart_delay": int(RESTART_DELAY_S),
-}  # fmt: skip
+}
+_UNSET = {
+    "worker_count": 0,
+    "ps_count": 0,
+    "threads": 0,
+    "scheduler_port": 0,
+    "dashboard_port": 0,
+    "timeout": 0,
+    "stall_timeout": DEFAULT_STALL_TIMEOUT_S,
+    "grace_period": int(GRACE_PERIOD_S),
+    "on_stall": "warn",
+    "max_restarts": 0,
+    "restart_delay": int(RESTART_DELAY_S),
+}
 _CAPTIONS = {
-    "procs_per_node": "procs per node", "worker_count": "workers (0: nodes)",
-    "threads": "threads (0: default)", "scheduler_port": "scheduler port (0: free)",
-    "dashboard_port": "dashboard port (0: free)", "gpus_per_node": "GPUs per node (0: none)",
-    "stall_timeout": "stall timeout (s)", "grace_period": "grace period (s)",
-    "timeout": "timeout (s)", "max_restarts": "restarts (max)",
-    "restart_delay": "restart delay (s)", "ps_count": "parameter servers", "name": "job name",
-    "code": "code folder", "env": "environment", "slurm_job": "allocation",
+    "procs_per_node": "procs per node",
+    "worker_count": "workers (0: nodes)",
+    "threads": "threads (0: default)",
+    "scheduler_port": "scheduler port (0: free)",
+    "dashboard_port": "dashboard port (0: free)",
+    "gpus_per_node": "GPUs per node (0: none)",
+    "stall_timeout": "stall timeout (s)",
+    "grace_period": "grace period (s)",
+    "timeout": "timeout (s)",
+    "max_restarts": "restarts (max)",
+    "restart_delay": "restart delay (s)",
+    "ps_count": "parameter servers",
+    "name": "job name",
+    "code": "code folder",
+    "env": "environment",
+    "slurm_job": "allocation",
     "detach": "keep running when the notebook closes",
     "no_preflight": "skip the network check",
-    "post_mortem": "pause a failed rank for the debugger", "preload": "preload modules",
+    "post_mortem": "pause a failed rank for the debugger",
+    "preload": "preload modules",
     "metrics_pattern": "metrics patterns",
-}  # fmt: skip
+}
 _PLACEHOLDERS = {
-    "env": "NAME=VALUE, one a line", "code": "folder shipped to every node (optional)",
+    "env": "NAME=VALUE, one a line",
+    "code": "folder shipped to every node (optional)",
     "slurm_job": "a job id to run in (else a new allocation)",
-    "partition": "the cluster's default", "time": "e.g. 01:00:00 (the partition's default)",
-    "account": "your default account", "qos": "the default QOS",
+    "partition": "the cluster's default",
+    "time": "e.g. 01:00:00 (the partition's default)",
+    "account": "your default account",
+    "qos": "the default QOS",
     "constraint": "node features, e.g. a100",
     "preload": "e.g. torch,transformers (ranks fork from a pool)",
     "metrics_pattern": "a regex a line, e.g. iter (?P<step>\\d+): loss (?P<loss>[\\d.]+)",
-}  # fmt: skip
+}
 # Where each declared option sits: the first column, the second, and the Slurm box.
 _DISTRIBUTION = ("type", "nodes", "procs_per_node", "launcher")
 _TENSORFLOW = ("worker_count", "ps_count", "chief", "evaluator")
 _DASK = ("threads", "scheduler_port", "dashboard_port")
-_JOB = ("name", "timeout", "stall_timeout", "on_stall", "grace_period", "max_restarts",
-        "restart_delay", "no_preflight", "post_mortem", "preload", "metrics_pattern", "code",
-        "env")  # fmt: skip
+_JOB = (
+    "name",
+    "timeout",
+    "stall_timeout",
+    "on_stall",
+    "grace_period",
+    "max_restarts",
+    "restart_delay",
+    "no_preflight",
+    "post_mortem",
+    "preload",
+    "metrics_pattern",
+    "code",
+    "env",
+)
 
 
 def _control(option: Option, style: dict) -> w.Widget:
     """The control of a declared option: a dropdown for choices, a checkbox for a flag, a
     bounded number (the spec's own caps; 0 where 0 means the default), a text area for a
     repeatable one, else a text box."""
-    common = {"description": _CAPTIONS.get(option.name, option.name.replace("_", " ")),
-              "tooltip": option.full_help}  # fmt: skip
+    common = {
+        "description": _CAPTIONS.get(option.name, option.name.replace("_", " ")),
+        "tooltip": option.full_help,
+    }
     if option.kind == "flag":
         return w.Checkbox(value=False, **common)
     common["style"] = style
@@ -124,17 +163,28 @@ class SubmitForm(w.VBox):
         # choices come from the job type and the registry).
         self.declared = offered(FORM, declared_options())
         self.controls: dict[str, w.Widget] = {
-            "type": w.Dropdown(options=JOB_TYPES, value="pytorch", description="type",
-                               style=style, tooltip=BY_NAME["type"].full_help),
-            "launcher": w.Dropdown(options=_LAUNCHERS["pytorch"], description="launcher",
-                                   style=style, tooltip=BY_NAME["launcher"].full_help),
+            "type": w.Dropdown(
+                options=JOB_TYPES,
+                value="pytorch",
+                description="type",
+                style=style,
+                tooltip=BY_NAME["type"].full_help,
+            ),
+            "launcher": w.Dropdown(
+                options=_LAUNCHERS["pytorch"],
+                description="launcher",
+                style=style,
+                tooltip=BY_NAME["launcher"].full_help,
+            ),
             "backend": w.Dropdown(
                 # "" (not None, which a Dropdown shows as no choice at all): automatic
                 options=[("automatic", "")] + [(name, name) for name in sorted(available())],
-                value="", description="backend", style=style,
+                value="",
+                description="backend",
+                style=style,
                 tooltip=BY_NAME["backend"].full_help,
             ),
-        }  # fmt: skip
+        }
         for option in self.declared:
             self.controls.setdefault(option.name, _control(option, style))
         c = self.controls
@@ -150,26 +200,34 @@ class SubmitForm(w.VBox):
         }
         self.slurm = {o.name: c[o.name] for o in self.declared if o.backend == "slurm"}
         self.node_names = w.SelectMultiple(
-            options=[n.name for n in self.inventory.nodes], description="nodes to use",
-            style=style, disabled=self.inventory.is_local,
-        )  # fmt: skip
-        self.script = w.Textarea(placeholder="Python code every process runs",
-                                 description="code", style=style,
-                                 layout=w.Layout(width="95%", height="10em"))  # fmt: skip
-        self.script_path = w.Text(placeholder="or a script file to run (python FILE)",
-                                  description="script file", style=style)  # fmt: skip
+            options=[n.name for n in self.inventory.nodes],
+            description="nodes to use",
+            style=style,
+            disabled=self.inventory.is_local,
+        )
+        self.script = w.Textarea(
+            placeholder="Python code every process runs",
+            description="code",
+            style=style,
+            layout=w.Layout(width="95%", height="10em"),
+        )
+        self.script_path = w.Text(
+            placeholder="or a script file to run (python FILE)",
+            description="script file",
+            style=style,
+        )
         self.preview = w.HTML(layout=w.Layout(width="95%"))
         self.problem = w.HTML(_problem_html(inventory_problem))
         self.submit_button = w.Button(description="Submit", button_style="primary")
         # Export: the same job written for another scheduler (nothing runs). Three to a row,
         # each as wide as its column.
         narrow = {"style": {"description_width": "56px"}, "layout": w.Layout(width="auto")}
-        self.export_format = w.Dropdown(options=list(FORMATS), value="sbatch",
-                                        description="format", **narrow)  # fmt: skip
+        self.export_format = w.Dropdown(
+            options=list(FORMATS), value="sbatch", description="format", **narrow
+        )
         self.export_to = w.Text(
-            description="to", placeholder="a file, or a folder ending in / (this folder)",
-            **narrow,
-        )  # fmt: skip
+            description="to", placeholder="a file, or a folder ending in / (this folder)", **narrow
+        )
         self.image = w.Text(
             description="image", placeholder="container image (kubeflow, jobset, ...)", **narrow
         )
@@ -186,30 +244,57 @@ class SubmitForm(w.VBox):
         self.dask_box = w.VBox([c[name] for name in _DASK])
         columns = w.GridBox(
             [
-                w.VBox([_heading("Distribution"), *(c[name] for name in _DISTRIBUTION),
-                        self.tf_box, self.dask_box, self.node_names]),
-                w.VBox([_heading("Job"), *(c[name] for name in _JOB),
-                        _heading("Where it runs"), self.backend,
-                        *self.backend_boxes.values()]),
+                w.VBox(
+                    [
+                        _heading("Distribution"),
+                        *(c[name] for name in _DISTRIBUTION),
+                        self.tf_box,
+                        self.dask_box,
+                        self.node_names,
+                    ]
+                ),
+                w.VBox(
+                    [
+                        _heading("Job"),
+                        *(c[name] for name in _JOB),
+                        _heading("Where it runs"),
+                        self.backend,
+                        *self.backend_boxes.values(),
+                    ]
+                ),
             ],
-            layout=w.Layout(grid_template_columns="repeat(auto-fit, minmax(380px, 1fr))",
-                            grid_gap="0 24px"),
-        )  # fmt: skip
+            layout=w.Layout(
+                grid_template_columns="repeat(auto-fit, minmax(380px, 1fr))", grid_gap="0 24px"
+            ),
+        )
         super().__init__(
             [
-                _title(), columns, _heading("Code"), self.script, self.script_path,
-                _heading("Job spec (YAML)"), self.preview,
+                _title(),
+                columns,
+                _heading("Code"),
+                self.script,
+                self.script_path,
+                _heading("Job spec (YAML)"),
+                self.preview,
                 _heading("Export to another scheduler (runs nothing)"),
-                w.GridBox([self.export_format, self.export_to, self.image], layout=w.Layout(
-                    grid_template_columns="repeat(auto-fit, minmax(240px, 1fr))",
-                    grid_gap="0 16px", width="95%")),
-                self.problem, w.HBox([self.submit_button, self.export_button, c["detach"]]),
+                w.GridBox(
+                    [self.export_format, self.export_to, self.image],
+                    layout=w.Layout(
+                        grid_template_columns="repeat(auto-fit, minmax(240px, 1fr))",
+                        grid_gap="0 16px",
+                        width="95%",
+                    ),
+                ),
+                self.problem,
+                w.HBox([self.submit_button, self.export_button, c["detach"]]),
                 self.output,
             ],
-            layout=w.Layout(padding="4px 8px", border="var(--jp-border-width, 1px) solid "
-                            "var(--jp-border-color2, #ddd)"),
+            layout=w.Layout(
+                padding="4px 8px",
+                border="var(--jp-border-width, 1px) solid var(--jp-border-color2, #ddd)",
+            ),
             **kwargs,
-        )  # fmt: skip
+        )
         self.refresh()
 
     def options(self) -> LaunchOptions:
@@ -244,8 +329,7 @@ class SubmitForm(w.VBox):
         if self.node_names.value:
             extra["nodes"] = list(self.node_names.value)
         if extra:
-            spec = spec_from_dict({**spec.to_dict(), **extra}, base_dir=os.getcwd(),
-                                  source="form")  # fmt: skip
+            spec = spec_from_dict({**spec.to_dict(), **extra}, base_dir=os.getcwd(), source="form")
         return spec
 
     def refresh(self) -> JobSpec | None:
@@ -297,8 +381,7 @@ class SubmitForm(w.VBox):
         from jupyter_dist.run.supervisor import detach
 
         try:
-            detached = detach(spec, store=JobStore(), cwd=os.getcwd(),
-                              nodes_file=self.nodes_file)  # fmt: skip
+            detached = detach(spec, store=JobStore(), cwd=os.getcwd(), nodes_file=self.nodes_file)
         except DistrunError as exc:
             self.problem.value = _problem_html(str(exc))
             return None
@@ -319,9 +402,11 @@ class SubmitForm(w.VBox):
             return None
         try:
             target = ExportTarget.at(
-                self.export_to.value.strip() or None, stem=self.name.value.strip() or None,
-                image=self.image.value.strip() or None, source="the form",
-            )  # fmt: skip
+                self.export_to.value.strip() or None,
+                stem=self.name.value.strip() or None,
+                image=self.image.value.strip() or None,
+                source="the form",
+            )
             exported = export(spec, self.export_format.value, target)
             written = write(exported)
         except DistrunError as exc:
@@ -333,8 +418,14 @@ class SubmitForm(w.VBox):
         for note in exported.notes():
             said += f". {note}"
         with self.output:
-            display(w.VBox([w.HTML(html.escape(said)),
-                            w.HTML(_code_html(exported.files[exported.manifest]))]))  # fmt: skip
+            display(
+                w.VBox(
+                    [
+                        w.HTML(html.escape(said)),
+                        w.HTML(_code_html(exported.files[exported.manifest])),
+                    ]
+                )
+            )
         return exported
 
 

@@ -129,16 +129,20 @@ class LiveView(anywidget.AnyWidget):
         self._take_plan(job.plan)
         shown = [s for s in job.processes.values() if names is None or s.name in names]
         kwargs = {
-            "name": job.name, "summary": job.summary,
+            "name": job.name,
+            "summary": job.summary,
             "checks": parity_notes(job.plan) + output_notes(job.plan, job.record.path),
             "processes": [self._row(state) for state in shown],
             "attempt": attempt_caption(job.attempt, job.attempts_allowed),
-            "attempts": [attempt.summary() for attempt in job.attempts], **kwargs,
-        }  # fmt: skip
-        super().__init__(
-            job_id=job.job_id, log_dir=str(job.record.logs_dir), _code=live_code().model_id,
+            "attempts": [attempt.summary() for attempt in job.attempts],
             **kwargs,
-        )  # fmt: skip
+        }
+        super().__init__(
+            job_id=job.job_id,
+            log_dir=str(job.record.logs_dir),
+            _code=live_code().model_id,
+            **kwargs,
+        )
         self._job = job  # its start time, for the elapsed clock
         self._last_elapsed = 0.0
         if listener is None:
@@ -235,8 +239,13 @@ class LiveView(anywidget.AnyWidget):
                 self.lines_skipped += len(lines) - MAX_LINES_PER_MESSAGE
                 lines = lines[-MAX_LINES_PER_MESSAGE:]
             # An OutputLine is a tuple: key, label, stream, text, time.
-            self.send({"type": "lines", "lines": [list(line[:4]) for line in lines],
-                       "total": self.lines_total})  # fmt: skip
+            self.send(
+                {
+                    "type": "lines",
+                    "lines": [list(line[:4]) for line in lines],
+                    "total": self.lines_total,
+                }
+            )
             self.messages_sent += 1
             self.lines_sent += len(lines)
             self._last_send = now
@@ -275,8 +284,13 @@ class LiveView(anywidget.AnyWidget):
         records = self._metrics.new()
         if records:
             self.metrics_total += len(records)
-            self.send({"type": "metrics", "records": [_compact(r) for r in records],
-                       "total": self.metrics_total})  # fmt: skip
+            self.send(
+                {
+                    "type": "metrics",
+                    "records": [_compact(r) for r in records],
+                    "total": self.metrics_total,
+                }
+            )
             self.metrics_sent += len(records)
 
     def settled(self) -> LiveView:
@@ -286,14 +300,29 @@ class LiveView(anywidget.AnyWidget):
         while ranks start). The new one holds the final state and asks for the lines it
         lacks; where nothing was lost its page already holds them and asks nothing."""
         copy = LiveView(
-            self._job, names=[row["name"] for row in self.processes],
-            **{name: getattr(self, name) for name in (
-                "name", "summary", "elapsed", "state", "processes", "root_cause",
-                "max_lines", "lines_total", "cell", "session", "checks", "attempt", "attempts",
-                "metrics_total",
-            )},
+            self._job,
+            names=[row["name"] for row in self.processes],
+            **{
+                name: getattr(self, name)
+                for name in (
+                    "name",
+                    "summary",
+                    "elapsed",
+                    "state",
+                    "processes",
+                    "root_cause",
+                    "max_lines",
+                    "lines_total",
+                    "cell",
+                    "session",
+                    "checks",
+                    "attempt",
+                    "attempts",
+                    "metrics_total",
+                )
+            },
             final=True,
-        )  # fmt: skip
+        )
         self._job.remove_listener(copy.listener)  # it changes no more
         copy._recent.extend(self._recent)
         copy._labels.update(self._labels)
@@ -307,13 +336,18 @@ class LiveView(anywidget.AnyWidget):
         """A page that missed lines asks for what the browser would hold (answered once
         the kernel is free: while a cell runs its messages wait)."""
         if content.get("type") == "history":
-            self.send({"type": "history", "lines": self.stored_lines(),
-                       "total": self.lines_total})  # fmt: skip
+            self.send({"type": "history", "lines": self.stored_lines(), "total": self.lines_total})
             if self.metrics_total and not self.cell:
                 records, _ = read_metrics(self._record)
                 shown = [_compact(r) for r in thinned(records, CHART_POINTS)]
-                self.send({"type": "metrics", "history": True, "total": self.metrics_total,
-                           "records": shown})  # fmt: skip
+                self.send(
+                    {
+                        "type": "metrics",
+                        "history": True,
+                        "total": self.metrics_total,
+                        "records": shown,
+                    }
+                )
 
     def stored_lines(self) -> list[list[str]]:
         """The last `max_lines` lines of every log key from the store, merged by time, as
@@ -368,12 +402,16 @@ class LiveView(anywidget.AnyWidget):
         """One inspector row: the plan's columns (see describe.plan_rows) and the state."""
         return {
             **self._who.get(state.name, {}),
-            "name": state.name, "label": state.label, "node": state.node, "host": state.host,
-            "state": state.state, "exit": state.signal or state.exit_code,
+            "name": state.name,
+            "label": state.label,
+            "node": state.node,
+            "host": state.host,
+            "state": state.state,
+            "exit": state.signal or state.exit_code,
             "keys": self._keys.get(state.name, [state.name]),
             "paused": [paused_text(p) for p in state.paused],  # where its debugger waits
             "paused_ranks": [p.get("rank") for p in state.paused],  # a launcher's: several
-        }  # fmt: skip
+        }
 
 
 def run_with_view(spec: JobSpec, inventory, store: JobStore | None = None, extra_files=None):

@@ -23,25 +23,35 @@ from jupyter_dist.widgets.live import Collector, LiveView
 # could watch live. A cell that ends sooner, succeeded on every rank and said nothing (no
 # line, no metric: `x = 1`, `optimizer.step()`) shows nothing, as a Python cell that prints
 # nothing does, and as the text view shows it: its view would say only that, and the page
-# would draw a widget for it (19 ms of JupyterLab's time a cell in stop 58's lab bench).
+# would draw a widget for it (19 ms of JupyterLab's time a cell: bench/lab_cells.py).
 LIVE_AFTER_S = 0.5
 
 
 class CellView(LiveView):
     def __init__(
-        self, session: Session, chosen: list[ProcessPlan], cell: int, started: float,
-        listener: Collector, opened: bool = True,
-    ) -> None:  # fmt: skip
+        self,
+        session: Session,
+        chosen: list[ProcessPlan],
+        cell: int,
+        started: float,
+        listener: Collector,
+        opened: bool = True,
+    ) -> None:
         """Cell `cell` on `chosen`, started at `started` (epoch seconds); `listener` has
         collected what the job said since then. `opened`: as LiveView's."""
         self._started, self._ended = started, None
         self._outcome: dict[str, str] = {}  # process name -> its state for this cell
         super().__init__(
-            session.job, names=[p.name for p in chosen], listener=listener, cell=cell,
-            session=session.name, name=f"{session.name} · cell {cell}",
+            session.job,
+            names=[p.name for p in chosen],
+            listener=listener,
+            cell=cell,
+            session=session.name,
+            name=f"{session.name} · cell {cell}",
             summary=f"cell {cell} of session {session.name} on {ranges([p.label for p in chosen])}",
-            state="running", opened=opened,
-        )  # fmt: skip
+            state="running",
+            opened=opened,
+        )
 
     def _clock(self) -> tuple[float | None, float | None]:
         return self._started, self._ended
@@ -118,9 +128,11 @@ def run_cell_with_view(
             shown["view"].finish(result, why)
             shown["handle"].update(shown["view"].settled())  # see LiveView.settled
         elif (
-            result is not None and result.ok and listener.heard_nothing()
+            result is not None
+            and result.ok
+            and listener.heard_nothing()
             and _metrics_size(session) == metrics_before
-        ):  # fmt: skip
+        ):
             session.job.remove_listener(listener)  # nothing to show (see LIVE_AFTER_S)
         else:  # made at its end: the page hears of it once, as it ended
             ended = view(opened=False)
