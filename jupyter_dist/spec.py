@@ -660,19 +660,29 @@ class JobSpec(StrictSection):
         return self.debug.wait or DEFAULT_POST_MORTEM_WAIT_S
 
     def to_dict(self) -> dict[str, Any]:
+        """The spec as the keys it was given (unset keys left out), in JSON's types: what
+        `spec_from_dict` reads back into the same spec."""
         return self.model_dump(mode="json", by_alias=True, exclude_unset=True)
 
     def to_yaml(self) -> str:
+        """`to_dict` as YAML, as the store keeps a job's spec (`spec.yml`)."""
         return dump_yaml(self.to_dict())
 
     def with_overrides(self, **changes: Any) -> JobSpec:
         """A copy with some keys changed, validated again (the same errors as the YAML).
 
-        Keys: `instance_count`, `nodes`, `network_check`, `name`, `preload` (its modules),
-        `metrics_pattern` (patterns added to `metrics.pattern`),
-        those of `limits:` (LIMIT_KEYS), `post_mortem` (of `debug:`),
-        `backend` (a mapping merged into the backend section), and any key of the
-        distribution section.
+        Args:
+            **changes: Keys to set; a value of None leaves the key as it is.
+                `instance_count`, `nodes`, `network_check`, `name`, `preload` (its
+                modules), `metrics_pattern` (patterns added to `metrics.pattern`), those of
+                `limits:` (LIMIT_KEYS), `post_mortem` (of `debug:`), `backend` (a mapping
+                merged into the backend section), and any key of the distribution section.
+
+        Returns:
+            A new spec; this one is unchanged.
+
+        Raises:
+            SpecError: A changed value is not valid (one line, as for the YAML).
         """
         data = self.to_dict()
         dist = dict(data.get("distribution") or {"type": self.job_type})
@@ -784,7 +794,20 @@ def _one_line(exc: ValidationError, data: dict[str, Any]) -> str:
 
 
 def spec_from_dict(data: Any, base_dir: Path | str | None = None, source: str = "") -> JobSpec:
-    """Validate a mapping into a `JobSpec`; `base_dir` anchors a relative `code` folder."""
+    """Validate a mapping (a parsed YAML document) into a `JobSpec`.
+
+    Args:
+        data: The spec's keys, as Azure ML's command job or the design proposal's shape
+            writes them (spec_dialect.translate reads the latter).
+        base_dir: The folder a relative `code` is resolved from (default: the working one).
+        source: What to name in errors (a file's path), or "".
+
+    Returns:
+        The validated spec.
+
+    Raises:
+        SpecError: One line naming the key that is wrong and what would be valid.
+    """
     prefix = f"{source}: " if source else ""
     if not isinstance(data, dict):
         kind = type(data).__name__ if data is not None else "nothing"
@@ -817,7 +840,19 @@ def spec_from_dict(data: Any, base_dir: Path | str | None = None, source: str = 
 
 
 def parse_spec(text: str, base_dir: Path | str | None = None, source: str = "") -> JobSpec:
-    """Parse YAML text into a `JobSpec`."""
+    """Parse YAML text into a `JobSpec` (see `spec_from_dict`).
+
+    Args:
+        text: The spec's YAML (bounded in size and depth: validation.load_yaml).
+        base_dir: The folder a relative `code` is resolved from (default: the working one).
+        source: What to name in errors (a file's path), or "".
+
+    Returns:
+        The validated spec.
+
+    Raises:
+        SpecError: The text is not YAML (with its line and column), or not a valid spec.
+    """
     prefix = f"{source}: " if source else ""
     try:
         data = load_yaml(text)
@@ -832,7 +867,17 @@ def parse_spec(text: str, base_dir: Path | str | None = None, source: str = "") 
 
 
 def load_spec(path: Path | str) -> JobSpec:
-    """Load a job spec YAML file; a relative `code` is resolved from the file's folder."""
+    """Load a job spec YAML file.
+
+    Args:
+        path: The file; a relative `code` in it is resolved from the file's folder.
+
+    Returns:
+        The validated spec.
+
+    Raises:
+        SpecError: The file is missing, unreadable, too large, or not a valid spec.
+    """
     path = Path(path)
     try:
         text = read_yaml_file(path)

@@ -583,7 +583,13 @@ def natural_order(key: str) -> tuple:
 
 
 class JobStore:
-    """All jobs under one root folder."""
+    """All jobs under one root folder: each a folder of its own (`JobRecord`), private
+    (0700 folders, 0600 files), written by the job's owner and read by any view. Readers
+    need no lock: every file is written whole (`write_atomic`) or appended line by line.
+
+    Args:
+        root: The folder (default: `default_root()`); made on the first job, not before.
+    """
 
     def __init__(self, root: Path | str | None = None):
         self.root = Path(root) if root else default_root()
@@ -597,6 +603,21 @@ class JobStore:
         return f"{stamp}-{int(now % 1 * 1000):03d}-{secrets.token_hex(3)}"
 
     def create(self, job_id: str, spec_yaml: str, plan: dict[str, Any]) -> JobRecord:
+        """A new job's folder, with its spec and plan.
+
+        Args:
+            job_id: From `new_job_id` (never reused).
+            spec_yaml: The spec as it runs (JobSpec.to_yaml).
+            plan: The plan (LaunchPlan.to_dict).
+
+        Returns:
+            Its record.
+
+        Raises:
+            DistrunError: The store's folder cannot be made (a file in its place, no room,
+                no permission), naming another to choose.
+            FileExistsError: A job of that id exists.
+        """
         try:
             private_dir(self.root)
         except OSError as exc:  # a file there, or a folder that cannot be made
@@ -617,14 +638,26 @@ class JobStore:
         return JobRecord(path)
 
     def jobs(self) -> list[JobRecord]:
-        """Every job, newest first."""
+        """Every job, newest first (by id); [] where the store has none yet. A job whose
+        files are damaged is listed too: its record says so when read."""
         if not self.root.is_dir():
             return []
         found = [p for p in self.root.iterdir() if (p / "plan.json").is_file()]
         return [JobRecord(p) for p in sorted(found, key=lambda p: p.name, reverse=True)]
 
     def get(self, job_id: str) -> JobRecord:
-        """A job by id, or by a unique prefix of one."""
+        """A job by id, or by a unique prefix of one.
+
+        Args:
+            job_id: The id, or a prefix of it.
+
+        Returns:
+            Its record.
+
+        Raises:
+            UnknownJob: No job has it, several start with it (it names them), or it is
+                not an id (letters, digits, '-' and '_').
+        """
         if (
             len(job_id) > MAX_JOB_ID
             or job_id.startswith(".")

@@ -157,21 +157,54 @@ class Backend(ABC):
     options: ClassVar[tuple[Option, ...]] = ()
 
     def acquire(self, spec: JobSpec, inventory: Inventory, workdir: str, cwd: str) -> list[Node]:
-        """The job's nodes: the ones `spec.nodes` names, else the first `instance_count` of
-        the inventory (local nodes when it has none). A backend that allocates nodes does
-        it here and frees them in `release`. NodeError when there are not enough."""
+        """The job's nodes. A backend that allocates nodes does it here and frees them in
+        `release`.
+
+        Args:
+            spec: The job: `spec.nodes` names nodes, else `instance_count` counts them.
+            inventory: The nodes attached to the notebook (local nodes when it has none).
+            workdir: The folder on each node that holds the job's folders.
+            cwd: The working folder on this machine (local nodes run there).
+
+        Returns:
+            The nodes, node rank 0 first.
+
+        Raises:
+            NodeError: There are not enough, or a named one is unknown.
+        """
         return inventory.select(spec.instance_count, spec.nodes, workdir=workdir, cwd=cwd)
 
     @abstractmethod
     def preflight(self, nodes: list[Node]) -> list[Node]:
-        """Check every node before anything starts (reachable, python found) and return them
-        with what only the node knows filled in (its resolved workdir). Raises NodeError
-        naming the first node that cannot be used; starts nothing, leaves nothing behind."""
+        """Check every node before anything starts; starts nothing, leaves nothing behind.
+
+        Args:
+            nodes: From `acquire`.
+
+        Returns:
+            The same nodes with what only each node knows filled in (its resolved workdir,
+            its GPUs).
+
+        Raises:
+            NodeError: Naming the first node that cannot be used (unreachable, no python).
+        """
 
     @abstractmethod
     def choose_ports(self, requests: list[PortRequest], nodes: list[Node]) -> dict[str, int]:
-        """A free port on its node for each request without a fixed port (key -> port); a
-        fixed port is checked free there, else DistrunError (request.taken_message)."""
+        """The ports the job's processes will listen on.
+
+        Args:
+            requests: What the plan needs (plan.port_requests): a node, and a fixed port or
+                none.
+            nodes: The job's nodes.
+
+        Returns:
+            request key -> port: a free port on its node for each request without a fixed
+            one, the fixed port where it is free.
+
+        Raises:
+            DistrunError: A fixed port is taken there (request.taken_message says by what).
+        """
 
     def mpi_launch(self, ctx: PlanContext) -> MpiLaunch:
         """How an MPI job's mpirun, started on node 0, reaches the job's other nodes: its
@@ -181,15 +214,34 @@ class Backend(ABC):
 
     @abstractmethod
     def prepare(self, plan: LaunchPlan, nodes: list[Node]) -> None:
-        """Everything a node needs before its processes start: the job's folder, the agent,
-        the code folder, the plan's generated files (an MPI hostfile). Safe to repeat."""
+        """Put everything a node needs there before its processes start: the job's folder,
+        the agent, the code folder, the plan's generated files (an MPI hostfile). Safe to
+        repeat (a restart calls it again).
+
+        Args:
+            plan: The job's plan (its `files`, `code_dir`).
+            nodes: The job's nodes.
+
+        Raises:
+            NodeError: A node cannot be reached or written to.
+        """
 
     @abstractmethod
     def start(self, proc: ProcessPlan, node: Node, grace: float) -> ProcessHandle:
-        """Start one process under the node agent, with `proc.argv`, `proc.env` and
-        `proc.cwd`, stopped with `grace` seconds between SIGTERM and SIGKILL. Returns at once
-        (the handle's `confirm` says whether it really started); NodeError if the node
-        cannot be reached."""
+        """Start one process under the node agent. Returns at once; thread-safe (the job
+        starts every process at once).
+
+        Args:
+            proc: What to run: `proc.argv`, `proc.env`, `proc.cwd`.
+            node: Where.
+            grace: Seconds between SIGTERM and SIGKILL when it is stopped.
+
+        Returns:
+            Its handle; `confirm()` says whether it really started.
+
+        Raises:
+            NodeError: The node cannot be reached.
+        """
 
     @abstractmethod
     def command_line(self, proc: ProcessPlan, node: Node, grace: float) -> str:
@@ -197,23 +249,64 @@ class Backend(ABC):
 
     @abstractmethod
     def collect(self, node: Node, folder: str) -> dict[str, bytes]:
-        """Every file directly in `folder` on the node, name -> content; {} if no folder.
-        For small files (a rank's --out values); outputs use `list_files` and `read_piece`."""
+        """The small files a job's ranks left (a rank's --out values); outputs use
+        `list_files` and `read_piece`.
+
+        Args:
+            node: Where.
+            folder: A path on the node.
+
+        Returns:
+            Every file directly in `folder`, name -> content; {} if there is no folder.
+        """
 
     @abstractmethod
     def list_files(self, node: Node, folder: str) -> dict[str, int]:
-        """Every regular file directly in `folder` on the node, name -> size in bytes, as
-        they are now; {} if no folder. NodeError if the node cannot be reached."""
+        """The files of a folder on the node, for a copy piece by piece (run/outputs.py).
+
+        Args:
+            node: Where.
+            folder: A path on the node.
+
+        Returns:
+            Every regular file directly in `folder`, name -> size in bytes, as they are
+            now; {} if there is no folder.
+
+        Raises:
+            NodeError: The node cannot be reached.
+        """
 
     @abstractmethod
     def read_piece(self, node: Node, path: str, offset: int, size: int) -> bytes:
-        """Up to `size` bytes of the file at `path` on the node, from `offset` (fewer at its
-        end). NodeError if the node cannot be reached; OSError if the file cannot be read."""
+        """A piece of a file on the node.
+
+        Args:
+            node: Where.
+            path: The file's path there.
+            offset: Where the piece starts, in bytes.
+            size: At most this many bytes.
+
+        Returns:
+            Up to `size` bytes from `offset` (fewer at the file's end).
+
+        Raises:
+            NodeError: The node cannot be reached.
+            OSError: The file cannot be read.
+        """
 
     @abstractmethod
     def sweep(self, job_id: str, node_names: set[str]) -> list[int]:
-        """Kill whatever still carries the job's id on the named nodes (the last safety net
-        after every agent stopped its tree); the pids killed. Never raises."""
+        """Kill whatever still carries the job's id on the named nodes: the last safety net
+        after every agent stopped its tree. Never raises; idempotent.
+
+        Args:
+            job_id: The job.
+            node_names: The nodes to look on (those where an agent may not have stopped
+                its tree: it died, or its link).
+
+        Returns:
+            The pids killed.
+        """
 
     def terminate_ranks(self, job_id: str, node_names: set[str]) -> list[int]:
         """SIGTERM the job's MPI ranks that no agent of the job holds on the named nodes
@@ -225,9 +318,20 @@ class Backend(ABC):
     @abstractmethod
     def run_on_node(self, node: Node, argv: list[str], timeout: float = 60) -> tuple[int, str, str]:
         """Run a short command on the node (a node-side helper such as node_side/stacks.py,
-        beside the job's processes) and wait for it: (exit code, stdout, stderr). A node that
-        cannot be reached raises NodeError; a command that outlives `timeout` is stopped and
-        reported with a non-zero code."""
+        beside the job's processes) and wait for it. Blocking; thread-safe.
+
+        Args:
+            node: Where.
+            argv: The command, each word as it is (nothing is read by a shell unquoted).
+            timeout: Seconds; a command that outlives it is stopped and reported with a
+                non-zero code.
+
+        Returns:
+            (exit code, stdout, stderr).
+
+        Raises:
+            NodeError: The node cannot be reached.
+        """
 
     def keep_on_node(self, node: Node, argv: list[str]) -> KeptCommand | None:
         """Start `argv` on the node and keep it, for a helper that answers one request a

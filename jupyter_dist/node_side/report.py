@@ -41,7 +41,17 @@ _next_flush = [0.0]
 
 
 def report(step=None, **values):
-    """Record `values` (name=number) at `step` (an int, or None: the time is the x-axis)."""
+    """Record a rank's metrics: they reach the job's store and views within FLUSH_S.
+
+    Args:
+        step: The x-axis: an int (a bool is none), or None, for the time.
+        **values: name=number: a float, an int, a numpy or torch scalar (`.item()` of a
+            tensor); a string, bytes, a bool or an object is left out, as is a name over
+            MAX_NAME characters.
+
+    A call only appends to a list (well under 5 µs), never raises, and is thread-safe;
+    outside a job (no DISTRUN_JOB_ID) it does nothing.
+    """
     if not _ON:
         return
     now = time.time()

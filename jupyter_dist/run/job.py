@@ -236,13 +236,15 @@ class Job(Listened):
         kill_and_wait([handle for _, handle in unattached], self.grace_period + 5)
 
     def wait(self, timeout: float | None = None) -> JobResult | None:
-        """The result once every process is gone; None if `timeout` passes first."""
+        """The result once every process is gone; None if `timeout` seconds pass first.
+        Blocking; safe from any thread."""
         if not self._done.wait(timeout):
             return None
         return self._result
 
     def cancel(self, reason: str = "cancelled by the user") -> None:
-        """Stop every process (SIGTERM, then SIGKILL after the grace period)."""
+        """Stop every process (SIGTERM, then SIGKILL after the grace period). Idempotent and
+        non-blocking (`wait` for the end); after the end, it stops a copy of the outputs."""
         self._request_stop("cancelled", reason)
 
     def end(self, reason: str) -> None:

@@ -172,8 +172,20 @@ def _replace_lost(
 def dry_run(
     spec: JobSpec, *, inventory: Inventory | None = None, store: JobStore | None = None
 ) -> tuple[LaunchPlan, dict[str, str]]:
-    """The plan, and the exact command line each process would be started with (process
-    name -> command), as its backend would run it. Nodes are checked; nothing starts."""
+    """What the job would run, without running it: the nodes are checked, nothing starts.
+
+    Args:
+        spec: The job.
+        inventory: The nodes it may run on (default: none given, local nodes on demand).
+        store: Where its preload memory is read (default: `JobStore()`).
+
+    Returns:
+        The plan, and the exact command line each process would be started with (process
+        name -> command), as its backend would run it.
+
+    Raises:
+        DistrunError: It could not be planned.
+    """
     spec, remembered = preload_memory.taken(spec, store or JobStore())
     launch_plan, nodes, chosen = make_plan(
         spec, inventory=inventory, store=store, job_id="dry-run", remembered=remembered
@@ -200,9 +212,26 @@ def prepare_job(
     extra_files: Mapping[str, str] | None = None,
     messages: tuple[str, Callable] | None = None,
 ) -> Job:
-    """Plan the job and record it in the store; nothing is started yet. With `messages`
-    (mark, handler), every process reads stdin and its marked lines go to the handler
-    (a warm session: run/session.py)."""
+    """Plan the job and record it in the store; nothing is started yet.
+
+    Args:
+        spec: The job.
+        listeners: Told of its lines, processes, stalls, attempts and end (events.JobListener).
+        inventory: The nodes it may run on (default: none given, local nodes on demand).
+        store: Where it is recorded (default: `JobStore()`, store.default_root).
+        cwd: Where a relative path of the spec is read from (default: the working folder).
+        grace_period: Seconds between SIGTERM and SIGKILL when it is stopped (default: the
+            spec's `limits.grace_period`, else 5).
+        extra_files: Files to put in the job's folder on every node (path -> text).
+        messages: (mark, handler): every process reads stdin, and its lines holding `mark`
+            go to `handler(proc, line)` instead of the output (a warm session).
+
+    Returns:
+        The job, ready for `start()`; its ports are held until it ends.
+
+    Raises:
+        DistrunError: It could not be planned; nothing is left held.
+    """
     store = store or JobStore()
     _check_restarts(spec, messages is not None)
     named, (spec, remembered) = spec, preload_memory.taken(spec, store)
@@ -299,19 +328,55 @@ def _first(*values):
 
 
 def launch(spec: JobSpec, **kwargs) -> Job:
-    """Plan, record and start the job; returns at once (see `prepare_job` for arguments)."""
+    """Plan, record and start the job; returns at once.
+
+    Args:
+        spec: The job (spec.load_spec, parse_spec).
+        **kwargs: As for `prepare_job`.
+
+    Returns:
+        The running job: `wait()` for its result, `cancel()` to stop it. Stopping the
+        process that called this does not stop the job's ranks by itself: cancel it.
+
+    Raises:
+        DistrunError: The job could not be planned (no node, a port taken, a wrong
+            option) or started (a node refused it); what was started is stopped.
+    """
     return prepare_job(spec, **kwargs).start()
 
 
 def run(spec: JobSpec, **kwargs) -> JobResult:
-    """Start the job and wait; Ctrl-C (KeyboardInterrupt) stops every process, then re-raises."""
+    """Plan, record and start the job, and wait for its end (blocking).
+
+    Args:
+        spec: The job (spec.load_spec, parse_spec).
+        **kwargs: As for `prepare_job`.
+
+    Returns:
+        Its result, whether it succeeded or not (`result.ok`, `result.describe()`).
+
+    Raises:
+        DistrunError: As for `launch`.
+        KeyboardInterrupt: Ctrl-C, once every process of the job has been stopped.
+    """
     return start_and_wait(prepare_job(spec, **kwargs))
 
 
 def start_and_wait(job: Job, on_tick: Callable[[], None] | None = None) -> JobResult:
-    """Start and wait for a prepared job. An interrupt at any point, start-up included,
-    cancels every process before it propagates. `on_tick` runs in the calling thread
-    about ten times a second while the job runs (a view's chance to draw)."""
+    """Start a prepared job and wait for its end (blocking).
+
+    Args:
+        job: From `prepare_job`, not started yet.
+        on_tick: Run in the calling thread about ten times a second while the job runs
+            (a view's chance to draw).
+
+    Returns:
+        Its result.
+
+    Raises:
+        KeyboardInterrupt: At any point, start-up included, once every process of the job
+            has been cancelled.
+    """
     try:
         with interrupts_deferred():
             job.start()
