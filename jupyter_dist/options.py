@@ -99,205 +99,87 @@ class Option:
         return [self.short, self.flag] if self.short else [self.flag]
 
 
+# Laid out by hand: a table, one option in a row or two.
+# fmt: off
 OPTIONS: tuple[Option, ...] = (
-    Option(
-        "type",
-        f"the job type: {', '.join(JOB_TYPES)} (default: pytorch)",
-        short="-t",
-        metavar="TYPE",
-        fronts=_NOTEBOOK,
-    ),
-    Option(
-        "nodes",
-        "number of nodes (the spec's resources.instance_count)",
-        kind="int",
-        short="-n",
-        metavar="N",
-        bounds=(1, MAX_NODES),
-    ),
-    Option(
-        "procs_per_node",
-        "processes per node",
-        kind="int",
-        short="-p",
-        metavar="P",
-        bounds=(1, MAX_PROCS_PER_NODE),
-        job_types=("pytorch", "mpi", "dask"),
-    ),
-    Option(
-        "launcher",
-        "per_process or torchrun (pytorch); mpirun or horovodrun (mpi)",
-        metavar="NAME",
-        job_types=("pytorch", "mpi"),
-        fronts=_NOTEBOOK,
-    ),
-    Option(
-        "worker_count",
-        "workers (default: one per node)",
-        kind="int",
-        metavar="N",
-        bounds=(1, MAX_NODES),
-        job_types=("tensorflow",),
-        fronts=_NOTEBOOK,
-    ),
-    Option(
-        "ps_count",
-        "parameter servers",
-        kind="int",
-        metavar="N",
-        bounds=(0, MAX_PROCS_PER_NODE),
-        job_types=("tensorflow",),
-        fronts=_NOTEBOOK,
-    ),
-    Option("chief", "add a chief", kind="flag", job_types=("tensorflow",), fronts=_NOTEBOOK),
-    Option(
-        "evaluator", "add an evaluator", kind="flag", job_types=("tensorflow",), fronts=_NOTEBOOK
-    ),
-    Option(
-        "threads",
-        "threads per worker process",
-        kind="int",
-        metavar="N",
-        bounds=(1, MAX_PROCS_PER_NODE),
-        job_types=("dask",),
-        fronts=_NOTEBOOK,
-    ),
-    Option(
-        "scheduler_port",
-        "the scheduler's port (default: a free one)",
-        kind="int",
-        metavar="PORT",
-        bounds=(1, 65535),
-        job_types=("dask",),
-        fronts=_NOTEBOOK,
-    ),
-    Option(
-        "dashboard_port",
-        "the dashboard's port (default: a free one)",
-        kind="int",
-        metavar="PORT",
-        bounds=(1, 65535),
-        job_types=("dask",),
-        fronts=_NOTEBOOK,
-    ),
-    Option(
-        "env",
-        "an environment variable for every process (repeatable)",
-        kind="list",
-        short="-e",
-        metavar="NAME=VALUE",
-        fronts=_NOTEBOOK,
-    ),
-    Option(
-        "code",
-        "a folder shipped to every node; the processes' working directory",
-        metavar="DIR",
-        fronts=_NOTEBOOK,
-    ),
+    Option("type", f"the job type: {', '.join(JOB_TYPES)} (default: pytorch)", short="-t",
+           metavar="TYPE", fronts=_NOTEBOOK),
+    Option("nodes", "number of nodes (the spec's resources.instance_count)", kind="int",
+           short="-n", metavar="N", bounds=(1, MAX_NODES)),
+    Option("procs_per_node", "processes per node", kind="int", short="-p", metavar="P",
+           bounds=(1, MAX_PROCS_PER_NODE), job_types=("pytorch", "mpi", "dask")),
+    Option("launcher", "per_process or torchrun (pytorch); mpirun or horovodrun (mpi)",
+           metavar="NAME", job_types=("pytorch", "mpi"), fronts=_NOTEBOOK),
+    Option("worker_count", "workers (default: one per node)", kind="int", metavar="N",
+           bounds=(1, MAX_NODES), job_types=("tensorflow",),
+           fronts=_NOTEBOOK),
+    Option("ps_count", "parameter servers", kind="int", metavar="N",
+           bounds=(0, MAX_PROCS_PER_NODE), job_types=("tensorflow",),
+           fronts=_NOTEBOOK),
+    Option("chief", "add a chief", kind="flag", job_types=("tensorflow",),
+           fronts=_NOTEBOOK),
+    Option("evaluator", "add an evaluator", kind="flag", job_types=("tensorflow",),
+           fronts=_NOTEBOOK),
+    Option("threads", "threads per worker process", kind="int", metavar="N",
+           bounds=(1, MAX_PROCS_PER_NODE), job_types=("dask",),
+           fronts=_NOTEBOOK),
+    Option("scheduler_port", "the scheduler's port (default: a free one)", kind="int",
+           metavar="PORT", bounds=(1, 65535), job_types=("dask",),
+           fronts=_NOTEBOOK),
+    Option("dashboard_port", "the dashboard's port (default: a free one)", kind="int",
+           metavar="PORT", bounds=(1, 65535), job_types=("dask",),
+           fronts=_NOTEBOOK),
+    Option("env", "an environment variable for every process (repeatable)", kind="list",
+           short="-e", metavar="NAME=VALUE", fronts=_NOTEBOOK),
+    Option("code", "a folder shipped to every node; the processes' working directory",
+           metavar="DIR", fronts=_NOTEBOOK),
     Option("name", "the job's name (shown in job lists; the spec's name:)", fronts=_EVERYWHERE),
-    Option(
-        "nodes_file",
-        "node inventory (default: $DISTRUN_NODES_FILE, else the Jupyter "
-        "config dir's distrun/nodes.yml; none means local nodes)",
-        metavar="FILE",
-        fronts=frozenset({MAGIC, CLI_SPEC}),
-    ),
-    Option(
-        "backend",
-        "where the processes run: local, ssh, slurm, ray or an installed one; "
-        "default: the spec's backend, else slurm where SLURM_JOB_ID is set, ssh with a "
-        "node inventory, local without",
-        metavar="NAME",
-    ),
-    Option(
-        "timeout",
-        "stop the job after this many seconds",
-        kind="int",
-        metavar="SECONDS",
-        bounds=(1, MAX_SECONDS),
-        fronts=_RUN,
-    ),
-    Option(
-        "stall_timeout",
-        "flag the job as stuck, with every rank's stack, once no rank "
-        "printed or used CPU for this long (default 300; 0: never)",
-        kind="int",
-        metavar="SECONDS",
-        bounds=(0, MAX_SECONDS),
-        fronts=_RUN,
-    ),
-    Option(
-        "on_stall",
-        "what a stall does: warn (the default: say so, with the stacks) or kill (stop the job too)",
-        choices=("warn", "kill"),
-        fronts=_RUN,
-    ),
-    Option(
-        "grace_period",
-        "how long a stopped process has between SIGTERM and SIGKILL, to save its work (default 5)",
-        kind="int",
-        metavar="SECONDS",
-        bounds=(0, 3600),
-        fronts=_RUN,
-    ),
-    Option(
-        "max_restarts",
-        "start the whole job again, up to this many times, when a rank "
-        "fails or a node is lost; ranks read DISTRUN_RESTART_COUNT (default 0)",
-        kind="int",
-        metavar="N",
-        bounds=(0, MAX_RESTARTS),
-        fronts=_RUN,
-    ),
-    Option(
-        "restart_delay",
-        "seconds between a failed attempt's end and the next one's start (default 3)",
-        kind="int",
-        metavar="SECONDS",
-        bounds=(0, 3600),
-        fronts=_RUN,
-    ),
-    Option(
-        "no_preflight",
-        "skip the network check before launch (every node reaches where "
-        "the ranks meet, and has the interfaces GLOO/NCCL_SOCKET_IFNAME name; gloo is "
-        "given the interface that reaches the master where a hostname would mislead it)",
-        kind="flag",
-        fronts=_RUN,
-    ),
-    Option(
-        "post_mortem",
-        "a rank whose code raises pauses where it raised, for `jupyter "
-        "distrun debug`, then exits with its error once you continue or quit (or once "
-        "nobody attached for debug.wait seconds, 300 by default)",
-        kind="flag",
-        fronts=_RUN,
-    ),
-    Option(
-        "preload",
-        "modules each node's pool imports once (e.g. torch,transformers): the "
-        "job's Python ranks start forked from it, with those already imported; the pool "
-        "stays for later jobs until idle 10 minutes (`jupyter distrun pool stop` ends it); "
-        "later Python jobs that name none take the same for a day; none: start cold, and "
-        "forget it",
-        metavar="MODULES",
-    ),
-    Option(
-        "metrics_pattern",
-        "a regular expression whose named groups are metrics, read "
-        "from each line a rank prints (step: the x-axis), e.g. 'iter (?P<step>\\d+): "
-        "loss (?P<loss>[\\d.]+)'; give it again for more lines",
-        kind="list",
-        metavar="REGEX",
-    ),
-    Option(
-        "detach",
-        "keep the job running when this kernel or terminal goes: return once "
-        "every rank runs; follow it with attach, stop it with cancel",
-        kind="flag",
-        fronts=_RUN,
-    ),
+    Option("nodes_file", "node inventory (default: $DISTRUN_NODES_FILE, else the Jupyter "
+           "config dir's distrun/nodes.yml; none means local nodes)", metavar="FILE",
+           fronts=frozenset({MAGIC, CLI_SPEC})),
+    Option("backend", "where the processes run: local, ssh, slurm, ray or an installed one; "
+           "default: the spec's backend, else slurm where SLURM_JOB_ID is set, ssh with a "
+           "node inventory, local without", metavar="NAME"),
+    Option("timeout", "stop the job after this many seconds", kind="int", metavar="SECONDS",
+           bounds=(1, MAX_SECONDS), fronts=_RUN),
+    Option("stall_timeout", "flag the job as stuck, with every rank's stack, once no rank "
+           "printed or used CPU for this long (default 300; 0: never)", kind="int",
+           metavar="SECONDS", bounds=(0, MAX_SECONDS),
+           fronts=_RUN),
+    Option("on_stall", "what a stall does: warn (the default: say so, with the stacks) or "
+           "kill (stop the job too)", choices=("warn", "kill"),
+           fronts=_RUN),
+    Option("grace_period", "how long a stopped process has between SIGTERM and SIGKILL, to "
+           "save its work (default 5)", kind="int", metavar="SECONDS", bounds=(0, 3600),
+           fronts=_RUN),
+    Option("max_restarts", "start the whole job again, up to this many times, when a rank "
+           "fails or a node is lost; ranks read DISTRUN_RESTART_COUNT (default 0)",
+           kind="int", metavar="N", bounds=(0, MAX_RESTARTS), fronts=_RUN),
+    Option("restart_delay", "seconds between a failed attempt's end and the next one's "
+           "start (default 3)", kind="int", metavar="SECONDS", bounds=(0, 3600),
+           fronts=_RUN),
+    Option("no_preflight", "skip the network check before launch (every node reaches where "
+           "the ranks meet, and has the interfaces GLOO/NCCL_SOCKET_IFNAME name; gloo is "
+           "given the interface that reaches the master where a hostname would mislead it)",
+           kind="flag", fronts=_RUN),
+    Option("post_mortem", "a rank whose code raises pauses where it raised, for `jupyter "
+           "distrun debug`, then exits with its error once you continue or quit (or once "
+           "nobody attached for debug.wait seconds, 300 by default)", kind="flag",
+           fronts=_RUN),
+    Option("preload", "modules each node's pool imports once (e.g. torch,transformers): the "
+           "job's Python ranks start forked from it, with those already imported; the pool "
+           "stays for later jobs until idle 10 minutes (`jupyter distrun pool stop` ends it); "
+           "later Python jobs that name none take the same for a day; none: start cold, and "
+           "forget it", metavar="MODULES"),
+    Option("metrics_pattern", "a regular expression whose named groups are metrics, read "
+           "from each line a rank prints (step: the x-axis), e.g. 'iter (?P<step>\\d+): "
+           "loss (?P<loss>[\\d.]+)'; give it again for more lines", kind="list",
+           metavar="REGEX"),
+    Option("detach", "keep the job running when this kernel or terminal goes: return once "
+           "every rank runs; follow it with attach, stop it with cancel", kind="flag",
+           fronts=_RUN),
 )
+# fmt: on
 
 BY_NAME = {option.name: option for option in OPTIONS}
 

@@ -13,6 +13,7 @@ import contextlib
 import functools
 import hashlib
 import json
+import posixpath
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -60,12 +61,14 @@ def agents_say(
     job_id: str,
     nodes: list[Node],
     run: Callable[[Node, list[str], float], tuple[int, str, str]],
-    agent_path: Callable[[Node], str],
+    agent_path: Callable[[Node], str] | None = None,
 ) -> list[int]:
     """The agent's one-shot `flag` for the job on every node at once (--sweep: kill what
     still carries the job's id; --term: SIGTERM the job's MPI ranks), each run by `run`
-    (a backend's run_on_node) from `agent_path(node)`; the pids the agents printed. Never
-    raises: a node that cannot be reached has nothing to say."""
+    (a backend's run_on_node) from `agent_path(node)` (by default the agent shipped into
+    the node's workdir); the pids the agents printed. Never raises: a node that cannot be
+    reached has nothing to say."""
+    agent_path = agent_path or (lambda node: posixpath.join(node.workdir, agent_file_name()))
 
     def on_node(node: Node) -> list[int]:
         with contextlib.suppress(Exception):

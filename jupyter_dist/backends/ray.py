@@ -721,10 +721,4 @@ class RayBackend(Backend):
 
     def _agents_say(self, flag: str, job_id: str, node_names: set[str]) -> list[int]:
         nodes = [n for n in self._nodes.values() if n.name in node_names and n.name in self._hosts]
-        return agents_say(
-            flag,
-            job_id,
-            nodes,
-            self.run_on_node,
-            lambda node: posixpath.join(node.workdir, agent_file_name()),
-        )
+        return agents_say(flag, job_id, nodes, self.run_on_node)

@@ -785,13 +785,7 @@ class SshBackend(Backend):
 
     def _agents_say(self, flag: str, job_id: str, node_names: set[str]) -> list[int]:
         nodes = [n for n in self._nodes.values() if n.name in node_names]
-        return agents_say(
-            flag,
-            job_id,
-            nodes,
-            self.run_on_node,
-            lambda node: posixpath.join(node.workdir, agent_file_name()),
-        )
+        return agents_say(flag, job_id, nodes, self.run_on_node)
 
 
 def _code_key(folder: Path) -> str:
