@@ -126,6 +126,21 @@ class QueuedPrinter(JobListener):
         self._news: list[str] = []  # stall notices, printed with the next batch
         self._lock = threading.Lock()
 
+    @classmethod
+    def of(cls, job: Job) -> QueuedPrinter:
+        """The text view of a job about to start (run_in_view's): its header line printed,
+        its lines printed on each tick."""
+        printer = cls()
+        job.add_listener(printer)
+        print(f"job {job.job_id}: {job.summary}", flush=True)
+        return printer
+
+    def tick(self) -> None:
+        self.flush()
+
+    def ended(self) -> None:
+        self.flush()
+
     def on_lines(self, lines: list[OutputLine]) -> None:
         with self._lock:
             self._lines.extend(lines)
@@ -835,17 +850,11 @@ def run_in_cell(
     spec: JobSpec, inventory, store: JobStore | None = None, extra_files=None
 ) -> tuple[Job, JobResult]:
     """Run a job from the cell's thread, printing its lines there as they come."""
-    from jupyter_dist.run.launch import prepare_job, start_and_wait
+    from jupyter_dist.run.launch import run_in_view
 
-    printer = QueuedPrinter()
-    job = prepare_job(
-        spec, listeners=[printer], inventory=inventory, store=store, extra_files=extra_files
+    job, result, _ = run_in_view(
+        spec, QueuedPrinter.of, inventory=inventory, store=store, extra_files=extra_files
     )
-    print(f"job {job.job_id}: {job.summary}", flush=True)
-    try:
-        result = start_and_wait(job, on_tick=printer.flush)
-    finally:
-        printer.flush()
     if result.ok:  # a failure is told by the JobFailed the cell raises
         print(result.describe(), flush=True)
     return job, result

@@ -21,6 +21,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from jupyter_dist.backends.base import Backend, ProcessHandle
+from jupyter_dist.diagnose.meters import Meters
 from jupyter_dist.diagnose.root_cause import StderrEvidence
 from jupyter_dist.diagnose.stall import DEFAULT_STALL_TIMEOUT_S
 from jupyter_dist.errors import DistrunError
@@ -345,6 +346,12 @@ class Job(Listened):
     def summary(self) -> str:
         """Its header line (plan/summary.header_summary)."""
         return header_summary(self.plan, self._backend.name)
+
+    @property
+    def meters(self) -> Meters:
+        """Each rank's CPU share and memory, as last reported: what the views read of a job
+        they show, this one's or one they follow (run/follow.FollowedJob)."""
+        return self.watch.meters
 
     @property
     def done(self) -> bool:

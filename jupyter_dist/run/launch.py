@@ -7,6 +7,7 @@ import functools
 import os
 from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
+from typing import Protocol
 
 from jupyter_dist import node_side
 from jupyter_dist.backends import Backend, check_section, choose_backend
@@ -360,6 +361,44 @@ def run(spec: JobSpec, **kwargs) -> JobResult:
         KeyboardInterrupt: Ctrl-C, once every process of the job has been stopped.
     """
     return start_and_wait(prepare_job(spec, **kwargs))
+
+
+class JobView(Protocol):
+    """What shows a job while `run_in_view` runs it (a cell's text, its live view)."""
+
+    def tick(self) -> None:
+        """About ten times a second while the job runs, in the thread that runs it."""
+
+    def ended(self) -> None:
+        """Once, when the job ended or an interrupt stopped it: the last of it shown."""
+
+
+def run_in_view(
+    spec: JobSpec, view_of: Callable[[Job], JobView], **kwargs
+) -> tuple[Job, JobResult, JobView]:
+    """The one launch sequence of the notebook's views: prepare the job, show it, start it
+    and wait, the view ticked in this thread (blocking).
+
+    Args:
+        spec: The job.
+        view_of: Makes the job's view, once the job is prepared and before it starts (so
+            it misses none of the job's events).
+        **kwargs: As for `prepare_job`.
+
+    Returns:
+        The job, its result and its view.
+
+    Raises:
+        DistrunError: As for `launch`.
+        KeyboardInterrupt: As for `start_and_wait`, once the view has `ended`.
+    """
+    job = prepare_job(spec, **kwargs)
+    view = view_of(job)
+    try:
+        result = start_and_wait(job, on_tick=view.tick)
+    finally:
+        view.ended()
+    return job, result, view
 
 
 def start_and_wait(job: Job, on_tick: Callable[[], None] | None = None) -> JobResult:

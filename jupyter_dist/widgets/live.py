@@ -269,7 +269,7 @@ class LiveView(anywidget.AnyWidget):
         keys = {key for name in shown for key in (name, *self._keys.get(name, ()))}
         readings = {
             key: [reading.cpu, reading.rss, *(reading.gpu or ())]
-            for key, reading in self._job.watch.meters.snapshot().items()
+            for key, reading in self._job.meters.snapshot().items()
             if key in keys
         }
         if readings:
@@ -417,20 +417,31 @@ class LiveView(anywidget.AnyWidget):
 def run_with_view(spec: JobSpec, inventory, store: JobStore | None = None, extra_files=None):
     """Run a job with its live view displayed in the cell (the magic's and the form's way);
     returns (job, result, view). Blocks; an interrupt cancels the job."""
-    from IPython.display import display
+    from jupyter_dist.run.launch import run_in_view
 
-    from jupyter_dist.run.launch import prepare_job, start_and_wait
+    job, result, shown = run_in_view(
+        spec, _DisplayedView, inventory=inventory, store=store, extra_files=extra_files
+    )
+    return job, result, shown.view
 
-    job = prepare_job(spec, inventory=inventory, store=store, extra_files=extra_files)
-    view = LiveView.last = LiveView(job)
-    handle = display(view, display_id=True)
-    try:
-        result = start_and_wait(job, on_tick=view.tick)
-    finally:
-        view.tick(force=True)
-        # The final state, and the text form kept by notebooks saved without widgets.
-        handle.update(view.settled())
-    return job, result, view
+
+class _DisplayedView:
+    """A job's live view displayed in the cell (run_in_view's view), replaced at the end by
+    its settled copy: the final state, and the text form kept by notebooks saved without
+    widgets."""
+
+    def __init__(self, job) -> None:
+        from IPython.display import display
+
+        self.view = LiveView.last = LiveView(job)
+        self._handle = display(self.view, display_id=True)
+
+    def tick(self) -> None:
+        self.view.tick()
+
+    def ended(self) -> None:
+        self.view.tick(force=True)
+        self._handle.update(self.view.settled())
 
 
 def follow_in_view(record: JobRecord, history: int = 0) -> LiveView:
