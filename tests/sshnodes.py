@@ -98,6 +98,24 @@ class SshNodes:
                 with contextlib.suppress(ProcessLookupError):
                     os.kill(pid, signal.SIGKILL)
 
+    def lose(self, node: TestNode) -> None:
+        """The node lost, as a machine that goes away: its sshd takes no new connection
+        (stopped first: a link dropped while it still listened could be opened again at
+        once, by a restart's check), then every session of it is SIGKILLed, those it left
+        behind as it stopped included (in a namespace, every sshd process there). What the
+        node runs otherwise (agents, ranks) stays, cut off."""
+        sessions = set(_children_of(node.sshd.pid)) if node.sshd else set()
+        self.stop_sshd(node)
+        if node.namespace:
+            out = subprocess.run(
+                ["ip", "netns", "pids", node.namespace], capture_output=True, text=True
+            ).stdout
+            sessions.update(int(p) for p in out.split())
+        for pid in sessions:
+            if _process_name(pid) in SSHD_NAMES:
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(pid, signal.SIGKILL)
+
     def stop_sshd(self, node: TestNode) -> None:
         if node.sshd and node.sshd.poll() is None:
             node.sshd.terminate()

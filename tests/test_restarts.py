@@ -314,8 +314,7 @@ def test_a_lost_ssh_node_is_replaced_by_a_spare_where_one_may_and_can(store, tmp
         node = cluster.nodes[node_index]
         _wait_for(lambda: set(cluster.pids(node)) & set(cluster.job_processes(job.job_id)),
                   what=f"the ranks on {node.name}")  # fmt: skip
-        cluster.drop_sessions(node)
-        cluster.stop_sshd(node)
+        cluster.lose(node)
         result = job.wait(120)
         assert result is not None
         _wait_for(lambda: not cluster.job_processes(job.job_id), 15, "the job's end")
