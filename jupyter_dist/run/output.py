@@ -88,13 +88,12 @@ class OutputPipeline:
                         # progress is read as it is drawn.
                         self.metrics.drawn(proc.name, _text(partial[-512:]), time.time())
                     continue
-                partial = data[cut + 1 :]
-                lines = data[:cut].split(b"\n")
-                if attribute is None and OUR_LINE in data:
-                    lines, opened = _lines_around_ours(lines)
-                    partial = opened + partial
+                partial, whole = data[cut + 1 :], data[:cut]
+                if attribute is None and OUR_LINE in whole:  # rare: cut and joined only then
+                    lines, opened = _lines_around_ours(whole.split(b"\n"))
+                    whole, partial = b"\n".join(lines), opened + partial
                 # Whole lines only, so a character split across chunks is never cut.
-                self._deliver(proc, stream, _text(b"\n".join(lines)).split("\n"), attribute, logs)
+                self._deliver(proc, stream, _text(whole).split("\n"), attribute, logs)
             if partial:
                 self._deliver(proc, stream, [_text(partial)], attribute, logs)
         except OSError:
