@@ -176,7 +176,7 @@ class FollowedJob(Listened):
         """Read the store until the job has ended, telling the listeners (and calling
         `on_tick` after each read, a view's chance to draw); the job's result."""
         if self._history:
-            self._emit("on_lines", self._follower.history())
+            self.tell("on_lines", self._follower.history())
         while True:
             result, read = self.step()
             if on_tick is not None:
@@ -194,13 +194,13 @@ class FollowedJob(Listened):
         ended = self._follower.ended(status)
         lines = self._follower.new_lines()
         if lines:
-            self._emit("on_lines", lines)
+            self.tell("on_lines", lines)
         self._refresh(status)
         if not ended:
             return None, len(lines)
         result = self._follower.result()
         self.ended = result.ended
-        self._emit("on_finish", result)
+        self.tell("on_finish", result)
         return result, len(lines)
 
     def _refresh(self, status: dict[str, Any]) -> None:
@@ -209,7 +209,7 @@ class FollowedJob(Listened):
         for number, of, previous in self._follower.new_attempts(status):
             self.attempts.append(previous)
             self.attempt, self.attempts_allowed = number, of
-            self._emit("on_attempt", number, of, previous)
+            self.tell("on_attempt", number, of, previous)
         if status.get("attempt_started") != self._attempt_started:  # a new attempt runs
             self._attempt_started = status.get("attempt_started")
             with contextlib.suppress(DistrunError):  # written before it started
@@ -217,18 +217,11 @@ class FollowedJob(Listened):
         for state in processes_of(status):
             if state != self.processes.get(state.name):
                 self.processes[state.name] = state
-                self._emit("on_process", state)
+                self.tell("on_process", state)
         for sample in self.record.usage(since=self._usage_since):
             self._usage_since = max(self._usage_since, float(sample["t"]) + 0.001)
             reading = {k: v for k, v in sample.items() if k not in ("t", "p")}
             self.meters.update(str(sample["p"]), reading, now=float(sample["t"]))
-
-    def _emit(self, method: str, *payload: Any) -> None:
-        with self._emit_lock:
-            listeners = list(self._listeners)
-        for listener in listeners:
-            with contextlib.suppress(Exception):  # one view's trouble is not the others'
-                getattr(listener, method)(*payload)
 
 
 FOLLOW_POLL_S = 0.25  # how often a followed job's store is read when nothing came
