@@ -93,10 +93,7 @@ class SshNodes:
     def drop_sessions(self, node: TestNode) -> None:
         """SIGKILL a node's sshd sessions, not its listener: its links drop. Sessions may
         end while we look (a killed parent takes its child), so one gone is fine."""
-        for pid in _children_of(node.sshd.pid):
-            if _process_name(pid) in SSHD_NAMES:
-                with contextlib.suppress(ProcessLookupError):
-                    os.kill(pid, signal.SIGKILL)
+        _kill_sshd(_children_of(node.sshd.pid))
 
     def lose(self, node: TestNode) -> None:
         """The node lost, as a machine that goes away: its sshd takes no new connection
@@ -111,15 +108,20 @@ class SshNodes:
                 ["ip", "netns", "pids", node.namespace], capture_output=True, text=True
             ).stdout
             sessions.update(int(p) for p in out.split())
-        for pid in sessions:
-            if _process_name(pid) in SSHD_NAMES:
-                with contextlib.suppress(ProcessLookupError):
-                    os.kill(pid, signal.SIGKILL)
+        _kill_sshd(sessions)
 
     def stop_sshd(self, node: TestNode) -> None:
         if node.sshd and node.sshd.poll() is None:
             node.sshd.terminate()
             node.sshd.wait(10)
+
+
+def _kill_sshd(pids) -> None:
+    """SIGKILL those of `pids` that are sshd processes (one gone meanwhile is fine)."""
+    for pid in pids:
+        if _process_name(pid) in SSHD_NAMES:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
 
 
 def _process_name(pid: int) -> str | None:
